@@ -1,0 +1,75 @@
+// Element types that appear in checkpoints and buffers, and scalar conversions between them.
+//
+// bf16 and fp8 e4m3 (the "fn" variant: no infinities, one NaN pattern per sign, max 448) are
+// stored as raw bits. Conversions to float are exact; conversions from float round to nearest
+// even. fp8 encoding saturates to +-448 (DeepGEMM/DeepEP scale so that |x| <= 448 anyway).
+// These are the scalar references; SIMD code in kernels/ must agree with them bit for bit.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace moeserve {
+
+enum class DType { kF32, kBF16, kF16, kF8E4M3, kI64, kI32, kU8 };
+
+// Name as safetensors writes it ("F32", "BF16", "F16", "F8_E4M3", "I64", "I32", "U8").
+const char* dtype_name(DType t);
+std::optional<DType> dtype_from_name(std::string_view name);
+size_t dtype_size(DType t);
+
+struct bf16 {
+  uint16_t bits = 0;
+};
+struct fp8e4m3 {
+  uint8_t bits = 0;
+};
+
+inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float f32_from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float bf16_to_f32(uint16_t b) { return f32_from_bits(uint32_t(b) << 16); }
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+float f16_to_f32(uint16_t h);
+
+// All 256 fp8 e4m3 values as float (NaN for 0x7f/0xff).
+const float* fp8e4m3_table();
+inline float fp8e4m3_to_f32(uint8_t b) { return fp8e4m3_table()[b]; }
+
+inline uint8_t f32_to_fp8e4m3(float f) {
+  uint32_t u = f32_bits(f);
+  uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7f;  // NaN
+  float af = f32_from_bits(a);
+  if (af >= 448.0f) return sign | 0x7e;  // saturate
+  if (af < 0.015625f) {                  // below 2^-6: subnormal step 2^-9
+    // nearbyint rounds half to even in the default rounding mode; q == 8 encodes 2^-6 exactly.
+    return sign | uint8_t(std::nearbyint(af * 512.0f));
+  }
+  a += 0x7ffffu + ((a >> 20) & 1u);  // round 23-bit mantissa to 3 bits, ties to even
+  uint32_t code = (a >> 20) - (120u << 3);
+  if (code > 0x7e) code = 0x7e;
+  return sign | uint8_t(code);
+}
+
+constexpr float kFp8E4M3Max = 448.0f;
+
+}  // namespace moeserve
