@@ -1,0 +1,56 @@
+#include <cstring>
+
+#include "ep/dispatcher.h"
+
+namespace moeserve {
+
+Result<ExpertBatch> LocalDispatcher::dispatch(const float* x, int64_t n_tokens, int64_t hidden,
+                                              const int32_t* topk_ids,
+                                              const float* topk_weights, int64_t top_k) {
+  // Count rows per expert, then place each (token, slot) in its expert's segment, keeping
+  // token order inside a segment.
+  std::vector<int64_t> count(size_t(n_experts_), 0);
+  for (int64_t i = 0; i < n_tokens * top_k; ++i) {
+    int32_t e = topk_ids[i];
+    if (e < 0 || e >= n_experts_) return Internal("dispatch: expert id out of range");
+    ++count[size_t(e)];
+  }
+  ExpertBatch b;
+  b.hidden = hidden;
+  b.n_tokens = n_tokens;
+  b.offsets.push_back(0);
+  std::vector<int64_t> start(size_t(n_experts_), 0);
+  for (int64_t e = 0; e < n_experts_; ++e) {
+    if (count[size_t(e)] == 0) continue;
+    start[size_t(e)] = b.offsets.back();
+    b.experts.push_back(int32_t(e));
+    b.offsets.push_back(b.offsets.back() + count[size_t(e)]);
+  }
+  const int64_t n_rows = b.offsets.back();
+  b.x.resize(size_t(n_rows * hidden));        // [n_rows, hidden]
+  b.row_token.resize(size_t(n_rows));
+  b.row_weight.resize(size_t(n_rows));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t j = 0; j < top_k; ++j) {
+      int32_t e = topk_ids[t * top_k + j];
+      int64_t row = start[size_t(e)]++;
+      std::memcpy(&b.x[size_t(row * hidden)], x + t * hidden, size_t(hidden) * sizeof(float));
+      b.row_token[size_t(row)] = t;
+      b.row_weight[size_t(row)] = topk_weights[t * top_k + j];
+    }
+  }
+  return b;
+}
+
+Status LocalDispatcher::combine(const ExpertBatch& b, const float* expert_out, float* y) {
+  std::memset(y, 0, size_t(b.n_tokens * b.hidden) * sizeof(float));  // [n_tokens, hidden]
+  for (int64_t row = 0; row < b.n_rows(); ++row) {
+    float* yt = y + b.row_token[size_t(row)] * b.hidden;
+    const float* o = expert_out + row * b.hidden;
+    float w = b.row_weight[size_t(row)];
+    for (int64_t i = 0; i < b.hidden; ++i) yt[i] += w * o[i];
+  }
+  return Status::Ok();
+}
+
+}  // namespace moeserve

@@ -1,0 +1,35 @@
+// Sampling from logits: log-softmax, greedy argmax, top-k logprobs, and temperature / top-k /
+// top-p sampling with an explicit random generator (one per request, seeded: reproducible).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace moeserve {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy
+  float top_p = 1.0f;        // (0, 1]
+  int64_t top_k = 0;         // 0: all
+};
+
+struct TokenLogprob {
+  int32_t id;
+  float logprob;
+};
+
+// logprobs[i] = logits[i] - logsumexp(logits), in FP32 with a double accumulator.
+void log_softmax(const float* logits, int64_t n, float* logprobs);
+
+// Index of the largest value (ties: lower index).
+int32_t argmax(const float* v, int64_t n);
+
+// The k largest entries of logprobs, descending (ties: lower id first).
+std::vector<TokenLogprob> top_logprobs(const float* logprobs, int64_t n, int64_t k);
+
+// Draws a token from logits under params (greedy when temperature == 0).
+int32_t sample_token(const float* logits, int64_t n, const SamplingParams& params,
+                     std::mt19937_64& rng);
+
+}  // namespace moeserve

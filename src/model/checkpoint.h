@@ -1,0 +1,91 @@
+// Checkpoint: a Hugging Face DeepSeek checkpoint directory (config.json plus one
+// model.safetensors or shards listed in model.safetensors.index.json), mapped lazily and
+// turned into typed, shape-checked weight views.
+//
+// Owns the SafetensorsFiles; every WeightView in `weights()` points into their mappings and is
+// valid for the Checkpoint's life. Nothing is copied except norm vectors and gate biases
+// (small, converted to float). FP8 projections stay FP8 with their weight_scale_inv blocks.
+// Routed experts that the dispatcher says live on another rank are not mapped (EP), and MTP
+// layers (index >= num_hidden_layers) are skipped. Every tensor of the files must be consumed
+// or skipped by name: leftovers are reported as unexpected.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/weight_view.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace moeserve {
+
+struct MlpWeights {  // SiLU(x W_gate^T) * (x W_up^T) W_down^T
+  WeightView gate, up, down;
+};
+
+struct AttentionWeights {
+  std::optional<WeightView> q_a;  // [q_lora_rank, hidden] when q_lora_rank is set
+  std::vector<float> q_a_norm;    // [q_lora_rank]
+  WeightView q_b;                 // [heads * qk_head_dim, q_lora_rank or hidden] (q_b or q_proj)
+  WeightView kv_a;                // [kv_lora_rank + rope_dim, hidden]
+  std::vector<float> kv_a_norm;   // [kv_lora_rank]
+  WeightView kv_b;                // [heads * (nope + v), kv_lora_rank]
+  WeightView o;                   // [hidden, heads * v_head_dim]
+};
+
+struct MoeWeights {
+  WeightView gate;                         // [n_routed_experts, hidden]
+  std::vector<float> score_bias;           // [n_routed_experts] (noaux_tc) or empty
+  std::vector<std::optional<MlpWeights>> experts;  // [n_routed_experts]; nullopt: not on this rank
+  std::optional<MlpWeights> shared;        // intermediate = moe_intermediate * n_shared_experts
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;  // [hidden]
+  AttentionWeights attn;
+  std::optional<MlpWeights> mlp;  // dense layers
+  std::optional<MoeWeights> moe;  // MoE layers
+};
+
+struct ModelWeights {
+  WeightView embed;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  std::vector<float> norm;  // [hidden]
+  WeightView lm_head;       // [vocab, hidden] (the embedding when tied)
+};
+
+struct LoadOptions {
+  // Which routed experts to map; default all (single process).
+  std::function<bool(int32_t expert)> holds_expert;
+  bool progress = false;  // a progress line on stderr
+};
+
+class Checkpoint {
+ public:
+  static Result<std::unique_ptr<Checkpoint>> open(const std::string& dir,
+                                                  const LoadOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  const std::string& dir() const { return dir_; }
+  // Bytes of tensor data mapped for this rank's weights.
+  size_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  Checkpoint() = default;
+  class Binder;
+
+  std::string dir_;
+  ModelConfig config_;
+  std::vector<SafetensorsFile> files_;
+  std::deque<std::vector<float>> aligned_copies_;  // scales a writer left misaligned
+  ModelWeights weights_;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace moeserve

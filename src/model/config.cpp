@@ -1,0 +1,313 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace moeserve {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Reads fields of one JSON object, remembering the first error with the field's name.
+class FieldReader {
+ public:
+  FieldReader(const json& obj, std::string source) : obj_(obj), source_(std::move(source)) {}
+
+  const Status& status() const { return status_; }
+  bool has(const char* key) const { return obj_.contains(key) && !obj_[key].is_null(); }
+
+  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) {
+    if (!has(key)) return missing(key, fallback);
+    const json& v = obj_[key];
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+      return int64_t(v.get<double>());
+    }
+    fail(key, "must be an integer");
+    return 0;
+  }
+  int64_t positive(const char* key, std::optional<int64_t> fallback = std::nullopt) {
+    int64_t v = integer(key, fallback);
+    if (status_.ok() && v <= 0) fail(key, "must be > 0, got " + std::to_string(v));
+    return v;
+  }
+  double number(const char* key, std::optional<double> fallback = std::nullopt) {
+    if (!has(key)) {
+      if (fallback) return *fallback;
+      fail(key, "is missing");
+      return 0;
+    }
+    if (!obj_[key].is_number()) fail(key, "must be a number");
+    return status_.ok() ? obj_[key].get<double>() : 0;
+  }
+  bool boolean(const char* key, std::optional<bool> fallback = std::nullopt) {
+    if (!has(key)) {
+      if (fallback) return *fallback;
+      fail(key, "is missing");
+      return false;
+    }
+    if (!obj_[key].is_boolean()) fail(key, "must be true or false");
+    return status_.ok() && obj_[key].get<bool>();
+  }
+  std::string string(const char* key, std::optional<std::string> fallback = std::nullopt) {
+    if (!has(key)) {
+      if (fallback) return *fallback;
+      fail(key, "is missing");
+      return "";
+    }
+    if (!obj_[key].is_string()) fail(key, "must be a string");
+    return status_.ok() ? obj_[key].get<std::string>() : "";
+  }
+  void fail(const std::string& key, const std::string& what) {
+    if (status_.ok()) status_ = InvalidArgument(source_ + ": field '" + key + "' " + what);
+  }
+
+ private:
+  int64_t missing(const char* key, std::optional<int64_t> fallback) {
+    if (fallback) return *fallback;
+    fail(key, "is missing");
+    return 0;
+  }
+
+  const json& obj_;
+  std::string source_;
+  Status status_;
+};
+
+double yarn_get_mscale(double scale, double mscale) {
+  if (scale <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+}  // namespace
+
+double ModelConfig::softmax_scale() const {
+  double scale = 1.0 / std::sqrt(double(qk_head_dim()));
+  if (rope_scaling && rope_scaling->mscale_all_dim != 0.0) {
+    double m = yarn_get_mscale(rope_scaling->factor, rope_scaling->mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+Result<ModelConfig> parse_model_config(const std::string& text, const std::string& source) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return InvalidArgument(source + ": not a JSON object");
+  }
+  FieldReader r(j, source);
+  ModelConfig c;
+  c.model_type = r.string("model_type");
+  RETURN_IF_ERROR(r.status());
+  bool v3 = c.model_type == "deepseek_v3";
+  if (!v3 && c.model_type != "deepseek_v2") {
+    return InvalidArgument(source + ": field 'model_type' is '" + c.model_type +
+                           "'; supported: deepseek_v3, deepseek_v2");
+  }
+  if (r.has("hidden_act") && r.string("hidden_act") != "silu") {
+    r.fail("hidden_act", "must be \"silu\"");
+  }
+  c.vocab_size = r.positive("vocab_size");
+  c.hidden_size = r.positive("hidden_size");
+  c.num_hidden_layers = r.positive("num_hidden_layers");
+  c.num_attention_heads = r.positive("num_attention_heads");
+  c.first_k_dense_replace = r.integer("first_k_dense_replace", 0);
+  c.moe_layer_freq = r.positive("moe_layer_freq", 1);
+  c.n_routed_experts = r.integer("n_routed_experts", 0);
+  c.kv_lora_rank = r.positive("kv_lora_rank");
+  c.qk_nope_head_dim = r.positive("qk_nope_head_dim");
+  c.qk_rope_head_dim = r.positive("qk_rope_head_dim");
+  c.v_head_dim = r.positive("v_head_dim");
+  c.max_position_embeddings = r.positive("max_position_embeddings");
+  c.rope_theta = r.number("rope_theta", 10000.0);
+  c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c.num_nextn_predict_layers = r.integer("num_nextn_predict_layers", 0);
+  if (r.has("q_lora_rank")) c.q_lora_rank = r.positive("q_lora_rank");
+  for (const char* key : {"bos_token_id", "eos_token_id"}) {
+    if (!r.has(key)) continue;
+    const json& v = j[key];
+    std::optional<int64_t> id;
+    if (v.is_number_integer()) id = v.get<int64_t>();
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) id = v[0].get<int64_t>();
+    if (!id) r.fail(key, "must be an integer or a list of integers");
+    (std::string(key) == "bos_token_id" ? c.bos_token_id : c.eos_token_id) = id;
+  }
+  RETURN_IF_ERROR(r.status());
+
+  bool has_dense = c.first_k_dense_replace > 0 || c.moe_layer_freq > 1 || c.n_routed_experts == 0;
+  if (has_dense) c.intermediate_size = r.positive("intermediate_size");
+  if (c.n_routed_experts > 0) {
+    c.moe_intermediate_size = r.positive("moe_intermediate_size");
+    c.n_shared_experts = r.integer("n_shared_experts", 0);
+    c.num_experts_per_tok = r.positive("num_experts_per_tok");
+    c.n_group = r.positive("n_group", 1);
+    c.topk_group = r.positive("topk_group", 1);
+    c.norm_topk_prob = r.boolean("norm_topk_prob", false);
+    c.routed_scaling_factor = r.number("routed_scaling_factor", 1.0);
+    std::string method = r.string("topk_method", v3 ? "noaux_tc" : "greedy");
+    std::string scoring = r.string("scoring_func", v3 ? "sigmoid" : "softmax");
+    RETURN_IF_ERROR(r.status());
+    if (method == "noaux_tc") {
+      c.topk_method = TopkMethod::kNoauxTc;
+    } else if (method == "group_limited_greedy") {
+      c.topk_method = TopkMethod::kGroupLimitedGreedy;
+    } else if (method == "greedy") {
+      c.topk_method = TopkMethod::kGreedy;
+    } else {
+      r.fail("topk_method", "is '" + method + "'; expected noaux_tc, group_limited_greedy or greedy");
+    }
+    if (scoring == "sigmoid") {
+      c.scoring_func = ScoringFunc::kSigmoid;
+    } else if (scoring == "softmax") {
+      c.scoring_func = ScoringFunc::kSoftmax;
+    } else {
+      r.fail("scoring_func", "is '" + scoring + "'; expected sigmoid or softmax");
+    }
+    RETURN_IF_ERROR(r.status());
+    if (c.n_shared_experts < 0) r.fail("n_shared_experts", "must be >= 0");
+    if (c.num_experts_per_tok > c.n_routed_experts) {
+      r.fail("num_experts_per_tok", "exceeds n_routed_experts");
+    }
+    if (c.n_routed_experts % c.n_group != 0) r.fail("n_group", "must divide n_routed_experts");
+    if (c.topk_group > c.n_group) r.fail("topk_group", "exceeds n_group");
+    if (c.topk_method == TopkMethod::kNoauxTc && c.n_group > 1 &&
+        c.n_routed_experts / c.n_group < 2) {
+      r.fail("n_group", "leaves fewer than 2 experts per group (noaux_tc scores groups by top-2)");
+    }
+    if (c.topk_method != TopkMethod::kGreedy && c.n_group > 1 &&
+        c.topk_group * (c.n_routed_experts / c.n_group) < c.num_experts_per_tok) {
+      r.fail("topk_group", "selects groups holding fewer than num_experts_per_tok experts");
+    }
+  }
+  if (c.first_k_dense_replace < 0) r.fail("first_k_dense_replace", "must be >= 0");
+  if (c.num_nextn_predict_layers < 0) r.fail("num_nextn_predict_layers", "must be >= 0");
+  if (c.qk_rope_head_dim % 2 != 0) r.fail("qk_rope_head_dim", "must be even (rotary pairs)");
+  if (c.rms_norm_eps <= 0) r.fail("rms_norm_eps", "must be > 0");
+  if (c.rope_theta <= 0) r.fail("rope_theta", "must be > 0");
+  RETURN_IF_ERROR(r.status());
+
+  if (r.has("rope_scaling")) {
+    const json& rs = j["rope_scaling"];
+    if (!rs.is_object()) return InvalidArgument(source + ": field 'rope_scaling' must be an object");
+    FieldReader s(rs, source + ": rope_scaling");
+    std::string type = s.has("rope_type") ? s.string("rope_type") : s.string("type");
+    RETURN_IF_ERROR(s.status());
+    if (type != "yarn") {
+      return Unimplemented(source + ": rope_scaling type '" + type + "' (only yarn is supported)");
+    }
+    YarnScaling y;
+    y.factor = s.number("factor");
+    y.original_max_position_embeddings = s.positive("original_max_position_embeddings");
+    y.beta_fast = s.number("beta_fast", 32.0);
+    y.beta_slow = s.number("beta_slow", 1.0);
+    y.mscale = s.number("mscale", 1.0);
+    y.mscale_all_dim = s.number("mscale_all_dim", 0.0);
+    RETURN_IF_ERROR(s.status());
+    if (y.factor <= 0) return InvalidArgument(source + ": field 'rope_scaling.factor' must be > 0");
+    c.rope_scaling = y;
+  }
+
+  if (r.has("quantization_config")) {
+    const json& q = j["quantization_config"];
+    if (!q.is_object()) {
+      return InvalidArgument(source + ": field 'quantization_config' must be an object");
+    }
+    FieldReader s(q, source + ": quantization_config");
+    std::string method = s.string("quant_method");
+    std::string fmt = s.string("fmt", "e4m3");
+    RETURN_IF_ERROR(s.status());
+    if (method != "fp8" || fmt != "e4m3") {
+      return Unimplemented(source + ": quantization_config " + method + "/" + fmt +
+                           " (only fp8/e4m3 block scaling is supported)");
+    }
+    QuantConfig qc;
+    if (q.contains("weight_block_size")) {
+      const json& b = q["weight_block_size"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
+          !b[1].is_number_integer() || b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0) {
+        return InvalidArgument(source +
+                               ": field 'quantization_config.weight_block_size' must be [n, k]");
+      }
+      qc.block_n = b[0].get<int64_t>();
+      qc.block_k = b[1].get<int64_t>();
+    }
+    c.quant = qc;
+  }
+  return c;
+}
+
+Result<ModelConfig> load_model_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_model_config(ss.str(), path);
+}
+
+std::string model_config_to_json(const ModelConfig& c) {
+  json j;
+  bool v3 = c.model_type == "deepseek_v3";
+  j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};
+  j["model_type"] = c.model_type;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["moe_intermediate_size"] = c.moe_intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["first_k_dense_replace"] = c.first_k_dense_replace;
+  j["moe_layer_freq"] = c.moe_layer_freq;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_attention_heads;
+  j["n_routed_experts"] = c.n_routed_experts;
+  j["n_shared_experts"] = c.n_shared_experts;
+  j["num_experts_per_tok"] = c.num_experts_per_tok;
+  j["n_group"] = c.n_group;
+  j["topk_group"] = c.topk_group;
+  j["topk_method"] = c.topk_method == TopkMethod::kNoauxTc             ? "noaux_tc"
+                     : c.topk_method == TopkMethod::kGroupLimitedGreedy ? "group_limited_greedy"
+                                                                        : "greedy";
+  j["scoring_func"] = c.scoring_func == ScoringFunc::kSigmoid ? "sigmoid" : "softmax";
+  j["norm_topk_prob"] = c.norm_topk_prob;
+  j["routed_scaling_factor"] = c.routed_scaling_factor;
+  j["q_lora_rank"] = c.q_lora_rank ? json(*c.q_lora_rank) : json(nullptr);
+  j["kv_lora_rank"] = c.kv_lora_rank;
+  j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+  j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  j["v_head_dim"] = c.v_head_dim;
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling) {
+    const YarnScaling& y = *c.rope_scaling;
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", y.factor},
+                         {"original_max_position_embeddings", y.original_max_position_embeddings},
+                         {"beta_fast", y.beta_fast},
+                         {"beta_slow", y.beta_slow},
+                         {"mscale", y.mscale},
+                         {"mscale_all_dim", y.mscale_all_dim}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
+  if (c.eos_token_id) j["eos_token_id"] = *c.eos_token_id;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+  j["torch_dtype"] = "bfloat16";
+  if (c.quant) {
+    j["quantization_config"] = {{"quant_method", "fp8"},
+                                {"fmt", "e4m3"},
+                                {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {c.quant->block_n, c.quant->block_k}}};
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace moeserve

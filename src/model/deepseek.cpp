@@ -1,0 +1,298 @@
+// The forward pass, top to bottom: embed -> layers (attention, dense MLP or MoE) -> norm ->
+// lm_head. Shapes in the comments use n = new tokens in the step, H = hidden_size,
+// nh = heads, dn/dr/dv = qk_nope/qk_rope/v head dims, R = kv_lora_rank, T = context length.
+#include "model/deepseek.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "kernels/linear_ref.h"
+#include "kernels/moe_gate.h"
+#include "kernels/rmsnorm.h"
+
+namespace moeserve {
+
+namespace {
+
+RopeParams rope_params(const ModelConfig& c) {
+  RopeParams p;
+  p.dim = c.qk_rope_head_dim;
+  p.theta = c.rope_theta;
+  if (c.rope_scaling) {
+    const YarnScaling& y = *c.rope_scaling;
+    p.yarn = true;
+    p.factor = y.factor;
+    p.original_max_position_embeddings = y.original_max_position_embeddings;
+    p.beta_fast = y.beta_fast;
+    p.beta_slow = y.beta_slow;
+    p.mscale = y.mscale;
+    p.mscale_all_dim = y.mscale_all_dim;
+  }
+  return p;
+}
+
+MoeGateParams gate_params(const ModelConfig& c) {
+  MoeGateParams p;
+  p.scoring = c.scoring_func == ScoringFunc::kSigmoid ? MoeGateParams::Scoring::kSigmoid
+                                                      : MoeGateParams::Scoring::kSoftmax;
+  p.method = c.topk_method == TopkMethod::kNoauxTc             ? MoeGateParams::Method::kNoauxTc
+             : c.topk_method == TopkMethod::kGroupLimitedGreedy ? MoeGateParams::Method::kGroupLimitedGreedy
+                                                                 : MoeGateParams::Method::kGreedy;
+  p.weight_rule = c.model_type == "deepseek_v2" ? MoeGateParams::WeightRule::kV2NormElseScale
+                                                : MoeGateParams::WeightRule::kV3NormThenScale;
+  p.n_experts = c.n_routed_experts;
+  p.top_k = c.num_experts_per_tok;
+  p.n_group = c.n_group;
+  p.topk_group = c.topk_group;
+  p.norm_topk_prob = c.norm_topk_prob;
+  p.routed_scaling_factor = float(c.routed_scaling_factor);
+  return p;
+}
+
+void add_into(float* x, const float* y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+// In-place softmax over v[0, n).
+void softmax(float* v, int64_t n) {
+  float mx = *std::max_element(v, v + n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = std::exp(v[i] - mx);
+    sum += v[i];
+  }
+  float inv = float(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) v[i] *= inv;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
+DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weights,
+                             Dispatcher& dispatcher, ThreadPool* pool, AttentionMode mode)
+    : config_(config),
+      weights_(weights),
+      dispatcher_(dispatcher),
+      pool_(pool),
+      mode_(mode),
+      rope_(rope_params(config)) {}
+
+Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache& cache,
+                              std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size;
+  int64_t n = 0, n_out = 0;
+  for (const StepSequence& s : batch) {
+    int64_t end = s.start_pos + int64_t(s.tokens.size());
+    if (s.start_pos < 0 || end > int64_t(s.block_table.size()) * kKvBlockSize) {
+      return InvalidArgument(fmt::format("positions [{}, {}) exceed the block table ({} blocks)",
+                                         s.start_pos, end, s.block_table.size()));
+    }
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return InvalidArgument(fmt::format("token id {} outside the vocabulary [0, {})", t, c.vocab_size));
+      }
+    }
+    n += int64_t(s.tokens.size());
+    n_out += s.want_logits && !s.tokens.empty();
+  }
+
+  std::vector<float> x(size_t(n * H));  // [n, H] residual stream
+  int64_t row = 0;
+  for (const StepSequence& s : batch) {
+    for (int32_t t : s.tokens) weights_.embed.row_to_f32(t, &x[size_t(row++ * H)]);
+  }
+
+  std::vector<float> h(size_t(n * H)), tmp(size_t(n * H));  // [n, H]
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = weights_.layers[size_t(l)];
+    rmsnorm_ref(x.data(), n, H, H, L.attn_norm.data(), float(c.rms_norm_eps), h.data(), H);
+    attention(l, batch, h.data(), n, cache, tmp.data());  // [n, H]
+    add_into(x.data(), tmp.data(), n * H);
+    rmsnorm_ref(x.data(), n, H, H, L.ffn_norm.data(), float(c.rms_norm_eps), h.data(), H);
+    if (L.moe) {
+      RETURN_IF_ERROR(moe(*L.moe, h.data(), n, tmp.data()));  // [n, H]
+    } else {
+      mlp(*L.mlp, h.data(), n, tmp.data());  // [n, H]
+    }
+    add_into(x.data(), tmp.data(), n * H);
+  }
+
+  std::vector<float> last(size_t(n_out * H));  // [n_out, H] final-norm'd last tokens
+  row = 0;
+  int64_t out_row = 0;
+  for (const StepSequence& s : batch) {
+    row += int64_t(s.tokens.size());
+    if (!s.want_logits || s.tokens.empty()) continue;
+    rmsnorm_ref(&x[size_t((row - 1) * H)], 1, H, H, weights_.norm.data(), float(c.rms_norm_eps),
+                &last[size_t(out_row++ * H)], H);
+  }
+  logits->assign(size_t(n_out * c.vocab_size), 0.0f);  // [n_out, vocab]
+  linear_ref(last.data(), n_out, H, weights_.lm_head, logits->data(), c.vocab_size, pool_);
+  return Status::Ok();
+}
+
+void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch, const float* x,
+                              int64_t n, LatentKvCache& cache, float* out) {
+  const ModelConfig& c = config_;
+  const AttentionWeights& A = weights_.layers[size_t(layer)].attn;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t dn = c.qk_nope_head_dim, dv = c.v_head_dim, dq = c.qk_head_dim();
+  const int64_t R = c.kv_lora_rank, D = c.kv_cache_dim();
+
+  std::vector<float> q(size_t(n * nh * dq));  // [n, nh, dn + dr]
+  if (A.q_a) {
+    const int64_t QR = A.q_a->rows;
+    std::vector<float> qa(size_t(n * QR));  // [n, q_lora_rank]
+    linear_ref(x, n, H, *A.q_a, qa.data(), QR, pool_);
+    rmsnorm_ref(qa.data(), n, QR, QR, A.q_a_norm.data(), float(c.rms_norm_eps), qa.data(), QR);
+    linear_ref(qa.data(), n, QR, A.q_b, q.data(), nh * dq, pool_);
+  } else {
+    linear_ref(x, n, H, A.q_b, q.data(), nh * dq, pool_);
+  }
+  std::vector<float> kv(size_t(n * D));  // [n, R + dr]: latent, then the shared rope key
+  linear_ref(x, n, H, A.kv_a, kv.data(), D, pool_);
+  rmsnorm_ref(kv.data(), n, R, D, A.kv_a_norm.data(), float(c.rms_norm_eps), kv.data(), D);
+
+  int64_t row = 0;
+  for (const StepSequence& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i, ++row) {
+      int64_t pos = s.start_pos + int64_t(i);
+      rope_.apply(&q[size_t(row * nh * dq + dn)], nh, dq, pos);  // q_pe of every head
+      rope_.apply(&kv[size_t(row * D + R)], 1, D, pos);          // k_pe
+      cache.write(layer, s.block_table, pos, &kv[size_t(row * D)]);
+    }
+  }
+
+  std::vector<float> kv_b(size_t(A.kv_b.rows * R));  // [nh * (dn + dv), R] dequantized
+  for (int64_t r = 0; r < A.kv_b.rows; ++r) A.kv_b.row_to_f32(r, &kv_b[size_t(r * R)]);
+
+  std::vector<float> o(size_t(n * nh * dv));  // [n, nh, dv]
+  row = 0;
+  for (const StepSequence& s : batch) {
+    attend_sequence(layer, s, &q[size_t(row * nh * dq)], nh * dq, cache, kv_b,
+                    &o[size_t(row * nh * dv)], nh * dv);
+    row += int64_t(s.tokens.size());
+  }
+  linear_ref(o.data(), n, nh * dv, A.o, out, H, pool_);  // [n, H]
+}
+
+void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const float* q,
+                                    int64_t ldq, const LatentKvCache& cache,
+                                    const std::vector<float>& kv_b, float* o, int64_t ldo) {
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
+  const int64_t n_new = int64_t(s.tokens.size());
+  const int64_t T = s.start_pos + n_new;
+  const float scale = float(c.softmax_scale());
+  if (n_new == 0) return;
+
+  std::vector<float> ctx(size_t(T * D));  // [T, R + dr] cached latents and rope keys
+  for (int64_t t = 0; t < T; ++t) cache.read(layer, s.block_table, t, &ctx[size_t(t * D)]);
+
+  std::vector<float> kvx;  // naive only: [T, nh, dn + dv] per-head keys (nope part) and values
+  if (mode_ == AttentionMode::kNaive) {
+    const int64_t W = nh * (dn + dv);
+    kvx.resize(size_t(T * W));
+    auto expand = [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t r = 0; r < W; ++r) {
+          kvx[size_t(t * W + r)] = dot(&ctx[size_t(t * D)], &kv_b[size_t(r * R)], R);
+        }
+      }
+    };
+    pool_ ? pool_->parallel_for(T, expand) : expand(0, T);
+  }
+
+  auto heads = [&](int64_t h0, int64_t h1) {
+    std::vector<float> scores(static_cast<size_t>(T)), q_lat(static_cast<size_t>(R)), o_lat(static_cast<size_t>(R));
+    for (int64_t h = h0; h < h1; ++h) {
+      const float* wk = &kv_b[size_t(h * (dn + dv) * R)];    // [dn, R] key rows of head h
+      const float* wv = &kv_b[size_t((h * (dn + dv) + dn) * R)];  // [dv, R] value rows
+      for (int64_t i = 0; i < n_new; ++i) {
+        const float* qh = q + i * ldq + h * dq;  // [dn + dr]
+        const int64_t n_ctx = s.start_pos + i + 1;  // causal: positions [0, pos]
+        float* oh = o + i * ldo + h * dv;        // [dv]
+        if (mode_ == AttentionMode::kNaive) {
+          const int64_t W = nh * (dn + dv);
+          for (int64_t t = 0; t < n_ctx; ++t) {
+            const float* k = &kvx[size_t(t * W + h * (dn + dv))];
+            scores[size_t(t)] =
+                (dot(qh, k, dn) + dot(qh + dn, &ctx[size_t(t * D + R)], dr)) * scale;
+          }
+          softmax(scores.data(), n_ctx);
+          std::fill(oh, oh + dv, 0.0f);
+          for (int64_t t = 0; t < n_ctx; ++t) {
+            const float* v = &kvx[size_t(t * W + h * (dn + dv) + dn)];
+            for (int64_t j = 0; j < dv; ++j) oh[j] += scores[size_t(t)] * v[j];
+          }
+        } else {
+          // q_lat = W_k^T q_nope: [R]
+          std::fill(q_lat.begin(), q_lat.end(), 0.0f);
+          for (int64_t d = 0; d < dn; ++d) {
+            for (int64_t r = 0; r < R; ++r) q_lat[size_t(r)] += qh[d] * wk[d * R + r];
+          }
+          for (int64_t t = 0; t < n_ctx; ++t) {
+            const float* kt = &ctx[size_t(t * D)];
+            scores[size_t(t)] = (dot(q_lat.data(), kt, R) + dot(qh + dn, kt + R, dr)) * scale;
+          }
+          softmax(scores.data(), n_ctx);
+          std::fill(o_lat.begin(), o_lat.end(), 0.0f);  // [R] attention-weighted latent
+          for (int64_t t = 0; t < n_ctx; ++t) {
+            const float* kt = &ctx[size_t(t * D)];
+            for (int64_t r = 0; r < R; ++r) o_lat[size_t(r)] += scores[size_t(t)] * kt[r];
+          }
+          for (int64_t j = 0; j < dv; ++j) oh[j] = dot(wv + j * R, o_lat.data(), R);
+        }
+      }
+    }
+  };
+  pool_ ? pool_->parallel_for(nh, heads) : heads(0, nh);
+}
+
+Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float* out) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+  std::vector<float> router(size_t(n * E));  // [n, E] router logits
+  linear_ref(x, n, H, w.gate, router.data(), E, pool_);
+  std::vector<int32_t> ids(size_t(n * k));  // [n, k]
+  std::vector<float> wts(size_t(n * k));    // [n, k]
+  moe_gate_ref(router.data(), n, w.score_bias.empty() ? nullptr : w.score_bias.data(),
+               gate_params(c), ids.data(), wts.data());
+
+  ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(x, n, H, ids.data(), wts.data(), k));
+  std::vector<float> expert_out(size_t(b.n_rows() * H));  // [rows, H]
+  for (size_t s = 0; s < b.experts.size(); ++s) {
+    const std::optional<MlpWeights>& ex = w.experts[size_t(b.experts[s])];
+    if (!ex) return Internal(fmt::format("expert {} was dispatched here but is not loaded", b.experts[s]));
+    int64_t r0 = b.offsets[s], rows = b.offsets[s + 1] - r0;
+    mlp(*ex, &b.x[size_t(r0 * H)], rows, &expert_out[size_t(r0 * H)]);
+  }
+  RETURN_IF_ERROR(dispatcher_.combine(b, expert_out.data(), out));  // [n, H]
+  if (w.shared) {
+    std::vector<float> shared(size_t(n * H));  // [n, H]
+    mlp(*w.shared, x, n, shared.data());
+    add_into(out, shared.data(), n * H);
+  }
+  return Status::Ok();
+}
+
+void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* out) {
+  const int64_t H = w.gate.cols, I = w.gate.rows;
+  std::vector<float> g(size_t(n * I)), u(size_t(n * I));  // [n, I]
+  linear_ref(x, n, H, w.gate, g.data(), I, pool_);
+  linear_ref(x, n, H, w.up, u.data(), I, pool_);
+  for (int64_t i = 0; i < n * I; ++i) g[size_t(i)] = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
+  linear_ref(g.data(), n, I, w.down, out, H, pool_);  // [n, H]
+}
+
+}  // namespace moeserve

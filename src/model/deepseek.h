@@ -1,0 +1,71 @@
+// DeepseekModel: the DeepSeek-V3/V2 forward pass (reference path: FP32 activations, weights
+// read in their checkpoint format, FP8 blocks dequantized on the fly).
+//
+// One call runs one engine step over a batch of sequences, each contributing a run of new tokens
+// (a prefill chunk or one decode token) at known positions; the latent KV of every new token is
+// written into the paged cache through the sequence's block table, and attention reads all
+// earlier positions from there. The MoE layer reaches its experts through a Dispatcher.
+//
+// Holds references to config, weights, dispatcher and pool: they must outlive it. forward() is
+// called by one thread at a time; it uses the pool for parallel loops.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cache/latent_cache.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "ep/dispatcher.h"
+#include "kernels/rope.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+
+namespace moeserve {
+
+// How attention reads the latent cache (DeepSeek's model.py keeps both):
+//   naive: expand each cached latent into per-head K and V with kv_b_proj, then attend;
+//   absorbed: fold kv_b_proj into the query and the output, attend in the latent space.
+enum class AttentionMode { kNaive, kAbsorbed };
+
+struct StepSequence {
+  std::span<const int32_t> tokens;       // new tokens this step
+  int64_t start_pos = 0;                 // position of tokens[0]
+  std::span<const int32_t> block_table;  // covers positions [0, start_pos + tokens.size())
+  bool want_logits = true;               // logits of the last new token
+};
+
+class DeepseekModel {
+ public:
+  DeepseekModel(const ModelConfig& config, const ModelWeights& weights, Dispatcher& dispatcher,
+                ThreadPool* pool, AttentionMode mode = AttentionMode::kAbsorbed);
+
+  const ModelConfig& config() const { return config_; }
+  AttentionMode attention_mode() const { return mode_; }
+  void set_attention_mode(AttentionMode mode) { mode_ = mode; }
+
+  // logits: resized to [number of sequences with want_logits, vocab_size], in batch order.
+  Status forward(std::span<const StepSequence> batch, LatentKvCache& cache,
+                 std::vector<float>* logits);
+
+ private:
+  // x: [n, hidden] normalised input of the layer's attention; out: [n, hidden].
+  void attention(int64_t layer, std::span<const StepSequence> batch, const float* x, int64_t n,
+                 LatentKvCache& cache, float* out);
+  // Attention of one sequence's new tokens over its whole cached context.
+  void attend_sequence(int64_t layer, const StepSequence& seq, const float* q, int64_t ldq,
+                       const LatentKvCache& cache, const std::vector<float>& kv_b,
+                       float* attn_out, int64_t ld_out);
+  Status moe(const MoeWeights& w, const float* x, int64_t n, float* out);
+  void mlp(const MlpWeights& w, const float* x, int64_t n, float* out);
+
+  const ModelConfig& config_;
+  const ModelWeights& weights_;
+  Dispatcher& dispatcher_;
+  ThreadPool* pool_;
+  AttentionMode mode_;
+  RopeTable rope_;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,270 @@
+#include "model/make_model.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "model/safetensors.h"
+
+namespace moeserve {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+json preset_json(const std::string& name) {
+  if (name == "tiny") {
+    // The README's embedded default: the real vocabulary (so the DeepSeek-V3 tokenizer works),
+    // V3 features (q_lora, noaux_tc over groups, shared expert, dense first layer), tiny widths.
+    return {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 256},
+            {"intermediate_size", 512}, {"moe_intermediate_size", 128},
+            {"num_hidden_layers", 4}, {"first_k_dense_replace", 1}, {"moe_layer_freq", 1},
+            {"num_attention_heads", 4}, {"n_routed_experts", 16}, {"n_shared_experts", 1},
+            {"num_experts_per_tok", 4}, {"n_group", 4}, {"topk_group", 2},
+            {"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"}, {"norm_topk_prob", true},
+            {"routed_scaling_factor", 2.5}, {"q_lora_rank", 192}, {"kv_lora_rank", 128},
+            {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32},
+            {"rope_theta", 10000.0}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6},
+            {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
+            {"num_nextn_predict_layers", 0}};
+  }
+  if (name == "bench") {
+    // DeepSeek-V3 proportions at ~2.5 GB of FP8: real MLA head dims (kv_lora 512 + rope 64 =
+    // the 576-value latent), 64 routed experts, top-8 over 8 groups (4 kept), one shared expert.
+    return {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 2048},
+            {"intermediate_size", 5632}, {"moe_intermediate_size", 512},
+            {"num_hidden_layers", 12}, {"first_k_dense_replace", 1}, {"moe_layer_freq", 1},
+            {"num_attention_heads", 16}, {"n_routed_experts", 64}, {"n_shared_experts", 1},
+            {"num_experts_per_tok", 8}, {"n_group", 8}, {"topk_group", 4},
+            {"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"}, {"norm_topk_prob", true},
+            {"routed_scaling_factor", 2.5}, {"q_lora_rank", 512}, {"kv_lora_rank", 512},
+            {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128},
+            {"rope_theta", 10000.0}, {"max_position_embeddings", 16384}, {"rms_norm_eps", 1e-6},
+            {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
+            {"num_nextn_predict_layers", 0}};
+  }
+  if (name == "v2-lite-tiny") {
+    // V2-Lite's features: plain q_proj, softmax greedy gate, two shared experts.
+    return {{"model_type", "deepseek_v2"}, {"vocab_size", 129280}, {"hidden_size", 256},
+            {"intermediate_size", 512}, {"moe_intermediate_size", 96},
+            {"num_hidden_layers", 3}, {"first_k_dense_replace", 1}, {"moe_layer_freq", 1},
+            {"num_attention_heads", 4}, {"n_routed_experts", 8}, {"n_shared_experts", 2},
+            {"num_experts_per_tok", 2}, {"n_group", 1}, {"topk_group", 1},
+            {"topk_method", "greedy"}, {"scoring_func", "softmax"}, {"norm_topk_prob", false},
+            {"routed_scaling_factor", 1.0}, {"q_lora_rank", nullptr}, {"kv_lora_rank", 128},
+            {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32},
+            {"rope_theta", 10000.0}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6},
+            {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
+            {"num_nextn_predict_layers", 0}};
+  }
+  return nullptr;
+}
+
+// Counter-based generator: value i of a tensor depends only on (seed, tensor, i), so results do
+// not depend on the thread split.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t name_hash(const std::string& s, uint64_t seed) {
+  uint64_t h = mix(seed ^ 0x51ed270b27a3f0c1ull);
+  for (unsigned char ch : s) h = mix(h ^ ch);
+  return h;
+}
+// Uniform in [-1, 1).
+float uniform(uint64_t key, uint64_t i) {
+  return float(int64_t(mix(key + i) >> 11) * (1.0 / 4503599627370496.0) - 1.0);
+}
+
+class ModelWriter {
+ public:
+  ModelWriter(const ModelConfig& c, uint64_t seed, ThreadPool* pool)
+      : c_(c), seed_(seed), pool_(pool) {}
+
+  // FP8 projection [rows, cols] with per-block scales; values ~ uniform with std 1/sqrt(cols)
+  // (times gain), block scales varied by +-25% so that scales matter.
+  void fp8_linear(SafetensorsWriter& w, const std::string& name, int64_t rows, int64_t cols,
+                  float gain = 1.0f) {
+    if (!c_.quant) {
+      bf16_tensor(w, name, {rows, cols}, gain * std::sqrt(3.0f / float(cols)), 0.0f);
+      return;
+    }
+    const int64_t bn = c_.quant->block_n, bk = c_.quant->block_k;
+    const int64_t sr = (rows + bn - 1) / bn, sc = (cols + bk - 1) / bk;
+    uint64_t key = name_hash(name, seed_);
+    std::vector<uint8_t> q(size_t(rows * cols));
+    auto fill = [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
+        q[size_t(i)] = f32_to_fp8e4m3(uniform(key, uint64_t(i)) * kFp8E4M3Max);
+      }
+    };
+    pool_ ? pool_->parallel_for(rows, fill, 64) : fill(0, rows);
+    std::vector<float> scale(size_t(sr * sc));
+    const float base = gain * std::sqrt(1.0f / float(cols)) / (kFp8E4M3Max / std::sqrt(3.0f));
+    uint64_t skey = name_hash(name + "#scale", seed_);
+    for (int64_t i = 0; i < sr * sc; ++i) {
+      scale[size_t(i)] = base * (1.0f + 0.25f * uniform(skey, uint64_t(i)));
+    }
+    w.add(name, DType::kF8E4M3, {rows, cols}, q.data(), q.size());
+    w.add(name + "_scale_inv", DType::kF32, {sr, sc}, scale.data(), scale.size() * 4);
+  }
+
+  // BF16 tensor with values center + amplitude * uniform[-1, 1).
+  void bf16_tensor(SafetensorsWriter& w, const std::string& name, std::vector<int64_t> shape,
+                   float amplitude, float center) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    uint64_t key = name_hash(name, seed_);
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    auto fill = [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        v[size_t(i)] = f32_to_bf16(center + amplitude * uniform(key, uint64_t(i)));
+      }
+    };
+    pool_ ? pool_->parallel_for(n, fill, 1 << 16) : fill(0, n);
+    w.add(name, DType::kBF16, std::move(shape), v.data(), v.size() * 2);
+  }
+
+  void f32_tensor(SafetensorsWriter& w, const std::string& name, int64_t n, float lo, float hi) {
+    uint64_t key = name_hash(name, seed_);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      v[size_t(i)] = lo + (hi - lo) * 0.5f * (uniform(key, uint64_t(i)) + 1.0f);
+    }
+    w.add(name, DType::kF32, {n}, v.data(), v.size() * 4);
+  }
+
+  void norm(SafetensorsWriter& w, const std::string& name, int64_t n) {
+    bf16_tensor(w, name, {n}, 0.1f, 1.0f);
+  }
+
+  void mlp(SafetensorsWriter& w, const std::string& p, int64_t hidden, int64_t inter) {
+    fp8_linear(w, p + ".gate_proj.weight", inter, hidden);
+    fp8_linear(w, p + ".up_proj.weight", inter, hidden);
+    fp8_linear(w, p + ".down_proj.weight", hidden, inter);
+  }
+
+  void layer(SafetensorsWriter& w, int64_t l) {
+    const ModelConfig& c = c_;
+    const int64_t H = c.hidden_size, nh = c.num_attention_heads;
+    std::string p = fmt::format("model.layers.{}.", l);
+    norm(w, p + "input_layernorm.weight", H);
+    norm(w, p + "post_attention_layernorm.weight", H);
+    std::string a = p + "self_attn.";
+    if (c.q_lora_rank) {
+      fp8_linear(w, a + "q_a_proj.weight", *c.q_lora_rank, H);
+      norm(w, a + "q_a_layernorm.weight", *c.q_lora_rank);
+      fp8_linear(w, a + "q_b_proj.weight", nh * c.qk_head_dim(), *c.q_lora_rank);
+    } else {
+      fp8_linear(w, a + "q_proj.weight", nh * c.qk_head_dim(), H);
+    }
+    fp8_linear(w, a + "kv_a_proj_with_mqa.weight", c.kv_cache_dim(), H);
+    norm(w, a + "kv_a_layernorm.weight", c.kv_lora_rank);
+    fp8_linear(w, a + "kv_b_proj.weight", nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+    fp8_linear(w, a + "o_proj.weight", H, nh * c.v_head_dim);
+    if (!c.is_moe_layer(l)) {
+      mlp(w, p + "mlp", H, c.intermediate_size);
+      return;
+    }
+    // A strong gate so that routing is decisive rather than near-uniform.
+    bf16_tensor(w, p + "mlp.gate.weight", {c.n_routed_experts, H}, 4.0f * std::sqrt(3.0f / float(H)), 0.0f);
+    if (c.topk_method == TopkMethod::kNoauxTc) {
+      f32_tensor(w, p + "mlp.gate.e_score_correction_bias", c.n_routed_experts, 0.0f, 0.1f);
+    }
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      mlp(w, fmt::format("{}mlp.experts.{}", p, e), H, c.moe_intermediate_size);
+    }
+    if (c.n_shared_experts > 0) {
+      mlp(w, p + "mlp.shared_experts", H, c.moe_intermediate_size * c.n_shared_experts);
+    }
+  }
+
+ private:
+  const ModelConfig& c_;
+  uint64_t seed_;
+  ThreadPool* pool_;
+};
+
+Status write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) return IOError(path.string() + ": write failed");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<std::string> make_model_presets() { return {"tiny", "bench", "v2-lite-tiny"}; }
+
+Result<ModelConfig> make_model_config(const MakeModelOptions& o) {
+  json j = preset_json(o.preset);
+  if (j.is_null()) {
+    return InvalidArgument(fmt::format("unknown preset '{}' (known: tiny, bench, v2-lite-tiny)", o.preset));
+  }
+  for (const std::string& kv : o.overrides) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return InvalidArgument(fmt::format("--set '{}': expected key=value", kv));
+    }
+    std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    json v = json::parse(value, nullptr, false);
+    j[key] = v.is_discarded() ? json(value) : v;  // bare words are strings
+  }
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"},
+                              {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}};
+  return parse_model_config(j.dump(), "preset " + o.preset);
+}
+
+Result<uint64_t> make_model(const MakeModelOptions& o, const std::string& out_dir,
+                            ThreadPool* pool) {
+  ASSIGN_OR_RETURN(ModelConfig c, make_model_config(o));
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return IOError(fmt::format("{}: cannot create directory: {}", out_dir, ec.message()));
+  ModelWriter mw(c, o.seed, pool);
+
+  // Shard by layer ranges: embed + first layers, ..., last layers + norm + lm_head.
+  const int64_t L = c.num_hidden_layers;
+  int shards = o.shards > 0 ? o.shards : int(std::max<int64_t>(2, std::min<int64_t>(L, (L + 2) / 3)));
+  shards = int(std::min<int64_t>(shards, L));
+  shards = std::max(shards, 1);
+  json weight_map = json::object();
+  uint64_t total = 0;
+  for (int s = 0; s < shards; ++s) {
+    SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    if (s == 0) mw.bf16_tensor(w, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, 1.0f, 0.0f);
+    for (int64_t l = L * s / shards; l < L * (s + 1) / shards; ++l) mw.layer(w, l);
+    if (s == shards - 1) {
+      mw.norm(w, "model.norm.weight", c.hidden_size);
+      if (!c.tie_word_embeddings) {
+        mw.bf16_tensor(w, "lm_head.weight", {c.vocab_size, c.hidden_size},
+                       std::sqrt(3.0f / float(c.hidden_size)), 0.0f);
+      }
+    }
+    std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards);
+    RETURN_IF_ERROR(w.write((fs::path(out_dir) / file).string()));
+    total += w.data_bytes();
+    for (const std::string& name : w.names()) weight_map[name] = file;
+  }
+  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  RETURN_IF_ERROR(write_text(fs::path(out_dir) / "model.safetensors.index.json", index.dump(2) + "\n"));
+  RETURN_IF_ERROR(write_text(fs::path(out_dir) / "config.json", model_config_to_json(c)));
+  if (!o.tokenizer_dir.empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      fs::copy_file(fs::path(o.tokenizer_dir) / f, fs::path(out_dir) / f,
+                    fs::copy_options::overwrite_existing, ec);
+      if (ec) return IOError(fmt::format("copying {} from {}: {}", f, o.tokenizer_dir, ec.message()));
+    }
+  }
+  return total;
+}
+
+}  // namespace moeserve
