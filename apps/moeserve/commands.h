@@ -16,5 +16,7 @@ struct Subcommand {
 
 Subcommand add_make_model_command(CLI::App& parent);
 Subcommand add_generate_command(CLI::App& parent);
+Subcommand add_sim_command(CLI::App& parent);
+Subcommand add_eplb_command(CLI::App& parent);
 
 }  // namespace moeserve::cli

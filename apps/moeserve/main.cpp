@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   std::vector<Subcommand> commands = {
       add_make_model_command(app),
       add_generate_command(app),
+      add_sim_command(app),
+      add_eplb_command(app),
   };
   CLI11_PARSE(app, argc, argv);
   for (auto& c : commands) {

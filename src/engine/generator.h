@@ -13,6 +13,7 @@
 
 #include "cache/block_allocator.h"
 #include "cache/latent_cache.h"
+#include "engine/engine.h"
 #include "kernels/sampling.h"
 #include "model/deepseek.h"
 
@@ -26,8 +27,6 @@ struct GenerateRequest {
   int64_t top_logprobs = 0;  // how many (id, logprob) pairs to record per step
   bool ignore_eos = false;
 };
-
-enum class FinishReason { kLength, kStop };
 
 struct GenerateResult {
   std::vector<int32_t> tokens;

@@ -17,6 +17,10 @@ namespace moeserve {
 
 namespace {
 
+// q_a_layernorm and kv_a_layernorm are built without the config's eps in DeepSeek's model.py,
+// its hub code and transformers: always 1e-6 (docs/hf-reference.md section 2).
+constexpr float kLoraNormEps = 1e-6f;
+
 RopeParams rope_params(const ModelConfig& c) {
   RopeParams p;
   p.dim = c.qk_rope_head_dim;
@@ -153,14 +157,14 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
     const int64_t QR = A.q_a->rows;
     std::vector<float> qa(size_t(n * QR));  // [n, q_lora_rank]
     linear_ref(x, n, H, *A.q_a, qa.data(), QR, pool_);
-    rmsnorm_ref(qa.data(), n, QR, QR, A.q_a_norm.data(), float(c.rms_norm_eps), qa.data(), QR);
+    rmsnorm_ref(qa.data(), n, QR, QR, A.q_a_norm.data(), kLoraNormEps, qa.data(), QR);
     linear_ref(qa.data(), n, QR, A.q_b, q.data(), nh * dq, pool_);
   } else {
     linear_ref(x, n, H, A.q_b, q.data(), nh * dq, pool_);
   }
   std::vector<float> kv(size_t(n * D));  // [n, R + dr]: latent, then the shared rope key
   linear_ref(x, n, H, A.kv_a, kv.data(), D, pool_);
-  rmsnorm_ref(kv.data(), n, R, D, A.kv_a_norm.data(), float(c.rms_norm_eps), kv.data(), D);
+  rmsnorm_ref(kv.data(), n, R, D, A.kv_a_norm.data(), kLoraNormEps, kv.data(), D);
 
   int64_t row = 0;
   for (const StepSequence& s : batch) {

@@ -1,0 +1,86 @@
+// Engine: the serving loop's interface. A background step thread runs continuous batching over
+// the model (chunked prefill, paged KV cache with prefix caching, preemption by recompute);
+// callers submit requests from any thread and receive their tokens through a callback.
+//
+// Threading: submit(), cancel(), stats() and healthy() may be called from any thread. The
+// callback of a request is invoked on the engine's step thread, in order, never concurrently
+// with itself; it must be quick (push to a queue) and must not call back into the Engine
+// except cancel(). After a callback with `finished == true` no further callback comes for that
+// request.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/sampling.h"
+
+namespace moeserve {
+
+struct EngineRequest {
+  std::string id;                // unique among live requests (the server makes it)
+  std::vector<int32_t> prompt;   // token ids, non-empty, each < vocab_size
+  int64_t max_tokens = 16;       // >= 1
+  SamplingParams sampling;       // greedy when temperature == 0
+  std::optional<uint64_t> seed;  // nullopt: the engine picks one
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // besides EOS (unless ignore_eos)
+  int64_t top_logprobs = 0;             // >= 0; 0: only the chosen token's logprob
+};
+
+enum class FinishReason { kLength, kStop, kCancelled, kError };
+
+struct GeneratedToken {
+  int32_t id = 0;
+  float logprob = 0.0f;              // of the chosen token, under the model (before temperature)
+  std::vector<TokenLogprob> top;     // top_logprobs entries, descending
+};
+
+// One callback's worth of progress for one request.
+struct RequestOutput {
+  std::vector<GeneratedToken> tokens;  // new since the last callback (may be empty at finish)
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kLength;  // valid when finished
+  Status error;                      // non-ok only with FinishReason::kError
+  int64_t prompt_tokens = 0;         // set on every callback
+  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+struct EngineStats {
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t prefix_queries = 0;  // prompt tokens looked up in the prefix cache (cumulative)
+  int64_t prefix_hits = 0;     // of those, tokens found (cumulative)
+  int64_t prompt_tokens = 0;   // cumulative
+  int64_t generated_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Queues a request. Errors: InvalidArgument (bad fields, prompt + max_tokens beyond the
+  // context), ResourceExhausted (admission limits: too many waiting requests),
+  // Unavailable (the engine has stopped).
+  virtual Status submit(EngineRequest request, OutputCallback callback) = 0;
+  // Stops a request soon (its callback then gets finished with kCancelled). Unknown ids and
+  // finished requests are ignored.
+  virtual void cancel(const std::string& id) = 0;
+  virtual EngineStats stats() const = 0;
+  // False once the step thread has died or stopped.
+  virtual bool healthy() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t max_context() const = 0;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,208 @@
+#include "sim/phase_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace moeserve::sim {
+
+namespace {
+
+StepTime layer_time(const std::vector<OpCost>& ops, int micro_batches, bool overlap,
+                    double compute_share) {
+  StepTime t;
+  for (const auto& op : ops) (op.comm ? t.comm_s : t.compute_s) += op.seconds;
+  bool overlapped = overlap && micro_batches >= 2 && t.comm_s > 0;
+  // While the other micro-batch's all-to-all runs, its kernels hold part of the device.
+  if (overlapped && compute_share > 0 && compute_share < 1) t.compute_s /= compute_share;
+  t.compute_s *= micro_batches;
+  t.comm_s *= micro_batches;
+  t.total_s = overlapped ? std::max(t.compute_s, t.comm_s) : t.compute_s + t.comm_s;
+  return t;
+}
+
+void add(StepTime* acc, const StepTime& t, double times) {
+  acc->compute_s += t.compute_s * times;
+  acc->comm_s += t.comm_s * times;
+  acc->total_s += t.total_s * times;
+}
+
+ExpertLayout layout(const Hardware& hw, const UnitDeployment& u, CommMode mode) {
+  return {u.ep, u.redundant_experts, hw.node.devices, mode, u.expert_imbalance};
+}
+
+int micro_batches(const UnitDeployment& u) {
+  return std::max(1, u.micro_batches);
+}
+
+double attention_params(const ModelSpec& m) {
+  double h = m.hidden;
+  double q = m.q_lora_rank > 0
+                 ? h * m.q_lora_rank + double(m.q_lora_rank) * m.heads * m.qk_head_dim()
+                 : h * m.heads * m.qk_head_dim();
+  double kv =
+      h * m.kv_cache_width() + double(m.kv_lora_rank) * m.heads * (m.qk_nope_dim + m.v_head_dim);
+  double o = double(m.heads) * m.v_head_dim * h;
+  return q + kv + o;
+}
+
+}  // namespace
+
+double kv_bytes_per_token(const ModelSpec& m) {
+  return double(m.layers + m.mtp_layers) * m.kv_cache_width() * 2.0;  // BF16 latent + rope key
+}
+
+double weight_bytes_per_device(const ModelSpec& m, const UnitDeployment& u) {
+  ExpertLayout e{u.ep, u.redundant_experts, 8, CommMode::kNormal, 1.0};
+  double h = m.hidden;
+  double expert = 3.0 * h * m.moe_intermediate;  // gate, up, down; FP8: one byte each
+  double moe_layer = attention_params(m) + m.shared_experts * expert +
+                     experts_per_device(m, e) * expert + 2.0 * m.routed_experts * h;  // BF16 gate
+  double dense_layer = attention_params(m) + 3.0 * h * m.dense_intermediate;
+  double mtp_layer = moe_layer + 2.0 * h * h;       // eh_proj
+  double embed_and_head = 2.0 * m.vocab * h * 2.0;  // BF16
+  return m.first_dense_layers * dense_layer + m.moe_layers() * moe_layer +
+         m.mtp_layers * mtp_layer + embed_and_head;
+}
+
+std::vector<OpCost> decode_layer_breakdown(const ModelSpec& m, const Hardware& hw,
+                                           const UnitDeployment& u, double batch, double kv_len) {
+  double s_q = 1.0 + u.mtp_draft_tokens;
+  double seqs = batch / micro_batches(u);
+  MicroBatch mb{seqs * s_q, seqs, seqs * s_q * kv_len, seqs * kv_len, true};
+  return layer_ops(m, hw.device, hw.node, layout(hw, u, CommMode::kLowLatency), mb, true);
+}
+
+DecodePoint decode_at(const ModelSpec& m, const Hardware& hw, const UnitDeployment& u, double batch,
+                      double kv_len) {
+  DecodePoint p;
+  p.batch = batch;
+  p.kv_bytes_per_seq = kv_bytes_per_token(m) * kv_len;
+  double budget =
+      hw.device.mem_bytes * hw.device.mem_usable_fraction - weight_bytes_per_device(m, u);
+  p.max_batch_by_memory = budget > 0 ? std::floor(budget / p.kv_bytes_per_seq) : 0;
+
+  const int nmb = micro_batches(u);
+  const ExpertLayout e = layout(hw, u, CommMode::kLowLatency);
+  const double s_q = 1.0 + u.mtp_draft_tokens;  // query tokens per sequence per step
+  const double seqs = batch / nmb;
+  MicroBatch mb{seqs * s_q, seqs, seqs * s_q * kv_len, seqs * kv_len, true};
+  StepTime dense = layer_time(layer_ops(m, hw.device, hw.node, e, mb, false), nmb, u.overlap, 1);
+  StepTime moe = layer_time(layer_ops(m, hw.device, hw.node, e, mb, true), nmb, u.overlap, 1);
+  add(&p.layers, dense, m.first_dense_layers);
+  add(&p.layers, moe, m.moe_layers());
+
+  double head = lm_head_op(m, hw.device, batch * s_q).seconds;
+  // MTP: per drafted token, the MTP module (eh_proj + one MoE layer per MTP layer + lm_head)
+  // runs once over one token per sequence.
+  double mtp = 0;
+  if (m.mtp_layers > 0 && u.mtp_draft_tokens > 0) {
+    MicroBatch one{seqs, seqs, seqs * kv_len, seqs * kv_len, true};
+    StepTime layer = layer_time(layer_ops(m, hw.device, hw.node, e, one, true), nmb, u.overlap, 1);
+    GemmShape eh{batch, double(m.hidden), 2.0 * m.hidden};
+    double per_draft = m.mtp_layers * layer.total_s +
+                       fp8_gemm_seconds(hw.device, GemmKind::kDense, eh) +
+                       lm_head_op(m, hw.device, batch).seconds;
+    mtp = u.mtp_draft_tokens * per_draft;
+  }
+  p.head_and_mtp_s = head + mtp;
+  p.step_s = p.layers.total_s + p.head_and_mtp_s;
+
+  // Draft i is kept only if drafts 1..i all are: 1 + p + p^2 + ... tokens per step.
+  p.tokens_per_step = 1.0;
+  double chain = 1.0;
+  for (int i = 0; i < u.mtp_draft_tokens; ++i) {
+    chain *= u.mtp_acceptance;
+    p.tokens_per_step += chain;
+  }
+  p.user_tokens_per_s = p.tokens_per_step / p.step_s;
+  p.device_tokens_per_s = batch * p.user_tokens_per_s;
+  return p;
+}
+
+Result<DecodePoint> decode_operating_point(const ModelSpec& m, const Hardware& hw,
+                                           const UnitDeployment& u, double kv_len,
+                                           double min_user_tokens_per_s) {
+  if (kv_len <= 0) return InvalidArgument("decode KV length must be positive");
+  DecodePoint probe = decode_at(m, hw, u, 1, kv_len);
+  double max_batch = probe.max_batch_by_memory;
+  if (max_batch < 1) {
+    return ResourceExhausted(fmt::format(
+        "decode: weights ({:.1f} GB per device) leave no room for the KV cache of one sequence "
+        "({:.2f} GB) in {:.1f} GB usable",
+        weight_bytes_per_device(m, u) / 1e9, probe.kv_bytes_per_seq / 1e9,
+        hw.device.mem_bytes * hw.device.mem_usable_fraction / 1e9));
+  }
+  if (u.batch_per_device) {
+    double b = *u.batch_per_device;
+    if (b <= 0) return InvalidArgument("decode batch_per_device must be positive");
+    if (b > max_batch) {
+      return ResourceExhausted(fmt::format(
+          "decode batch {} per device does not fit: memory holds {} sequences of {:.0f} tokens", b,
+          max_batch, kv_len));
+    }
+    return decode_at(m, hw, u, b, kv_len);
+  }
+  if (probe.user_tokens_per_s < min_user_tokens_per_s) {
+    return ResourceExhausted(fmt::format(
+        "decode: even one sequence per device runs at {:.1f} tokens/s, below the target {:.1f}",
+        probe.user_tokens_per_s, min_user_tokens_per_s));
+  }
+  // Per-sequence speed falls as the batch grows: the largest batch meeting the target.
+  double lo = 1, hi = max_batch;
+  if (decode_at(m, hw, u, hi, kv_len).user_tokens_per_s >= min_user_tokens_per_s) lo = hi;
+  while (hi - lo > 1) {
+    double mid = std::floor((lo + hi) / 2);
+    if (decode_at(m, hw, u, mid, kv_len).user_tokens_per_s >= min_user_tokens_per_s) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return decode_at(m, hw, u, lo, kv_len);
+}
+
+Result<PrefillPoint> prefill_at(const ModelSpec& m, const Hardware& hw, const UnitDeployment& u,
+                                const std::vector<PromptBucket>& prompts, double cache_hit) {
+  if (prompts.empty()) return InvalidArgument("prefill: no prompt lengths given");
+  if (cache_hit < 0 || cache_hit >= 1) return InvalidArgument("cache hit ratio must be in [0, 1)");
+  // Token-weighted averages over the new (computed) tokens of all prompts.
+  double new_tokens = 0, ctx = 0, expand = 0, heads = 0;
+  for (const auto& b : prompts) {
+    if (b.tokens < 1 || b.fraction < 0)
+      return InvalidArgument("prompt bucket: bad tokens/fraction");
+    double cached = cache_hit * b.tokens;
+    double fresh = b.tokens - cached;
+    double w = b.fraction * fresh;
+    new_tokens += w;
+    ctx += w * (cached + (fresh + 1) / 2);  // causal: the i-th new token sees cached + i
+    expand += b.fraction * cached;          // cached prefix expanded once per prompt
+    heads += b.fraction;                    // one lm_head row per prompt
+  }
+  if (new_tokens <= 0) return InvalidArgument("prefill: prompt fractions sum to zero");
+  double avg_ctx = ctx / new_tokens, expand_per_token = expand / new_tokens;
+  double prompts_per_token = heads / new_tokens;
+
+  PrefillPoint p;
+  p.cache_hit = cache_hit;
+  p.tokens_per_forward = u.batch_per_device.value_or(16384);
+  if (p.tokens_per_forward <= 0)
+    return InvalidArgument("prefill tokens per device must be positive");
+  const int nmb = micro_batches(u);
+  const double t = p.tokens_per_forward / nmb;
+  MicroBatch mb{t, t * prompts_per_token, t * avg_ctx, t * expand_per_token, false};
+  const ExpertLayout e = layout(hw, u, CommMode::kNormal);
+  StepTime dense = layer_time(layer_ops(m, hw.device, hw.node, e, mb, false), nmb, u.overlap, 1);
+  StepTime moe =
+      layer_time(layer_ops(m, hw.device, hw.node, e, mb, true), nmb, u.overlap, u.compute_share);
+  add(&p.layers, dense, m.first_dense_layers);
+  add(&p.layers, moe, m.moe_layers());
+  p.forward_s =
+      p.layers.total_s + lm_head_op(m, hw.device, p.tokens_per_forward * prompts_per_token).seconds;
+  p.computed_tokens_per_s = p.tokens_per_forward / p.forward_s;
+  p.input_tokens_per_s = p.computed_tokens_per_s / (1.0 - cache_hit);
+  return p;
+}
+
+}  // namespace moeserve::sim

@@ -1,0 +1,91 @@
+// Step time and throughput of one device in a prefill or a decode unit, from the per-layer
+// operators (layer_ops.h), two micro-batches overlapping compute with the all-to-all, and the
+// unit's deployment (EP size, redundant experts, batch, MTP).
+//
+// Decode: one step runs every sequence of the device's batch once (1 + draft query tokens each,
+// verified together), plus the MTP module that drafts the next token. Prefill: one forward runs
+// `tokens_per_device` new (uncached) prompt tokens. Pure functions; docs/sim.md has the formulas.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "sim/hardware.h"
+#include "sim/layer_ops.h"
+#include "sim/model_spec.h"
+
+namespace moeserve::sim {
+
+struct UnitDeployment {
+  int nodes_per_unit = 1;
+  double ep = 8;  // devices per EP group (= devices in the unit)
+  double redundant_experts = 0;
+  double expert_imbalance = 1.0;  // busiest device's expert load over the mean (1: balanced)
+  int micro_batches = 2;
+  bool overlap = true;  // micro-batch i's all-to-all runs under micro-batch j's compute
+  // Fraction of the device's compute left to GEMMs while all-to-all kernels run (DeepEP normal
+  // kernels take 24 of 132 SMs in prefill; the decode kernels take none).
+  double compute_share = 1.0;
+  // Decode: sequences per device (absent: the largest batch meeting the speed target).
+  // Prefill: new tokens per device per forward.
+  std::optional<double> batch_per_device;
+  int mtp_draft_tokens = 0;   // speculative tokens drafted by the MTP module per step
+  double mtp_acceptance = 0;  // probability each drafted token is accepted
+};
+
+struct PromptBucket {
+  double tokens = 0;    // prompt length
+  double fraction = 0;  // share of requests
+};
+
+// Time of one layer (or of the whole step) split into what bounds it.
+struct StepTime {
+  double compute_s = 0;  // sum of compute over micro-batches
+  double comm_s = 0;     // sum of all-to-all over micro-batches
+  double total_s = 0;    // with overlap: max of the two per layer; without: their sum
+};
+
+struct DecodePoint {
+  double batch = 0;  // sequences per device
+  double step_s = 0;
+  StepTime layers;               // all transformer layers (main model)
+  double head_and_mtp_s = 0;     // lm_head + MTP module
+  double tokens_per_step = 0;    // per sequence: 1 + accepted drafts
+  double user_tokens_per_s = 0;  // per-sequence speed
+  double device_tokens_per_s = 0;
+  double kv_bytes_per_seq = 0;
+  double max_batch_by_memory = 0;
+};
+
+struct PrefillPoint {
+  double tokens_per_forward = 0;  // new tokens per device
+  double forward_s = 0;
+  StepTime layers;
+  double computed_tokens_per_s = 0;  // per device
+  double input_tokens_per_s = 0;     // per device, counting cache hits like DeepSeek does
+  double cache_hit = 0;
+};
+
+// Per-operator breakdown of one MoE layer (for reports); decode or prefill micro-batch.
+std::vector<OpCost> decode_layer_breakdown(const ModelSpec& m, const Hardware& hw,
+                                           const UnitDeployment& u, double batch, double kv_len);
+
+// Bytes of weights resident on one device of a unit (attention and dense layers replicated,
+// routed experts split over EP, embedding and lm_head BF16).
+double weight_bytes_per_device(const ModelSpec& m, const UnitDeployment& u);
+double kv_bytes_per_token(const ModelSpec& m);
+
+DecodePoint decode_at(const ModelSpec& m, const Hardware& hw, const UnitDeployment& u, double batch,
+                      double kv_len);
+// The decode operating point: the given batch, or the largest batch that fits in memory and
+// keeps the per-sequence speed at or above `min_user_tokens_per_s`.
+Result<DecodePoint> decode_operating_point(const ModelSpec& m, const Hardware& hw,
+                                           const UnitDeployment& u, double kv_len,
+                                           double min_user_tokens_per_s);
+
+Result<PrefillPoint> prefill_at(const ModelSpec& m, const Hardware& hw, const UnitDeployment& u,
+                                const std::vector<PromptBucket>& prompts, double cache_hit);
+
+}  // namespace moeserve::sim
