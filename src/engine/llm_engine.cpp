@@ -29,7 +29,7 @@ class LlmEngine final : public Engine {
         config_(ck_->config()),
         pool_(o.threads),
         dispatcher_(config_.n_routed_experts),
-        model_(config_, ck_->weights(), dispatcher_, &pool_, o.attention),
+        model_(config_, ck_->weights(), dispatcher_, &pool_, o.attention, o.compute),
         cache_(config_.num_hidden_layers, config_.kv_cache_dim(), num_blocks, o.kv_dtype),
         blocks_(num_blocks),
         scheduler_({o.max_num_seqs, o.max_batch_tokens}, blocks_),

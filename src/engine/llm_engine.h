@@ -22,6 +22,7 @@ struct EngineOptions {
   int64_t max_model_len = 0;     // 0: the model's max_position_embeddings
   DType kv_dtype = DType::kBF16;
   AttentionMode attention = AttentionMode::kAbsorbed;
+  ComputePath compute = ComputePath::kFast;
   bool progress = false;         // loading progress on stderr
 };
 

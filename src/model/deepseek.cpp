@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "core/check.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/linear_ref.h"
 #include "kernels/moe_gate.h"
 #include "kernels/rmsnorm.h"
@@ -81,13 +83,60 @@ float dot(const float* a, const float* b, int64_t n) {
 }  // namespace
 
 DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weights,
-                             Dispatcher& dispatcher, ThreadPool* pool, AttentionMode mode)
+                             Dispatcher& dispatcher, ThreadPool* pool, AttentionMode mode,
+                             ComputePath path)
     : config_(config),
       weights_(weights),
       dispatcher_(dispatcher),
       pool_(pool),
       mode_(mode),
-      rope_(rope_params(config)) {}
+      path_(path),
+      rope_(rope_params(config)) {
+  if (path_ == ComputePath::kFast) pack_weights();
+}
+
+void DeepseekModel::pack_weights() {
+  auto pack = [&](const WeightView& w) {
+    if (w.dtype != DType::kF8E4M3 || packed_.count(w.data)) return;
+    CHECK(w.block_rows == 128 && w.block_cols == 128, "gemm_fp8 needs 128x128 scale blocks");
+    packed_.emplace(w.data, pack_fp8_weight(w.data, w.scale_inv, w.rows, w.cols));
+  };
+  auto pack_mlp = [&](const MlpWeights& m) {
+    pack(m.gate);
+    pack(m.up);
+    pack(m.down);
+  };
+  for (const LayerWeights& L : weights_.layers) {
+    const AttentionWeights& A = L.attn;
+    if (A.q_a) pack(*A.q_a);
+    for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w);
+    if (L.mlp) pack_mlp(*L.mlp);
+    if (L.moe) {
+      for (const auto& e : L.moe->experts) {
+        if (e) pack_mlp(*e);
+      }
+      if (L.moe->shared) pack_mlp(*L.moe->shared);
+    }
+  }
+}
+
+void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
+                           int64_t ldy) {
+  if (path_ == ComputePath::kReference || m == 0 ||
+      (w.dtype != DType::kF8E4M3 && w.dtype != DType::kBF16)) {
+    linear_ref(x, m, ldx, w, y, ldy, pool_);
+    return;
+  }
+  const int64_t k = w.cols;
+  x_bf16_.resize(size_t(m * k));  // [m, k] BF16
+  for (int64_t i = 0; i < m; ++i) f32_to_bf16_row(x + i * ldx, k, &x_bf16_[size_t(i * k)]);
+  if (w.dtype == DType::kF8E4M3) {
+    gemm_fp8(x_bf16_.data(), m, k, packed_.at(w.data), {y, DType::kF32, ldy}, pool_);
+  } else {
+    gemm_bf16(x_bf16_.data(), m, k, reinterpret_cast<const uint16_t*>(w.data), w.rows, k, k, y,
+              ldy, pool_);
+  }
+}
 
 Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache& cache,
                               std::vector<float>* logits) {
@@ -140,7 +189,7 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache
                 &last[size_t(out_row++ * H)], H);
   }
   logits->assign(size_t(n_out * c.vocab_size), 0.0f);  // [n_out, vocab]
-  linear_ref(last.data(), n_out, H, weights_.lm_head, logits->data(), c.vocab_size, pool_);
+  linear(last.data(), n_out, H, weights_.lm_head, logits->data(), c.vocab_size);
   return Status::Ok();
 }
 
@@ -156,14 +205,14 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
   if (A.q_a) {
     const int64_t QR = A.q_a->rows;
     std::vector<float> qa(size_t(n * QR));  // [n, q_lora_rank]
-    linear_ref(x, n, H, *A.q_a, qa.data(), QR, pool_);
+    linear(x, n, H, *A.q_a, qa.data(), QR);
     rmsnorm_ref(qa.data(), n, QR, QR, A.q_a_norm.data(), kLoraNormEps, qa.data(), QR);
-    linear_ref(qa.data(), n, QR, A.q_b, q.data(), nh * dq, pool_);
+    linear(qa.data(), n, QR, A.q_b, q.data(), nh * dq);
   } else {
-    linear_ref(x, n, H, A.q_b, q.data(), nh * dq, pool_);
+    linear(x, n, H, A.q_b, q.data(), nh * dq);
   }
   std::vector<float> kv(size_t(n * D));  // [n, R + dr]: latent, then the shared rope key
-  linear_ref(x, n, H, A.kv_a, kv.data(), D, pool_);
+  linear(x, n, H, A.kv_a, kv.data(), D);
   rmsnorm_ref(kv.data(), n, R, D, A.kv_a_norm.data(), kLoraNormEps, kv.data(), D);
 
   int64_t row = 0;
@@ -186,7 +235,7 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
                     &o[size_t(row * nh * dv)], nh * dv);
     row += int64_t(s.tokens.size());
   }
-  linear_ref(o.data(), n, nh * dv, A.o, out, H, pool_);  // [n, H]
+  linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
 }
 
 void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const float* q,
@@ -267,7 +316,7 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   std::vector<float> router(size_t(n * E));  // [n, E] router logits
-  linear_ref(x, n, H, w.gate, router.data(), E, pool_);
+  linear(x, n, H, w.gate, router.data(), E);
   std::vector<int32_t> ids(size_t(n * k));  // [n, k]
   std::vector<float> wts(size_t(n * k));    // [n, k]
   moe_gate_ref(router.data(), n, w.score_bias.empty() ? nullptr : w.score_bias.data(),
@@ -293,10 +342,10 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
 void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* out) {
   const int64_t H = w.gate.cols, I = w.gate.rows;
   std::vector<float> g(size_t(n * I)), u(size_t(n * I));  // [n, I]
-  linear_ref(x, n, H, w.gate, g.data(), I, pool_);
-  linear_ref(x, n, H, w.up, u.data(), I, pool_);
+  linear(x, n, H, w.gate, g.data(), I);
+  linear(x, n, H, w.up, u.data(), I);
   for (int64_t i = 0; i < n * I; ++i) g[size_t(i)] = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
-  linear_ref(g.data(), n, I, w.down, out, H, pool_);  // [n, H]
+  linear(g.data(), n, I, w.down, out, H);  // [n, H]
 }
 
 }  // namespace moeserve

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "cache/block_allocator.h"
@@ -15,11 +16,11 @@ namespace {
 
 struct Harness {
   explicit Harness(const std::string& dir, AttentionMode mode = AttentionMode::kAbsorbed,
-                   DType kv = DType::kF32)
+                   DType kv = DType::kF32, ComputePath path = ComputePath::kReference)
       : ck(std::move(Checkpoint::open(dir).value())),
         pool(2),
         dispatcher(ck->config().n_routed_experts),
-        model(ck->config(), ck->weights(), dispatcher, &pool, mode),
+        model(ck->config(), ck->weights(), dispatcher, &pool, mode, path),
         cache(ck->config().num_hidden_layers, ck->config().kv_cache_dim(), 64, kv),
         blocks(64),
         gen(model, cache, blocks) {}
@@ -55,37 +56,54 @@ GenerateRequest request(std::vector<int32_t> p, int64_t max_tokens = 8) {
   return r;
 }
 
-// Same tokens, and logprobs of the recorded top tokens within tol.
+// Same tokens and logprobs within tol. Within tol, the order of near-equal top entries may
+// differ; a generated token may differ only where the top two were within tol (then the
+// sequences diverge and comparison stops).
 void expect_same(const GenerateResult& a, const GenerateResult& b, float tol) {
-  ASSERT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.tokens.size(), b.tokens.size());
   ASSERT_EQ(a.top_logprobs.size(), b.top_logprobs.size());
   for (size_t s = 0; s < a.top_logprobs.size(); ++s) {
-    for (size_t k = 0; k < a.top_logprobs[s].size(); ++k) {
-      EXPECT_EQ(a.top_logprobs[s][k].id, b.top_logprobs[s][k].id) << "step " << s;
-      EXPECT_NEAR(a.top_logprobs[s][k].logprob, b.top_logprobs[s][k].logprob, tol) << "step " << s;
+    const auto& ta = a.top_logprobs[s];
+    const auto& tb = b.top_logprobs[s];
+    for (const TokenLogprob& x : ta) {
+      auto it = std::find_if(tb.begin(), tb.end(), [&](const TokenLogprob& y) { return y.id == x.id; });
+      if (it != tb.end()) {
+        EXPECT_NEAR(x.logprob, it->logprob, tol) << "step " << s << " id " << x.id;
+      } else {  // dropped out of b's list: only if it was within tol of b's last entry
+        EXPECT_LE(x.logprob, tb.back().logprob + tol) << "step " << s << " id " << x.id;
+      }
+    }
+    if (a.tokens[s] != b.tokens[s]) {
+      EXPECT_LT(ta[0].logprob - ta[1].logprob, tol) << "step " << s << ": tokens differ without a tie";
+      return;
     }
   }
 }
 
-class DeepseekTest : public ::testing::TestWithParam<std::string> {
+// Parameters: model variant ("v3", "v2") and compute path.
+class DeepseekTest : public ::testing::TestWithParam<std::tuple<std::string, ComputePath>> {
  protected:
   std::string dir() {
-    return GetParam() == "v3" ? testing::small_model_dir("fwd_v3", "tiny")
-                              : testing::small_model_dir("fwd_v2", "v2-lite-tiny");
+    return std::get<0>(GetParam()) == "v3" ? testing::small_model_dir("fwd_v3", "tiny")
+                                           : testing::small_model_dir("fwd_v2", "v2-lite-tiny");
   }
+  ComputePath path() { return std::get<1>(GetParam()); }
 };
 
 TEST_P(DeepseekTest, NaiveAndAbsorbedAttentionAgree) {
-  Harness absorbed(dir(), AttentionMode::kAbsorbed), naive(dir(), AttentionMode::kNaive);
+  Harness absorbed(dir(), AttentionMode::kAbsorbed, DType::kF32, path());
+  Harness naive(dir(), AttentionMode::kNaive, DType::kF32, path());
   for (int n : {1, 9, 70}) {
     auto a = absorbed.run({request(prompt(n, n))});
     auto b = naive.run({request(prompt(n, n))});
-    expect_same(a[0], b[0], 1e-4f);
+    // The fast path rounds activations to BF16 before each GEMM: two summation orders of the
+    // same attention differ by BF16 rounding, amplified through the layers.
+    expect_same(a[0], b[0], path() == ComputePath::kFast ? 2e-2f : 1e-4f);
   }
 }
 
 TEST_P(DeepseekTest, BatchedEqualsUnbatched) {
-  Harness h(dir());
+  Harness h(dir(), AttentionMode::kAbsorbed, DType::kF32, path());
   std::vector<GenerateRequest> reqs = {request(prompt(1, 1)), request(prompt(13, 2), 5),
                                        request(prompt(70, 3)), request(prompt(13, 2), 5)};
   auto batched = h.run(reqs);
@@ -97,7 +115,7 @@ TEST_P(DeepseekTest, BatchedEqualsUnbatched) {
 }
 
 TEST_P(DeepseekTest, ChunkedPrefillEqualsWholePrompt) {
-  Harness h(dir());
+  Harness h(dir(), AttentionMode::kAbsorbed, DType::kF32, path());
   auto whole = h.run({request(prompt(100, 4))});
   for (int64_t chunk : {1, 7, 64}) {
     auto chunked = h.run({request(prompt(100, 4))}, chunk);
@@ -106,7 +124,8 @@ TEST_P(DeepseekTest, ChunkedPrefillEqualsWholePrompt) {
 }
 
 TEST_P(DeepseekTest, Bf16CacheStaysClose) {
-  Harness f32(dir()), bf16(dir(), AttentionMode::kAbsorbed, DType::kBF16);
+  Harness f32(dir(), AttentionMode::kAbsorbed, DType::kF32, path());
+  Harness bf16(dir(), AttentionMode::kAbsorbed, DType::kBF16, path());
   auto a = f32.run({request(prompt(30, 5), 1)});
   auto b = bf16.run({request(prompt(30, 5), 1)});
   for (size_t k = 0; k < 5; ++k) {
@@ -126,7 +145,14 @@ TEST_P(DeepseekTest, RejectsBadTokenAndContext) {
   EXPECT_FALSE(empty.ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, DeepseekTest, ::testing::Values("v3", "v2"));
+INSTANTIATE_TEST_SUITE_P(
+    Variants, DeepseekTest,
+    ::testing::Combine(::testing::Values("v3", "v2"),
+                       ::testing::Values(ComputePath::kReference, ComputePath::kFast)),
+    [](const auto& info) {
+      return std::get<0>(info.param) +
+             (std::get<1>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
+    });
 
 TEST(Sampling, SeededSamplingIsReproducible) {
   Harness h(testing::small_model_dir("fwd_v3", "tiny"));

@@ -1,0 +1,43 @@
+#include "kernels/gemm_bf16.h"
+
+#include "core/dtype.h"
+
+namespace moeserve {
+
+// Implemented in gemm_bf16_avx512.cpp (rows [n0, n1) of W).
+void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
+                           int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy);
+
+void gemm_bf16_ref(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,
+                   int64_t k, int64_t ldw, float* y, int64_t ldy) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int64_t c = 0; c < k; ++c) acc += bf16_to_f32(x[i * ldx + c]) * bf16_to_f32(w[j * ldw + c]);
+      y[i * ldy + j] = acc;
+    }
+  }
+}
+
+void gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,
+               int64_t k, int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
+  if (m <= 0 || n <= 0) return;
+  auto rows = [&](int64_t n0, int64_t n1) {
+    if (isa == Isa::kAvx512Bf16) {
+      gemm_bf16_avx512_rows(x, m, ldx, w, n0, n1, k, ldw, y, ldy);
+    } else {
+      gemm_bf16_ref(x, m, ldx, w + n0 * ldw, n1 - n0, k, ldw, y + n0, ldy);
+    }
+  };
+  if (pool) {
+    pool->parallel_for(n, rows, 64);
+  } else {
+    rows(0, n);
+  }
+}
+
+void f32_to_bf16_row(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,62 @@
+// AVX-512 BF16 (vdpbf16ps) kernel for gemm_bf16. Runs only when cpu_isa() >= kAvx512Bf16.
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace moeserve {
+
+namespace {
+
+// Horizontal sum through memory (GCC 12's extract/reduce intrinsics trip -Wuninitialized).
+float hsum(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s = 0.0f;
+  for (float x : t) s += x;
+  return s;
+}
+
+// Dot products of up to 4 rows of x with one row of w, 32 k at a time; tail masked.
+template <int R>
+void dot_rows(const uint16_t* x, int64_t ldx, const uint16_t* wr, int64_t k, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 32 <= k; c += 32) {
+    __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + c);
+    for (int r = 0; r < R; ++r) {
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * ldx + c);
+      acc[r] = _mm512_dpbf16_ps(acc[r], xv, wv);
+    }
+  }
+  if (c < k) {
+    __mmask32 mask = (__mmask32)((1ull << (k - c)) - 1);
+    __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr + c);
+    for (int r = 0; r < R; ++r) {
+      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + r * ldx + c);
+      acc[r] = _mm512_dpbf16_ps(acc[r], xv, wv);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+}  // namespace
+
+void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
+                           int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy) {
+  float out[4];
+  for (int64_t j = n0; j < n1; ++j) {
+    const uint16_t* wr = w + j * ldw;
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      dot_rows<4>(x + i * ldx, ldx, wr, k, out);
+      for (int r = 0; r < 4; ++r) y[(i + r) * ldy + j] = out[r];
+    }
+    for (; i < m; ++i) {
+      dot_rows<1>(x + i * ldx, ldx, wr, k, out);
+      y[i * ldy + j] = out[0];
+    }
+  }
+}
+
+}  // namespace moeserve

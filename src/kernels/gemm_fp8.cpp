@@ -1,0 +1,175 @@
+// Packing and dispatch for gemm_fp8: picks the ISA level and splits panels among threads.
+#include "kernels/gemm_fp8.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/check.h"
+#include "kernels/gemm_fp8_internal.h"
+
+namespace moeserve {
+
+using gemm_detail::GemmJob;
+
+static_assert(PackedFp8Weight::kPanelCols == gemm_detail::kPanelCols);
+static_assert(PackedFp8Weight::kBlockK == gemm_detail::kBlockK);
+
+uint8_t PackedFp8Weight::at(int64_t row, int64_t col) const {
+  int64_t kk = col % kBlockK;
+  return tile(row / kPanelCols,
+              col / kBlockK)[(kk / 2) * (kPanelCols * 2) + (row % kPanelCols) * 2 + kk % 2];
+}
+
+PackedFp8Weight pack_fp8_weight(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k) {
+  CHECK(n > 0 && k > 0, "pack_fp8_weight: empty weight");
+  PackedFp8Weight p;
+  p.n = n;
+  p.k = k;
+  size_t bytes = p.bytes();
+  p.data = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)),
+                                      [](uint8_t* q) { std::free(q); });
+  CHECK(p.data != nullptr, "pack_fp8_weight: out of memory");
+  const int64_t kb_n = p.k_blocks();
+  for (int64_t panel = 0; panel < p.n_panels(); ++panel) {
+    for (int64_t kb = 0; kb < kb_n; ++kb) {
+      uint8_t* t = p.data.get() + (panel * kb_n + kb) * PackedFp8Weight::kTileBytes;
+      std::memset(t, 0, PackedFp8Weight::kTileBytes);
+      int64_t k0 = kb * PackedFp8Weight::kBlockK;
+      int64_t kw = std::min<int64_t>(PackedFp8Weight::kBlockK, k - k0);
+      for (int64_t c = 0; c < PackedFp8Weight::kPanelCols; ++c) {
+        int64_t row = panel * PackedFp8Weight::kPanelCols + c;
+        if (row >= n) break;
+        const uint8_t* src = w + row * k + k0;  // [kw]
+        for (int64_t kk = 0; kk < kw; ++kk) t[(kk / 2) * 128 + c * 2 + kk % 2] = src[kk];
+      }
+    }
+  }
+  p.scale_inv.assign(scale_inv, scale_inv + p.n_blocks() * kb_n);
+  return p;
+}
+
+namespace {
+
+using PanelFn = void (*)(const GemmJob&, int64_t, int64_t);
+
+PanelFn panel_fn(Isa isa) {
+  CHECK(isa_at_most(isa, cpu_isa()), "gemm_fp8: ISA level above what this CPU supports");
+  switch (isa) {
+    case Isa::kAvx512Bf16:
+      return gemm_detail::panels_avx512bf16;
+    case Isa::kAvx512:
+      return gemm_detail::panels_avx512;
+    case Isa::kAvx2:
+      return gemm_detail::panels_avx2;
+    case Isa::kScalar:
+      break;
+  }
+  return gemm_detail::panels_scalar;
+}
+
+GemmJob make_job(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp8Weight& w,
+                 const GemmOutput& y, int64_t row0) {
+  CHECK(y.dtype == DType::kF32 || y.dtype == DType::kBF16, "gemm_fp8: output must be F32/BF16");
+  CHECK(ldx >= w.k && y.ld >= w.n, "gemm_fp8: row stride shorter than a row");
+  size_t esize = dtype_size(y.dtype);
+  return GemmJob{x + row0 * ldx,
+                 m,
+                 ldx,
+                 w.data.get(),
+                 w.scale_inv.data(),
+                 w.n,
+                 w.k,
+                 w.k_blocks(),
+                 static_cast<char*>(y.data) + size_t(row0 * y.ld) * esize,
+                 y.dtype == DType::kBF16,
+                 y.ld};
+}
+
+// Splits all (job, panel) items among the pool's threads in contiguous runs of roughly equal
+// cost. A panel costs its rows of compute plus the streaming of its weights, which takes about
+// as long as kStreamRows rows of dot products (the ridge point in docs/kernels-gemm.md).
+void run_jobs(const std::vector<GemmJob>& jobs, PanelFn fn, ThreadPool* pool) {
+  constexpr int64_t kStreamRows = 8;
+  std::vector<int64_t> start(jobs.size() + 1, 0);  // cumulative cost before job j
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    int64_t panels = (jobs[j].n + gemm_detail::kPanelCols - 1) / gemm_detail::kPanelCols;
+    start[j + 1] = start[j] + panels * (jobs[j].m + kStreamRows);
+  }
+  const int64_t total = start.back();
+  const int threads = pool ? pool->size() : 1;
+  auto run_share = [&](int64_t t) {
+    // Thread t takes the panels whose cost midpoint lies in [lo, hi).
+    int64_t lo = total * t / threads, hi = total * (t + 1) / threads;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      int64_t c = jobs[j].m + kStreamRows;
+      int64_t panels = (start[j + 1] - start[j]) / c;
+      // Panel p's midpoint 2*start + (2p+1)*c over 2 within [lo, hi).
+      auto first_at_or_after = [&](int64_t bound) {
+        int64_t q = 2 * bound - 2 * start[j] - c;  // need (2p+1)c >= 2(bound-start) => p >= ...
+        int64_t p = q <= 0 ? 0 : (q + 2 * c - 1) / (2 * c);
+        return std::min(p, panels);
+      };
+      int64_t p0 = first_at_or_after(lo), p1 = first_at_or_after(hi);
+      if (p0 < p1) fn(jobs[j], p0, p1);
+    }
+  };
+  if (threads == 1 || !pool) {
+    run_share(0);
+    return;
+  }
+  pool->parallel_for(threads, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) run_share(t);
+  });
+}
+
+}  // namespace
+
+void gemm_fp8(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp8Weight& w, GemmOutput y,
+              ThreadPool* pool, Isa isa) {
+  PanelFn fn = panel_fn(isa);
+  if (m <= 0) return;
+  std::vector<GemmJob> jobs;
+  // With fewer panels than threads, rows are split too (only small N).
+  int threads = pool ? pool->size() : 1;
+  int64_t row_chunks = 1;
+  if (w.n_panels() < threads) row_chunks = std::clamp<int64_t>(m / 16, 1, threads);
+  for (int64_t c = 0; c < row_chunks; ++c) {
+    int64_t r0 = m * c / row_chunks, r1 = m * (c + 1) / row_chunks;
+    GemmJob job = make_job(x, r1 - r0, ldx, w, y, r0);
+    jobs.push_back(job);
+  }
+  run_jobs(jobs, fn, pool);
+}
+
+void gemm_fp8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
+                                 const PackedFp8Weight* const* experts, int64_t n_experts,
+                                 GemmOutput y, ThreadPool* pool, Isa isa) {
+  PanelFn fn = panel_fn(isa);
+  CHECK(n_experts >= 0 && (n_experts == 0 || offsets[0] == 0), "grouped: offsets must start at 0");
+  std::vector<GemmJob> jobs;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    int64_t rows = offsets[e + 1] - offsets[e];
+    CHECK(rows >= 0, "grouped: offsets must not decrease");
+    CHECK(experts[e]->n == experts[0]->n && experts[e]->k == experts[0]->k,
+          "grouped: experts must share a shape");
+    if (rows > 0) jobs.push_back(make_job(x, rows, ldx, *experts[e], y, offsets[e]));
+  }
+  run_jobs(jobs, fn, pool);
+}
+
+void gemm_fp8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
+                             const int32_t* counts, const PackedFp8Weight* const* experts,
+                             int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
+  PanelFn fn = panel_fn(isa);
+  std::vector<GemmJob> jobs;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    CHECK(counts[e] >= 0 && counts[e] <= capacity, "masked: count outside [0, capacity]");
+    CHECK(experts[e]->n == experts[0]->n && experts[e]->k == experts[0]->k,
+          "masked: experts must share a shape");
+    if (counts[e] > 0) jobs.push_back(make_job(x, counts[e], ldx, *experts[e], y, e * capacity));
+  }
+  run_jobs(jobs, fn, pool);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,94 @@
+// FP8 block-scaled GEMMs (DeepGEMM's contract on CPUs).
+//
+//   Y[m, n] = sum_kb s[n/128][kb] * (sum_{k in block kb} X[m, k] * fp8(W[n, k]))
+//
+// X is BF16 [M, K] (row stride ldx), W is FP8 e4m3 row-major [N, K] as in the checkpoint, with
+// F32 `weight_scale_inv` s per 128x128 block, shape [ceil(N/128), ceil(K/128)]. Products and
+// accumulation are FP32; the block scale multiplies each 128-wide K partial sum once (two-level
+// accumulation). Y is F32 or BF16 (rounded to nearest even once at the end). N and K are any
+// positive sizes: edge blocks are partial. FP8 NaN bytes (0x7f/0xff) are not supported in weights
+// (checkpoints have none); the SIMD levels read them as +-480.
+//
+// Weights are repacked once at load by pack_fp8_weight into PackedFp8Weight: still one FP8 byte
+// per weight (no dequantized copy), laid out in 64-column panels so a 64x128 tile converts to
+// BF16 with a few vector instructions (docs/kernels-gemm.md). PackedFp8Weight is immutable after
+// packing; any number of threads may read it.
+//
+// Layouts (as DeepGEMM):
+//   gemm_fp8                     dense: X [M, K] -> Y [M, N].
+//   gemm_fp8_grouped_contiguous  rows of X sorted by expert: expert e owns rows
+//                                [offsets[e], offsets[e+1]) of X and Y and uses experts[e].
+//   gemm_fp8_grouped_masked      X [E][capacity][K]; expert e's rows are the first counts[e] of
+//                                its slab; Y [E][capacity][N]; rows at or beyond counts[e] are
+//                                not written.
+// All take a ThreadPool (nullptr = calling thread only) and split N panels (and experts) among
+// its threads; call from one thread at a time per pool. `isa` selects the implementation level
+// (default active_isa(); it must be at most cpu_isa()). Shape mismatches are programming errors
+// (CHECK): callers validate model shapes at load.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
+
+namespace moeserve {
+
+struct PackedFp8Weight {
+  static constexpr int64_t kPanelCols = 64;  // output columns per panel
+  static constexpr int64_t kBlockK = 128;    // K per scale block and per tile
+  static constexpr int64_t kTileBytes = kPanelCols * kBlockK;
+
+  int64_t n = 0, k = 0;
+  // Tiles [n_panels][k_blocks], each [64 k-pairs][64 columns][2 k] FP8 bytes, zero-padded past
+  // N and K; 64-byte aligned.
+  std::shared_ptr<uint8_t[]> data;
+  std::vector<float> scale_inv;  // [n_blocks][k_blocks], a copy of weight_scale_inv
+
+  int64_t n_panels() const { return (n + kPanelCols - 1) / kPanelCols; }
+  int64_t k_blocks() const { return (k + kBlockK - 1) / kBlockK; }
+  int64_t n_blocks() const { return (n + kBlockK - 1) / kBlockK; }
+  const uint8_t* tile(int64_t panel, int64_t kb) const {
+    return data.get() + (panel * k_blocks() + kb) * kTileBytes;
+  }
+  float scale(int64_t panel, int64_t kb) const {
+    return scale_inv[size_t((panel / 2) * k_blocks() + kb)];
+  }
+  // The FP8 byte of W[row, col] (for the scalar level and tests).
+  uint8_t at(int64_t row, int64_t col) const;
+  size_t bytes() const { return size_t(n_panels() * k_blocks() * kTileBytes); }
+};
+
+// w: [n, k] FP8 bytes, row-major; scale_inv: [ceil(n/128), ceil(k/128)].
+PackedFp8Weight pack_fp8_weight(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k);
+
+// Where a GEMM writes: Y [rows, N] with row stride ld (elements), F32 or BF16.
+struct GemmOutput {
+  void* data = nullptr;
+  DType dtype = DType::kF32;  // kF32 or kBF16
+  int64_t ld = 0;
+};
+
+// x: BF16 bits [m, w.k], row stride ldx.
+void gemm_fp8(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp8Weight& w, GemmOutput y,
+              ThreadPool* pool, Isa isa = active_isa());
+
+// experts: n_experts weights of equal shape; offsets: [n_experts + 1], non-decreasing, from 0.
+void gemm_fp8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
+                                 const PackedFp8Weight* const* experts, int64_t n_experts,
+                                 GemmOutput y, ThreadPool* pool, Isa isa = active_isa());
+
+// x: [n_experts][capacity][k] (row stride ldx); counts[e] in [0, capacity].
+void gemm_fp8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
+                             const int32_t* counts, const PackedFp8Weight* const* experts,
+                             int64_t n_experts, GemmOutput y, ThreadPool* pool,
+                             Isa isa = active_isa());
+
+// The scalar reference on the unpacked checkpoint layout, in double: y [m, n] F32, row stride n.
+void gemm_fp8_ref(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* w,
+                  const float* scale_inv, int64_t n, int64_t k, float* y);
+
+}  // namespace moeserve

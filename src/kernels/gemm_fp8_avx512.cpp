@@ -1,0 +1,259 @@
+// gemm_fp8, AVX-512 + BF16 level: FP8 weights become BF16 in registers (exact), then
+// vdpbf16ps against BF16 pairs of X (docs/kernels-gemm.md has the arithmetic). For each
+// 64-column panel and 128-wide K block, the first block of up to 6 rows converts the FP8 tile
+// inside its dot-product loop (so W streams from memory once, and the conversion overlaps the
+// dot products); with more rows it also leaves the BF16 tile (16 KB, L1) for the next 6-row
+// blocks, which run a 6-row x 4-zmm register block on it. Rows are taken in blocks whose X stays
+// in L3 while every panel passes over it.
+// Compiled with -mavx512{f,bw,vl,dq,bf16}; runs only when cpu_isa() says so.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/gemm_fp8_internal.h"
+
+namespace moeserve::gemm_detail {
+namespace {
+
+constexpr int kRows = 6;  // register block of the tiled path: 6 rows x 4 zmm (64 columns)
+
+struct Consts {
+  __m512i mask, bias, exp, diff;
+};
+
+// FP8 e4m3 -> BF16 bits, exact: a normal byte s.eeee.mmm becomes s.(e+120).mmm0000, i.e.
+// ((b << 4) & 0x87f0) + 0x3c00 on the sign-extended byte. Subnormals (e == 0, value m * 2^-9)
+// get that formula XOR a per-m correction looked up with vpermw.
+Consts make_consts() {
+  alignas(64) uint16_t diff[32] = {};
+  for (int m = 0; m < 8; ++m) {
+    float v = float(m) / 512.0f;
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    diff[m] = uint16_t(((m << 4) + 0x3c00) ^ (u >> 16));
+  }
+  return Consts{_mm512_set1_epi16(short(0x87f0)), _mm512_set1_epi16(0x3c00),
+                _mm512_set1_epi16(0x78), _mm512_load_si512(diff)};
+}
+
+// 32 FP8 bytes -> 32 BF16 (one zmm: 16 columns x 2 k in the packed order).
+inline __m512i fp8x32_to_bf16(const uint8_t* p, const Consts& c) {
+  __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  __m512i t = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(w, 4), c.mask), c.bias);
+  __mmask32 sub = _mm512_testn_epi16_mask(w, c.exp);
+  return _mm512_xor_si512(t, _mm512_maskz_permutexvar_epi16(sub, w, c.diff));
+}
+
+inline __m512bh as_bh(__m512i v) {
+  return reinterpret_cast<__m512bh&>(v);
+}
+
+// X[r][2kp], X[r][2kp+1] broadcast to all 16 lanes (folds into vdpbf16ps's {1to16} operand).
+inline __m512bh xpair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return as_bh(_mm512_set1_epi32(v));
+}
+
+// Stores `cols` (<= 16) floats of v to row y (F32 or BF16, rounded to nearest even).
+inline void store16(__m512 v, void* y, int64_t off, int cols, bool bf16) {
+  __mmask16 m = __mmask16((1u << cols) - 1);
+  if (!bf16) {
+    _mm512_mask_storeu_ps(static_cast<float*>(y) + off, m, v);
+    return;
+  }
+  __m512i u = _mm512_castps_si512(v);
+  __m512i r = _mm512_add_epi32(
+      u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+  r = _mm512_srli_epi32(r, 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan,
+                            _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + off, m, _mm512_cvtepi32_epi16(r));
+}
+
+// Copies the last, partial K block of `rows` rows into dst [rows][128], zero-padded.
+void pad_tail(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k0, int64_t k, uint16_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memset(dst + r * kBlockK, 0, kBlockK * 2);
+    std::memcpy(dst + r * kBlockK, x + r * ldx + k0, size_t(k - k0) * 2);
+  }
+}
+
+// One K block of up to kRows rows against an FP8 tile converted on the fly; with kStore the
+// converted BF16 tile also goes to dst for the following row blocks. Converting inside the
+// dot-product loop lets the out-of-order core overlap the integer conversion with vdpbf16ps.
+// tot [R][64] as in micro_tile.
+template <int R, bool kStore>
+__attribute__((noinline)) void micro_convert(const uint16_t* x, int64_t ld, const uint8_t* src,
+                                             __m512i* dst, float scale, float* tot, bool first,
+                                             const Consts& c) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int kp = 0; kp < 64; ++kp) {
+    __m512i wi[4];
+    for (int j = 0; j < 4; ++j) wi[j] = fp8x32_to_bf16(src + kp * 128 + 32 * j, c);
+    if constexpr (kStore) {
+      for (int j = 0; j < 4; ++j) _mm512_store_si512(dst + kp * 4 + j, wi[j]);
+    }
+    for (int r = 0; r < R; ++r) {
+      __m512bh xb = xpair(x + r * ld + 2 * kp);
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], as_bh(wi[j]), xb);
+    }
+  }
+  __m512 s = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < 4; ++j) {
+      float* d = tot + r * kPanelCols + 16 * j;
+      __m512 v =
+          first ? _mm512_mul_ps(acc[r][j], s) : _mm512_fmadd_ps(acc[r][j], s, _mm512_load_ps(d));
+      _mm512_store_ps(d, v);
+    }
+  }
+}
+
+template <bool kStore>
+void micro_convert_rows(int rows, const uint16_t* x, int64_t ld, const uint8_t* src, __m512i* dst,
+                        float scale, float* tot, bool first, const Consts& c) {
+  switch (rows) {
+    case 6:
+      return micro_convert<6, kStore>(x, ld, src, dst, scale, tot, first, c);
+    case 5:
+      return micro_convert<5, kStore>(x, ld, src, dst, scale, tot, first, c);
+    case 4:
+      return micro_convert<4, kStore>(x, ld, src, dst, scale, tot, first, c);
+    case 3:
+      return micro_convert<3, kStore>(x, ld, src, dst, scale, tot, first, c);
+    case 2:
+      return micro_convert<2, kStore>(x, ld, src, dst, scale, tot, first, c);
+    default:
+      return micro_convert<1, kStore>(x, ld, src, dst, scale, tot, first, c);
+  }
+}
+
+// One K block of a kRows-or-fewer row block against a converted BF16 tile [64 kp][64 cols][2].
+// tot [R][64]: the running two-level sum, set (first) or updated with scale * block sum.
+// Not inlined: 24 accumulators + 4 W + 1 X register need the caller's constants out of the
+// register file, or the compiler reloads W for every row.
+template <int R>
+__attribute__((noinline)) void micro_tile(const uint16_t* x, int64_t ld, const __m512i* tile,
+                                          float scale, float* tot, bool first) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (int kp = 0; kp < 64; ++kp) {
+    const __m512i* t = tile + kp * 4;
+    __m512bh w0 = as_bh(t[0]), w1 = as_bh(t[1]), w2 = as_bh(t[2]), w3 = as_bh(t[3]);
+    for (int r = 0; r < R; ++r) {
+      __m512bh xb = xpair(x + r * ld + 2 * kp);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w0, xb);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w1, xb);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], w2, xb);
+      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], w3, xb);
+    }
+  }
+  __m512 s = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < 4; ++j) {
+      float* d = tot + r * kPanelCols + 16 * j;
+      __m512 v =
+          first ? _mm512_mul_ps(acc[r][j], s) : _mm512_fmadd_ps(acc[r][j], s, _mm512_load_ps(d));
+      _mm512_store_ps(d, v);
+    }
+  }
+}
+
+void micro_tile_rows(int rows, const uint16_t* x, int64_t ld, const __m512i* tile, float scale,
+                     float* tot, bool first) {
+  switch (rows) {
+    case 6:
+      return micro_tile<6>(x, ld, tile, scale, tot, first);
+    case 5:
+      return micro_tile<5>(x, ld, tile, scale, tot, first);
+    case 4:
+      return micro_tile<4>(x, ld, tile, scale, tot, first);
+    case 3:
+      return micro_tile<3>(x, ld, tile, scale, tot, first);
+    case 2:
+      return micro_tile<2>(x, ld, tile, scale, tot, first);
+    default:
+      return micro_tile<1>(x, ld, tile, scale, tot, first);
+  }
+}
+
+struct Scratch {
+  void* p = nullptr;
+  explicit Scratch(size_t bytes) : p(std::aligned_alloc(64, (bytes + 63) / 64 * 64)) {}
+  ~Scratch() { std::free(p); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
+  // Rows per block: X's block (mb rows x k) stays in L3 while every panel passes over it.
+  int64_t mb_max = (12 << 20) / (2 * job.k);
+  mb_max = mb_max < 96 ? 96 : mb_max > 1024 ? 1024 : mb_max;
+  const int64_t mb_cap = job.m < mb_max ? job.m : mb_max;
+  Scratch tile_buf(kTileBytes * 2), tot_buf(size_t(mb_cap) * kPanelCols * 4),
+      tail_buf(size_t(mb_cap) * kBlockK * 2);
+  __m512i* tile = tile_buf.as<__m512i>();
+  float* tot = tot_buf.as<float>();
+  const bool tail = job.k % kBlockK != 0;
+  for (int64_t m0 = 0; m0 < job.m; m0 += mb_cap) {
+    const int64_t mb = job.m - m0 < mb_cap ? job.m - m0 : mb_cap;
+    const uint16_t* xblk = job.x + m0 * job.ldx;
+    if (tail) pad_tail(xblk, job.ldx, mb, job.k - job.k % kBlockK, job.k, tail_buf.as<uint16_t>());
+    for (int64_t p = p0; p < p1; ++p) {
+      for (int64_t kb = 0; kb < job.k_blocks; ++kb) {
+        const uint8_t* src = job.tiles + (p * job.k_blocks + kb) * kTileBytes;
+        const float scale = job.scales[(p / 2) * job.k_blocks + kb];
+        const uint16_t* x = xblk + kb * kBlockK;
+        int64_t ld = job.ldx;
+        if (tail && kb == job.k_blocks - 1) x = tail_buf.as<uint16_t>(), ld = kBlockK;
+        // The first row block converts the tile (and keeps it); the others reuse it.
+        const int first_rows = mb < kRows ? int(mb) : kRows;
+        if (mb <= kRows) {
+          micro_convert_rows<false>(first_rows, x, ld, src, tile, scale, tot, kb == 0, c);
+          continue;
+        }
+        micro_convert_rows<true>(first_rows, x, ld, src, tile, scale, tot, kb == 0, c);
+        for (int64_t i = kRows; i < mb; i += kRows) {
+          // The next row block's 6 x 256 bytes of X come from L3: ask for them early.
+          if (i + kRows < mb) {
+            int64_t pre = mb - i - kRows < kRows ? mb - i - kRows : kRows;
+            for (int64_t r = 0; r < pre; ++r)
+              for (int l = 0; l < 4; ++l)
+                _mm_prefetch(reinterpret_cast<const char*>(x + (i + kRows + r) * ld) + 64 * l,
+                             _MM_HINT_T0);
+          }
+          int rows = mb - i < kRows ? int(mb - i) : kRows;
+          micro_tile_rows(rows, x + i * ld, ld, tile, scale, tot + i * kPanelCols, kb == 0);
+        }
+      }
+      const int64_t col0 = p * kPanelCols;
+      for (int64_t i = 0; i < mb; ++i) {
+        for (int j = 0; j < 4; ++j) {
+          int64_t cols = job.n - col0 - 16 * j;
+          if (cols <= 0) break;
+          store16(_mm512_load_ps(tot + i * kPanelCols + 16 * j), job.y,
+                  (m0 + i) * job.ldy + col0 + 16 * j, cols > 16 ? 16 : int(cols), job.y_bf16);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1) {
+  const Consts c = make_consts();
+  panels_tiled(job, p0, p1, c);
+}
+
+}  // namespace moeserve::gemm_detail

@@ -1,0 +1,33 @@
+// Internal to gemm_fp8: the unit of work every ISA level implements. Plain data only, and this
+// header includes nothing that carries inline code (see cpu_features.h on why ISA files share
+// no inline code with the rest of the program).
+#pragma once
+
+#include <cstdint>
+
+namespace moeserve::gemm_detail {
+
+constexpr int64_t kPanelCols = 64;  // = PackedFp8Weight::kPanelCols
+constexpr int64_t kBlockK = 128;
+constexpr int64_t kTileBytes = kPanelCols * kBlockK;
+
+// Rows [0, m) of X times panels [p0, p1) of W, written to the matching columns of Y.
+// Tile (p, kb) is at tiles + (p * k_blocks + kb) * kTileBytes, laid out [64 k-pairs][64 cols][2];
+// its scale is scales[(p / 2) * k_blocks + kb].
+struct GemmJob {
+  const uint16_t* x;  // BF16 [m, k], row stride ldx
+  int64_t m, ldx;
+  const uint8_t* tiles;
+  const float* scales;
+  int64_t n, k, k_blocks;
+  void* y;  // [m, n], row stride ldy, F32 or BF16
+  bool y_bf16;
+  int64_t ldy;
+};
+
+void panels_scalar(const GemmJob& job, int64_t p0, int64_t p1);
+void panels_avx2(const GemmJob& job, int64_t p0, int64_t p1);
+void panels_avx512(const GemmJob& job, int64_t p0, int64_t p1);
+void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1);
+
+}  // namespace moeserve::gemm_detail

@@ -1,0 +1,54 @@
+#include "kernels/gemm_bf16.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/dtype.h"
+
+namespace moeserve {
+namespace {
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+
+TEST(GemmBf16, EveryIsaMatchesReference) {
+  std::mt19937 rng(11);
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (Shape s : {Shape{1, 1, 1}, Shape{1, 37, 200}, Shape{3, 64, 31}, Shape{5, 129, 513},
+                  Shape{17, 7, 4096}, Shape{4, 300, 64}}) {
+    int64_t ldx = s.k + 3, ldw = s.k + 5, ldy = s.n + 2;
+    auto x = random_bf16(size_t(s.m * ldx), rng);
+    auto w = random_bf16(size_t(s.n * ldw), rng);
+    std::vector<float> want(size_t(s.m * ldy), -7.0f);
+    gemm_bf16_ref(x.data(), s.m, ldx, w.data(), s.n, s.k, ldw, want.data(), ldy);
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+      if (!isa_at_most(isa, cpu_isa())) continue;
+      ThreadPool pool(2);
+      std::vector<float> got(size_t(s.m * ldy), -7.0f);
+      gemm_bf16(x.data(), s.m, ldx, w.data(), s.n, s.k, ldw, got.data(), ldy, &pool, isa);
+      for (int64_t i = 0; i < s.m; ++i) {
+        for (int64_t j = 0; j < ldy; ++j) {
+          float a = got[size_t(i * ldy + j)], b = want[size_t(i * ldy + j)];
+          if (j >= s.n) {
+            EXPECT_EQ(a, -7.0f) << "wrote past n";
+            continue;
+          }
+          // Different summation order: tolerance relative to sqrt(k) * |terms| ~ 1.
+          EXPECT_NEAR(a, b, 1e-4f * std::sqrt(float(s.k)) * 4) << isa_name(isa) << " m=" << s.m
+                                                               << " n=" << s.n << " k=" << s.k;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moeserve
