@@ -1,7 +1,6 @@
 // moeserve generate --model DIR --prompt-ids 0,5,9 [--prompt-ids ...] [--max-tokens N] ...
 #include <chrono>
 #include <cstdio>
-#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -12,7 +11,6 @@
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "ep/dispatcher.h"
-#include "ep/ep_group.h"
 #include "model/checkpoint.h"
 #include "model/deepseek.h"
 
@@ -36,12 +34,6 @@ struct GenerateOptions {
   std::string kv_dtype = "bf16";
   std::string compute = "fast";
   int64_t prefill_chunk = 0;
-  // Expert parallelism (issue 7): on under mpirun or with --ep; every rank runs the same prompts
-  // (no DP attention yet), rank 0 prints.
-  bool ep = false;
-  std::string dispatch_dtype = "fp8";
-  std::string ep_mode = "normal";
-  double ep_timeout_s = 30;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -90,29 +82,6 @@ int run_generate(const GenerateOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   LoadOptions load;
   load.progress = true;
-  std::optional<EpGroup> ep;
-  if (o.ep || launched_by_mpirun()) {
-    auto config = load_model_config(o.model + "/config.json");
-    if (!config.ok()) {
-      fmt::print(stderr, "generate: {}\n", config.status().message());
-      return 1;
-    }
-    EpGroupOptions eo;
-    eo.dtype = *dispatch_dtype_from_name(o.dispatch_dtype);
-    eo.mode = *ep_mode_from_name(o.ep_mode);
-    eo.timeout = std::chrono::milliseconds(int64_t(o.ep_timeout_s * 1000));
-    for (const auto& r : requests) eo.max_tokens_per_rank += int64_t(r.prompt.size()) + 1;
-    auto group = join_mpi_ep_group(eo, config->n_routed_experts, config->hidden_size,
-                                   config->num_experts_per_tok);
-    if (!group.ok()) {
-      fmt::print(stderr, "generate: {}\n", group.status().message());
-      return 1;
-    }
-    ep = std::move(*group);
-    load.progress = ep->comm->rank() == 0;
-    load.holds_expert = [d = ep->dispatcher.get()](int32_t e) { return d->holds_expert(e); };
-  }
-  const bool print = !ep || ep->comm->rank() == 0;
   auto ck = Checkpoint::open(o.model, load);
   if (!ck.ok()) {
     fmt::print(stderr, "generate: {}\n", ck.status().message());
@@ -122,8 +91,7 @@ int run_generate(const GenerateOptions& o) {
   double load_s = seconds_since(t0);
 
   ThreadPool pool(o.threads);
-  LocalDispatcher local(c.n_routed_experts);
-  Dispatcher& dispatcher = ep ? static_cast<Dispatcher&>(*ep->dispatcher) : local;
+  LocalDispatcher dispatcher(c.n_routed_experts);
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
                       o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
                       o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast);
@@ -137,11 +105,9 @@ int run_generate(const GenerateOptions& o) {
   auto t1 = std::chrono::steady_clock::now();
   auto results = gen.generate(requests, o.prefill_chunk);
   if (!results.ok()) {
-    fmt::print(stderr, "generate{}: {}\n", ep ? fmt::format(" (rank {})", ep->comm->rank()) : "",
-               results.status().message());
+    fmt::print(stderr, "generate: {}\n", results.status().message());
     return 1;
   }
-  if (!print) return 0;
   double gen_s = seconds_since(t1);
   int64_t n_gen = 0;
   for (size_t i = 0; i < results->size(); ++i) {
@@ -196,13 +162,6 @@ Subcommand add_generate_command(CLI::App& parent) {
                   "fast (BF16 activations, SIMD kernels) | reference (FP32, scalar)")
       ->check(CLI::IsMember({"fast", "reference"}))->capture_default_str();
   app->add_option("--prefill-chunk", o->prefill_chunk, "Max prompt tokens per step (0 = all)");
-  app->add_flag("--ep", o->ep, "Expert parallelism over MPI (default when started by mpirun)");
-  app->add_option("--dispatch-dtype", o->dispatch_dtype, "EP dispatch payload: fp8 | bf16")
-      ->check(CLI::IsMember({"fp8", "bf16"}))->capture_default_str();
-  app->add_option("--ep-mode", o->ep_mode, "EP exchange: normal | low-latency")
-      ->check(CLI::IsMember({"normal", "low-latency"}))->capture_default_str();
-  app->add_option("--ep-timeout", o->ep_timeout_s, "Seconds to wait for a silent EP peer")
-      ->check(CLI::PositiveNumber)->capture_default_str();
   return {app, [o] { return run_generate(*o); }};
 }
 
