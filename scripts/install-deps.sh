@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages moeserve builds and tests with. Safe to run again.
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build pkg-config ccache python3
+pkgs=(build-essential cmake ninja-build pkg-config ccache python3 python3-pip
       libgtest-dev libgmock-dev libbenchmark-dev
-      nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev)
+      nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev
+      libdnnl-dev  # oneDNN, the baseline in moeserve-bench only
+      libopenmpi-dev openmpi-bin)  # Open MPI: expert parallelism across processes (src/ep)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -13,4 +15,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# The official OpenAI Python client, for tests/cli/server_openai.sh. pip may refuse a system
+# Python (PEP 668) or lack write access: try the usual ways in turn.
+if ! python3 -c "import openai" 2>/dev/null; then
+  python3 -m pip install --quiet openai 2>/dev/null ||
+    python3 -m pip install --quiet --user openai 2>/dev/null ||
+    python3 -m pip install --quiet --user --break-system-packages openai 2>/dev/null ||
+    echo "install-deps: could not pip install openai (tests/cli/server_openai.sh needs it)" >&2
 fi

@@ -1,6 +1,10 @@
 // moeserve generate --model DIR --prompt-ids 0,5,9 [--prompt-ids ...] [--max-tokens N] ...
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -11,8 +15,12 @@
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "ep/dispatcher.h"
+#include "ep/ep_group.h"
 #include "model/checkpoint.h"
 #include "model/deepseek.h"
+#include "tokenizer/chat_messages_json.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace moeserve::cli {
 
@@ -21,6 +29,9 @@ namespace {
 struct GenerateOptions {
   std::string model;
   std::vector<std::string> prompt_ids;
+  std::vector<std::string> prompts;        // text, encoded with the tokenizer
+  std::vector<std::string> messages_files; // chat messages (JSON), rendered with the template
+  std::string tokenizer;                   // default: the model directory
   int64_t max_tokens = 16;
   float temperature = 0.0f;
   float top_p = 1.0f;
@@ -34,6 +45,12 @@ struct GenerateOptions {
   std::string kv_dtype = "bf16";
   std::string compute = "fast";
   int64_t prefill_chunk = 0;
+  // Expert parallelism (issue 7): on under mpirun or with --ep; every rank runs the same prompts
+  // (no DP attention yet), rank 0 prints.
+  bool ep = false;
+  std::string dispatch_dtype = "fp8";
+  std::string ep_mode = "normal";
+  double ep_timeout_s = 30;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -58,16 +75,56 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-int run_generate(const GenerateOptions& o) {
-  std::vector<GenerateRequest> requests;
+// Prompts as token ids: --prompt-ids as given, --prompt encoded (with BOS as the tokenizer's
+// config says), --messages rendered with the chat template (generation prompt added).
+Result<std::vector<std::vector<int32_t>>> collect_prompts(const GenerateOptions& o,
+                                                          const std::optional<Tokenizer>& tok) {
+  std::vector<std::vector<int32_t>> prompts;
   for (const std::string& p : o.prompt_ids) {
-    Result<std::vector<int32_t>> ids = parse_ids(p);
-    if (!ids.ok()) {
-      fmt::print(stderr, "generate: {}\n", ids.status().message());
-      return 2;
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, parse_ids(p));
+    prompts.push_back(std::move(ids));
+  }
+  if ((!o.prompts.empty() || !o.messages_files.empty()) && !tok) {
+    return InvalidArgument("--prompt and --messages need a tokenizer (--tokenizer DIR)");
+  }
+  for (const std::string& text : o.prompts) prompts.push_back(tok->encode(text, tok->default_add_bos()));
+  if (!o.messages_files.empty()) {
+    ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::for_tokenizer(*tok));
+    for (const std::string& file : o.messages_files) {
+      std::ifstream in(file, std::ios::binary);
+      if (!in) return NotFound(file + ": cannot open");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      auto messages = parse_messages_json(ss.str());
+      if (!messages.ok()) return messages.status().with_context(file);
+      ASSIGN_OR_RETURN(std::string text, chat.render(*messages, /*add_generation_prompt=*/true));
+      prompts.push_back(tok->encode(text, /*add_bos=*/false));  // the template writes BOS
     }
+  }
+  return prompts;
+}
+
+int run_generate(const GenerateOptions& o) {
+  // The tokenizer: --tokenizer, else the model directory when it has one.
+  std::optional<Tokenizer> tok;
+  std::string tok_dir = o.tokenizer.empty() ? o.model : o.tokenizer;
+  if (!o.tokenizer.empty() || std::filesystem::exists(std::filesystem::path(tok_dir) / "tokenizer.json")) {
+    auto t = Tokenizer::load(tok_dir);
+    if (!t.ok()) {
+      fmt::print(stderr, "generate: {}\n", t.status().message());
+      return 1;
+    }
+    tok = std::move(*t);
+  }
+  auto prompts = collect_prompts(o, tok);
+  if (!prompts.ok()) {
+    fmt::print(stderr, "generate: {}\n", prompts.status().message());
+    return prompts.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::vector<GenerateRequest> requests;
+  for (auto& ids : *prompts) {
     GenerateRequest r;
-    r.prompt = std::move(*ids);
+    r.prompt = std::move(ids);
     r.max_tokens = o.max_tokens;
     r.sampling = {o.temperature, o.top_p, o.top_k};
     r.seed = o.seed;
@@ -76,12 +133,35 @@ int run_generate(const GenerateOptions& o) {
     requests.push_back(std::move(r));
   }
   if (requests.empty()) {
-    fmt::print(stderr, "generate: give at least one --prompt-ids\n");
+    fmt::print(stderr, "generate: give at least one --prompt-ids, --prompt or --messages\n");
     return 2;
   }
   auto t0 = std::chrono::steady_clock::now();
   LoadOptions load;
   load.progress = true;
+  std::optional<EpGroup> ep;
+  if (o.ep || launched_by_mpirun()) {
+    auto config = load_model_config(o.model + "/config.json");
+    if (!config.ok()) {
+      fmt::print(stderr, "generate: {}\n", config.status().message());
+      return 1;
+    }
+    EpGroupOptions eo;
+    eo.dtype = *dispatch_dtype_from_name(o.dispatch_dtype);
+    eo.mode = *ep_mode_from_name(o.ep_mode);
+    eo.timeout = std::chrono::milliseconds(int64_t(o.ep_timeout_s * 1000));
+    for (const auto& r : requests) eo.max_tokens_per_rank += int64_t(r.prompt.size()) + 1;
+    auto group = join_mpi_ep_group(eo, config->n_routed_experts, config->hidden_size,
+                                   config->num_experts_per_tok);
+    if (!group.ok()) {
+      fmt::print(stderr, "generate: {}\n", group.status().message());
+      return 1;
+    }
+    ep = std::move(*group);
+    load.progress = ep->comm->rank() == 0;
+    load.holds_expert = [d = ep->dispatcher.get()](int32_t e) { return d->holds_expert(e); };
+  }
+  const bool print = !ep || ep->comm->rank() == 0;
   auto ck = Checkpoint::open(o.model, load);
   if (!ck.ok()) {
     fmt::print(stderr, "generate: {}\n", ck.status().message());
@@ -91,7 +171,8 @@ int run_generate(const GenerateOptions& o) {
   double load_s = seconds_since(t0);
 
   ThreadPool pool(o.threads);
-  LocalDispatcher dispatcher(c.n_routed_experts);
+  LocalDispatcher local(c.n_routed_experts);
+  Dispatcher& dispatcher = ep ? static_cast<Dispatcher&>(*ep->dispatcher) : local;
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
                       o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
                       o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast);
@@ -105,9 +186,11 @@ int run_generate(const GenerateOptions& o) {
   auto t1 = std::chrono::steady_clock::now();
   auto results = gen.generate(requests, o.prefill_chunk);
   if (!results.ok()) {
-    fmt::print(stderr, "generate: {}\n", results.status().message());
+    fmt::print(stderr, "generate{}: {}\n", ep ? fmt::format(" (rank {})", ep->comm->rank()) : "",
+               results.status().message());
     return 1;
   }
+  if (!print) return 0;
   double gen_s = seconds_since(t1);
   int64_t n_gen = 0;
   for (size_t i = 0; i < results->size(); ++i) {
@@ -118,6 +201,7 @@ int run_generate(const GenerateOptions& o) {
       j["prompt_ids"] = requests[i].prompt;
       j["tokens"] = r.tokens;
       j["finish_reason"] = r.finish == FinishReason::kStop ? "stop" : "length";
+      if (tok && tok->vocab_size() <= c.vocab_size) j["text"] = tok->decode(r.tokens, true);
       if (o.logprobs > 0) {
         nlohmann::json steps = nlohmann::json::array();
         for (const auto& step : r.top_logprobs) {
@@ -129,7 +213,11 @@ int run_generate(const GenerateOptions& o) {
       }
       fmt::print("{}\n", j.dump());
     } else {
-      fmt::print("prompt {}: {}\n", i, fmt::join(r.tokens, " "));
+      if (tok && tok->vocab_size() <= c.vocab_size) {
+        fmt::print("prompt {}: {}\n", i, tok->decode(r.tokens, true));
+      } else {
+        fmt::print("prompt {}: {}\n", i, fmt::join(r.tokens, " "));
+      }
     }
   }
   fmt::print(stderr, "generate: load {:.2f} s, {} tokens in {:.2f} s ({:.1f} tokens/s, batch {})\n",
@@ -145,6 +233,10 @@ Subcommand add_generate_command(CLI::App& parent) {
   app->add_option("--model", o->model, "Checkpoint directory (HF layout)")->required();
   app->add_option("--prompt-ids", o->prompt_ids,
                   "Comma-separated token ids of one prompt (repeat for a batch)");
+  app->add_option("--prompt", o->prompts, "Prompt text (repeat for a batch)");
+  app->add_option("--messages", o->messages_files,
+                  "Chat messages JSON file, rendered with the chat template (repeat for a batch)");
+  app->add_option("--tokenizer", o->tokenizer, "Tokenizer directory (default: the model directory)");
   app->add_option("--max-tokens", o->max_tokens, "Tokens to generate per prompt")->capture_default_str();
   app->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   app->add_option("--top-p", o->top_p)->capture_default_str();
@@ -162,6 +254,14 @@ Subcommand add_generate_command(CLI::App& parent) {
                   "fast (BF16 activations, SIMD kernels) | reference (FP32, scalar)")
       ->check(CLI::IsMember({"fast", "reference"}))->capture_default_str();
   app->add_option("--prefill-chunk", o->prefill_chunk, "Max prompt tokens per step (0 = all)");
+  app->add_flag("--ep", o->ep, "Expert parallelism over MPI (default when started by mpirun)");
+  app->add_option("--dispatch-dtype", o->dispatch_dtype,
+                  "EP dispatch payload: fp8 | bf16 | f32 (lossless, for checking)")
+      ->check(CLI::IsMember({"fp8", "bf16", "f32"}))->capture_default_str();
+  app->add_option("--ep-mode", o->ep_mode, "EP exchange: normal | low-latency")
+      ->check(CLI::IsMember({"normal", "low-latency"}))->capture_default_str();
+  app->add_option("--ep-timeout", o->ep_timeout_s, "Seconds to wait for a silent EP peer")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   return {app, [o] { return run_generate(*o); }};
 }
 

@@ -18,5 +18,8 @@ Subcommand add_make_model_command(CLI::App& parent);
 Subcommand add_generate_command(CLI::App& parent);
 Subcommand add_sim_command(CLI::App& parent);
 Subcommand add_eplb_command(CLI::App& parent);
+Subcommand add_tokenize_command(CLI::App& parent);
+Subcommand add_detokenize_command(CLI::App& parent);
+Subcommand add_render_chat_command(CLI::App& parent);
 
 }  // namespace moeserve::cli

@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
       add_generate_command(app),
       add_sim_command(app),
       add_eplb_command(app),
+      add_tokenize_command(app),
+      add_detokenize_command(app),
+      add_render_chat_command(app),
   };
   CLI11_PARSE(app, argc, argv);
   for (auto& c : commands) {

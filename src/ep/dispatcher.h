@@ -1,35 +1,54 @@
 // Dispatcher: how an MoE layer gets its tokens to the experts and the results back (DeepEP's
 // dispatch/combine). The MoE layer calls it the same way whether experts are all local (one
-// process, LocalDispatcher) or spread over the ranks of an EP group (the MPI dispatcher).
+// process, LocalDispatcher) or spread over the ranks of an EP group (EpDispatcher over a
+// Communicator, ep_dispatcher.h).
 //
 // Protocol, once per MoE layer on every rank of the group (a rank with no tokens still calls,
 // with n_tokens = 0, because dispatch and combine are collective):
 //   1. dispatch(x, topk) -> ExpertBatch: the rows this rank's experts must process, grouped by
-//      local expert in contiguous segments (the grouped-contiguous GEMM layout).
-//   2. the caller runs each local expert on its segment, writing out rows [n_rows, hidden].
+//      local expert in segments (grouped-contiguous layout, or masked in low-latency mode).
+//   2. the caller runs each local expert on the rows in use of its segment
+//      [segment_begin(s), + segment_rows(s)), writing out rows [n_rows(), hidden]; rows of
+//      padding may be computed or not, they are ignored.
 //   3. combine(batch, out) -> y[n_tokens, hidden] on the source rank: the gate-weighted sum of
 //      each token's top-k expert outputs.
 // A Dispatcher is used by one thread at a time (the rank's step thread).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/status.h"
 
 namespace moeserve {
 
+// How the rows of an ExpertBatch are laid out (DeepGEMM's two grouped GEMM layouts).
+enum class ExpertLayout {
+  kContiguous,  // segment s is rows [offsets[s], offsets[s+1]), all in use (normal mode)
+  kMasked,      // segment s is a slab of `capacity` rows from offsets[s] = s * capacity; the first
+                // counts[s] are in use, the rest are zero padding (low-latency mode)
+};
+
+struct EpRoute;  // EpDispatcher's routing state (ep_dispatcher.h)
+
 struct ExpertBatch {
   int64_t hidden = 0;
-  std::vector<float> x;                // [n_rows, hidden] received rows, grouped by expert
-  std::vector<int32_t> experts;        // global ids of this rank's experts with a segment
-  std::vector<int64_t> offsets;        // [experts.size() + 1] row offsets of each segment
-  // Private to the dispatcher (how to route results back).
-  std::vector<int64_t> row_token;      // [n_rows] source token index
-  std::vector<float> row_weight;       // [n_rows] gate weight
-  int64_t n_tokens = 0;
+  int64_t n_tokens = 0;  // tokens this rank dispatched (rows of combine's y)
+  ExpertLayout layout = ExpertLayout::kContiguous;
+  std::vector<float> x;           // [n_rows(), hidden] received rows (dequantized), by expert
+  std::vector<int32_t> experts;   // global ids of this rank's experts with a segment
+  std::vector<int64_t> offsets;   // [experts.size() + 1] first row of each segment, end
+  std::vector<int64_t> counts;    // [experts.size()] rows in use in each segment
+  std::vector<float> row_weight;  // [n_rows()] gate weight of each row (padding: 0)
+  // Private to the dispatcher that made the batch (how to route results back). The batch carries
+  // all of it, so two batches (micro-batches) may be in flight between dispatch and combine.
+  std::vector<int64_t> row_token;        // LocalDispatcher: [n_rows] source token index
+  std::shared_ptr<const EpRoute> route;  // EpDispatcher
 
   int64_t n_rows() const { return offsets.empty() ? 0 : offsets.back(); }
+  int64_t segment_begin(size_t s) const { return offsets[s]; }
+  int64_t segment_rows(size_t s) const { return counts[s]; }
 };
 
 class Dispatcher {

@@ -5,8 +5,8 @@
 namespace moeserve {
 
 Result<ExpertBatch> LocalDispatcher::dispatch(const float* x, int64_t n_tokens, int64_t hidden,
-                                              const int32_t* topk_ids,
-                                              const float* topk_weights, int64_t top_k) {
+                                              const int32_t* topk_ids, const float* topk_weights,
+                                              int64_t top_k) {
   // Count rows per expert, then place each (token, slot) in its expert's segment, keeping
   // token order inside a segment.
   std::vector<int64_t> count(size_t(n_experts_), 0);
@@ -25,9 +25,10 @@ Result<ExpertBatch> LocalDispatcher::dispatch(const float* x, int64_t n_tokens, 
     start[size_t(e)] = b.offsets.back();
     b.experts.push_back(int32_t(e));
     b.offsets.push_back(b.offsets.back() + count[size_t(e)]);
+    b.counts.push_back(count[size_t(e)]);
   }
   const int64_t n_rows = b.offsets.back();
-  b.x.resize(size_t(n_rows * hidden));        // [n_rows, hidden]
+  b.x.resize(size_t(n_rows * hidden));  // [n_rows, hidden]
   b.row_token.resize(size_t(n_rows));
   b.row_weight.resize(size_t(n_rows));
   for (int64_t t = 0; t < n_tokens; ++t) {

@@ -316,7 +316,9 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
   std::vector<float> router(size_t(n * E));  // [n, E] router logits
-  linear(x, n, H, w.gate, router.data(), E);
+  // The router in FP32 on both paths: routing is discrete, and a BF16 rounding of the input can
+  // flip a near-tied expert choice (Hugging Face computes it in FP32 too).
+  linear_ref(x, n, H, w.gate, router.data(), E, pool_);
   std::vector<int32_t> ids(size_t(n * k));  // [n, k]
   std::vector<float> wts(size_t(n * k));    // [n, k]
   moe_gate_ref(router.data(), n, w.score_bias.empty() ? nullptr : w.score_bias.data(),
@@ -327,7 +329,7 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   for (size_t s = 0; s < b.experts.size(); ++s) {
     const std::optional<MlpWeights>& ex = w.experts[size_t(b.experts[s])];
     if (!ex) return Internal(fmt::format("expert {} was dispatched here but is not loaded", b.experts[s]));
-    int64_t r0 = b.offsets[s], rows = b.offsets[s + 1] - r0;
+    int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
     mlp(*ex, &b.x[size_t(r0 * H)], rows, &expert_out[size_t(r0 * H)]);
   }
   RETURN_IF_ERROR(dispatcher_.combine(b, expert_out.data(), out));  // [n, H]

@@ -1,0 +1,74 @@
+// `moeserve render-chat`: render chat messages (an OpenAI-style JSON file) with the checkpoint's
+// chat template (DeepSeek-V3 or R1, recognised from tokenizer_config.json) and print the prompt
+// text exactly as HF's apply_chat_template(tokenize=False) returns it (no newline added).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "tokenizer/chat_messages_json.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moeserve::cli {
+namespace {
+
+struct RenderChatArgs {
+  std::string dir;
+  std::string messages_path;
+  bool add_generation_prompt = false;
+};
+
+int run_render_chat(const RenderChatArgs& args) {
+  auto tok = Tokenizer::load(args.dir);
+  if (!tok.ok()) {
+    fmt::print(stderr, "moeserve render-chat: {}\n", tok.status().message());
+    return 1;
+  }
+  auto tmpl = ChatTemplate::for_tokenizer(*tok);
+  if (!tmpl.ok()) {
+    fmt::print(stderr, "moeserve render-chat: {}: {}\n", args.dir, tmpl.status().message());
+    return 1;
+  }
+  std::ifstream f(args.messages_path, std::ios::binary);
+  if (!f) {
+    fmt::print(stderr, "moeserve render-chat: {}: cannot open\n", args.messages_path);
+    return 1;
+  }
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  auto messages = parse_messages_json(ss.str());
+  if (!messages.ok()) {
+    fmt::print(stderr, "moeserve render-chat: {}: {}\n", args.messages_path,
+               messages.status().message());
+    return 1;
+  }
+  auto text = tmpl->render(*messages, args.add_generation_prompt);
+  if (!text.ok()) {
+    fmt::print(stderr, "moeserve render-chat: {}: {}\n", args.messages_path, text.status().message());
+    return 1;
+  }
+  std::fwrite(text->data(), 1, text->size(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+Subcommand add_render_chat_command(CLI::App& parent) {
+  auto args = std::make_shared<RenderChatArgs>();
+  auto* app = parent.add_subcommand("render-chat", "Render chat messages with the model's chat template");
+  app->add_option("--tokenizer", args->dir, "directory with tokenizer.json and tokenizer_config.json")
+      ->required();
+  app->add_option("--messages", args->messages_path,
+                  "JSON file: an array of messages (or {\"messages\": [...]}), OpenAI chat format")
+      ->required();
+  app->add_flag("--add-generation-prompt", args->add_generation_prompt,
+                "end with the assistant prefix, ready for the model to answer");
+  return {app, [args] { return run_render_chat(*args); }};
+}
+
+}  // namespace moeserve::cli

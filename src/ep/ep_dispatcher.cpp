@@ -1,0 +1,406 @@
+#include "ep/ep_dispatcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/dtype.h"
+#include "kernels/quant.h"
+
+namespace moeserve {
+
+namespace {
+
+// Chunk descriptors for records or rows of `unit` bytes at the given bases.
+struct Chunks {
+  std::vector<size_t> counts, offsets;
+  Chunks(const std::vector<size_t>& n, const std::vector<size_t>& base, size_t unit) {
+    for (size_t p = 0; p < n.size(); ++p) {
+      counts.push_back(n[p] * unit);
+      offsets.push_back(base[p] * unit);
+    }
+  }
+  PeerChunks view() const { return {counts, offsets}; }
+};
+
+std::vector<size_t> prefix_bases(const std::vector<size_t>& n) {
+  std::vector<size_t> base(n.size(), 0);
+  for (size_t p = 1; p < n.size(); ++p) base[p] = base[p - 1] + n[p - 1];
+  return base;
+}
+
+std::vector<size_t> fixed_bases(size_t n_ranks, size_t capacity) {
+  std::vector<size_t> base(n_ranks);
+  for (size_t p = 0; p < n_ranks; ++p) base[p] = p * capacity;
+  return base;
+}
+
+template <typename T>
+void put(uint8_t* dst, size_t offset, T v) {
+  std::memcpy(dst + offset, &v, sizeof(T));
+}
+template <typename T>
+T get(const uint8_t* src, size_t offset) {
+  T v;
+  std::memcpy(&v, src + offset, sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+const char* ep_mode_name(EpMode m) {
+  return m == EpMode::kNormal ? "normal" : "low-latency";
+}
+
+std::optional<EpMode> ep_mode_from_name(std::string_view name) {
+  if (name == "normal") return EpMode::kNormal;
+  if (name == "low-latency") return EpMode::kLowLatency;
+  return std::nullopt;
+}
+
+Result<std::unique_ptr<EpDispatcher>> EpDispatcher::create(Communicator& comm,
+                                                           ExpertPlacement placement,
+                                                           EpOptions options) {
+  if (placement.n_ranks() != comm.size()) {
+    return InvalidArgument(fmt::format("EP placement is for {} ranks, the group has {}",
+                                       placement.n_ranks(), comm.size()));
+  }
+  if (options.mode == EpMode::kLowLatency &&
+      (options.hidden <= 0 || options.top_k <= 0 || options.max_tokens_per_rank <= 0)) {
+    return InvalidArgument(
+        "low-latency EP needs hidden, top_k and max_tokens_per_rank to size its buffers");
+  }
+  return std::unique_ptr<EpDispatcher>(new EpDispatcher(comm, std::move(placement), options));
+}
+
+EpDispatcher::EpDispatcher(Communicator& comm, ExpertPlacement placement, EpOptions options)
+    : comm_(comm), placement_(std::move(placement)), options_(options) {
+  if (options_.mode != EpMode::kLowLatency) return;
+  // Preallocate the fixed per-peer slabs once (DeepEP's low-latency buffers).
+  const size_t R = size_t(comm_.size()), T = size_t(options_.max_tokens_per_rank);
+  const auto L = DispatchRecordLayout::make(options_.hidden, options_.top_k, options_.dtype);
+  dispatch_send_.assign(R * T * L.bytes, 0);
+  dispatch_recv_.assign(R * T * L.bytes, 0);
+  const size_t bytes =
+      R * T * size_t(options_.top_k) * combine_row_bytes(options_.hidden, options_.dtype);
+  combine_send_.assign(bytes, 0);
+  combine_recv_.assign(bytes, 0);
+}
+
+Result<ExpertBatch> EpDispatcher::dispatch(const float* x, int64_t n_tokens, int64_t hidden,
+                                           const int32_t* topk_ids, const float* topk_weights,
+                                           int64_t top_k) {
+  const bool low_latency = options_.mode == EpMode::kLowLatency;
+  const int R = comm_.size();
+  if (hidden <= 0 || top_k <= 0 || n_tokens < 0) {
+    return InvalidArgument("dispatch: hidden and top_k must be positive");
+  }
+  if (low_latency) {
+    if (hidden != options_.hidden || top_k != options_.top_k) {
+      return InvalidArgument(fmt::format(
+          "low-latency dispatch: buffers are for hidden {} top-k {}, called with {} and {}",
+          options_.hidden, options_.top_k, hidden, top_k));
+    }
+    if (n_tokens > options_.max_tokens_per_rank) {
+      return ResourceExhausted(fmt::format(
+          "low-latency dispatch: {} tokens on rank {}, over the capacity of {} per rank", n_tokens,
+          comm_.rank(), options_.max_tokens_per_rank));
+    }
+  }
+  for (int64_t i = 0; i < n_tokens * top_k; ++i) {
+    if (topk_ids[i] < 0 || topk_ids[i] >= placement_.n_experts()) {
+      return InvalidArgument(fmt::format("dispatch: expert id {} out of range [0, {})", topk_ids[i],
+                                         placement_.n_experts()));
+    }
+  }
+  const auto L = DispatchRecordLayout::make(hidden, top_k, options_.dtype);
+
+  // Layout: records (tokens) and entries (token, expert) per destination rank.
+  std::vector<size_t> records(size_t(R), 0), entries(size_t(R), 0);
+  std::vector<uint8_t> seen(size_t(R), 0);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t j = 0; j < top_k; ++j) {
+      int r = placement_.rank_of(topk_ids[t * top_k + j]);
+      ++entries[size_t(r)];
+      if (!seen[size_t(r)]) ++records[size_t(r)];
+      seen[size_t(r)] = 1;
+    }
+    for (int64_t j = 0; j < top_k; ++j)
+      seen[size_t(placement_.rank_of(topk_ids[t * top_k + j]))] = 0;
+  }
+  const size_t T = size_t(options_.max_tokens_per_rank);
+  std::vector<size_t> rec_base = low_latency ? fixed_bases(size_t(R), T) : prefix_bases(records);
+  EpRoute route;
+  route.top_k = top_k;
+  route.weights.assign(topk_weights, topk_weights + n_tokens * top_k);
+  route.recv_rows = entries;
+  route.recv_row_base =
+      low_latency ? fixed_bases(size_t(R), T * size_t(top_k)) : prefix_bases(entries);
+  route.slot_row.resize(size_t(n_tokens * top_k));
+  route.sum_order.resize(size_t(n_tokens * top_k));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    int32_t* order = &route.sum_order[size_t(t * top_k)];
+    for (int64_t j = 0; j < top_k; ++j) order[j] = int32_t(j);
+    std::stable_sort(order, order + top_k, [&](int32_t a, int32_t b) {
+      return topk_ids[t * top_k + a] < topk_ids[t * top_k + b];
+    });
+  }
+
+  // Payload: each token converted once, whatever the number of ranks it goes to.
+  if (L.dtype != DispatchDType::kF32) {
+    x_bf16_.resize(size_t(n_tokens * hidden));  // [n_tokens, hidden]
+    for (int64_t i = 0; i < n_tokens * hidden; ++i) x_bf16_[size_t(i)] = f32_to_bf16(x[i]);
+  }
+  if (L.dtype == DispatchDType::kFp8 && n_tokens > 0) {
+    x_fp8_.resize(size_t(n_tokens * hidden));         // [n_tokens, hidden]
+    x_scales_.resize(size_t(n_tokens * L.n_scales));  // [n_tokens, n_scales]
+    quantize_fp8_1x128(x_bf16_.data(), n_tokens, hidden, hidden, x_fp8_.data(), hidden,
+                       x_scales_.data());
+  }
+
+  // Pack the records, rank by rank in token order.
+  if (!low_latency) {
+    size_t total = 0;
+    for (size_t r : records) total += r;
+    dispatch_send_.assign(total * L.bytes, 0);
+  }
+  std::vector<size_t> rec_cursor(size_t(R), 0), entry_cursor(size_t(R), 0);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const int32_t* ids = topk_ids + t * top_k;
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int r = placement_.rank_of(ids[j]);
+      if (seen[size_t(r)]) continue;  // this token's record to r is already written
+      seen[size_t(r)] = 1;
+      uint8_t* rec = &dispatch_send_[(rec_base[size_t(r)] + rec_cursor[size_t(r)]++) * L.bytes];
+      std::memset(rec, 0, L.payload_offset);
+      int32_t count = 0;
+      for (int64_t jj = j; jj < top_k; ++jj) {  // slots on r, in slot order
+        if (placement_.rank_of(ids[jj]) != r) continue;
+        put<int32_t>(rec, L.ids_offset + 4 * size_t(count), ids[jj]);
+        put<float>(rec, L.weights_offset + 4 * size_t(count), topk_weights[t * top_k + jj]);
+        route.slot_row[size_t(t * top_k + jj)] =
+            int64_t(route.recv_row_base[size_t(r)] + entry_cursor[size_t(r)]++);
+        ++count;
+      }
+      put<int32_t>(rec, kRecordCountOffset, count);
+      if (L.dtype == DispatchDType::kFp8) {
+        std::memcpy(rec + L.scales_offset, &x_scales_[size_t(t * L.n_scales)],
+                    size_t(L.n_scales) * 4);
+        std::memcpy(rec + L.payload_offset, &x_fp8_[size_t(t * hidden)], size_t(hidden));
+      } else if (L.dtype == DispatchDType::kBf16) {
+        std::memcpy(rec + L.payload_offset, &x_bf16_[size_t(t * hidden)], size_t(hidden) * 2);
+      } else {
+        std::memcpy(rec + L.payload_offset, x + t * hidden, size_t(hidden) * 4);
+      }
+    }
+    for (int64_t j = 0; j < top_k; ++j) seen[size_t(placement_.rank_of(ids[j]))] = 0;
+  }
+
+  // Exchange.
+  std::vector<size_t> recv_records(size_t(R), 0), recv_base;
+  if (low_latency) {
+    // No size round trip: every peer may send up to T records into its fixed slab.
+    recv_base = fixed_bases(size_t(R), T);
+    std::vector<size_t> capacity(size_t(R), T), received(size_t(R), 0);
+    Chunks send(records, rec_base, L.bytes), recv(capacity, recv_base, L.bytes);
+    RETURN_IF_ERROR(comm_
+                        .all_to_all_v(dispatch_send_.data(), send.view(), dispatch_recv_.data(),
+                                      recv.view(), received)
+                        .with_context("EP dispatch"));
+    for (int p = 0; p < R; ++p) {
+      if (received[size_t(p)] % L.bytes != 0) {
+        return Corrupt(fmt::format("dispatch: rank {} sent {} bytes, not whole records of {}", p,
+                                   received[size_t(p)], L.bytes));
+      }
+      recv_records[size_t(p)] = received[size_t(p)] / L.bytes;
+    }
+  } else {
+    // Normal mode: record counts first (DeepEP's notify step), then exact sizes.
+    std::vector<int64_t> n_send(records.begin(), records.end()), n_recv(size_t(R), 0);
+    std::vector<size_t> one(size_t(R), 1), base_i(static_cast<size_t>(R));
+    for (int p = 0; p < R; ++p) base_i[size_t(p)] = size_t(p);
+    Chunks cs(one, base_i, sizeof(int64_t));
+    RETURN_IF_ERROR(comm_.all_to_all_exact(n_send.data(), cs.view(), n_recv.data(), cs.view())
+                        .with_context("EP dispatch (sizes)"));
+    for (int p = 0; p < R; ++p) {
+      if (n_recv[size_t(p)] < 0)
+        return Corrupt(fmt::format("dispatch: rank {} sent a bad count", p));
+      recv_records[size_t(p)] = size_t(n_recv[size_t(p)]);
+    }
+    recv_base = prefix_bases(recv_records);
+    size_t total = 0;
+    for (size_t r : recv_records) total += r;
+    dispatch_recv_.resize(total * L.bytes);
+    Chunks send(records, rec_base, L.bytes), recv(recv_records, recv_base, L.bytes);
+    RETURN_IF_ERROR(comm_
+                        .all_to_all_exact(dispatch_send_.data(), send.view(), dispatch_recv_.data(),
+                                          recv.view())
+                        .with_context("EP dispatch"));
+  }
+  return unpack(L, dispatch_recv_.data(), recv_base, recv_records, n_tokens, std::move(route));
+}
+
+Result<ExpertBatch> EpDispatcher::unpack(const DispatchRecordLayout& L, const uint8_t* recv,
+                                         const std::vector<size_t>& base,
+                                         const std::vector<size_t>& records, int64_t n_tokens,
+                                         EpRoute route) {
+  const int R = comm_.size(), me = comm_.rank();
+  const int64_t H = L.hidden;
+  const std::vector<int32_t>& mine = placement_.experts_on(me);
+  const bool masked = options_.mode == EpMode::kLowLatency;
+
+  // Validate every record once and count rows per local expert and per source rank.
+  std::vector<int64_t> per_expert(mine.size(), 0);
+  route.send_rows.assign(size_t(R), 0);
+  for (int p = 0; p < R; ++p) {
+    for (size_t i = 0; i < records[size_t(p)]; ++i) {
+      const uint8_t* rec = recv + (base[size_t(p)] + i) * L.bytes;
+      int32_t count = get<int32_t>(rec, kRecordCountOffset);
+      if (count < 1 || count > L.top_k) {
+        return Corrupt(fmt::format("dispatch: record from rank {} has {} entries (top-k {})", p,
+                                   count, L.top_k));
+      }
+      for (int32_t c = 0; c < count; ++c) {
+        int32_t e = get<int32_t>(rec, L.ids_offset + 4 * size_t(c));
+        if (e < 0 || e >= placement_.n_experts() || placement_.rank_of(e) != me) {
+          return Corrupt(fmt::format(
+              "dispatch: rank {} sent expert {}, which rank {} does not hold", p, e, me));
+        }
+        ++per_expert[size_t(placement_.local_index(e))];
+      }
+      route.send_rows[size_t(p)] += size_t(count);
+    }
+  }
+
+  ExpertBatch b;
+  b.hidden = H;
+  b.n_tokens = n_tokens;
+  b.layout = masked ? ExpertLayout::kMasked : ExpertLayout::kContiguous;
+  // First batch row of each local expert's segment (experts without rows keep 0, unused).
+  std::vector<int64_t> seg_start(mine.size(), 0);
+  b.offsets.push_back(0);
+  if (masked) {
+    // Every local expert has a slab; capacity = the fullest expert this call.
+    int64_t capacity = 0;
+    for (int64_t c : per_expert) capacity = std::max(capacity, c);
+    for (size_t le = 0; le < mine.size(); ++le) {
+      seg_start[le] = int64_t(le) * capacity;
+      b.experts.push_back(mine[le]);
+      b.counts.push_back(per_expert[le]);
+      b.offsets.push_back(int64_t(le + 1) * capacity);
+    }
+  } else {
+    for (size_t le = 0; le < mine.size(); ++le) {
+      if (per_expert[le] == 0) continue;
+      seg_start[le] = b.offsets.back();
+      b.experts.push_back(mine[le]);
+      b.counts.push_back(per_expert[le]);
+      b.offsets.push_back(b.offsets.back() + per_expert[le]);
+    }
+  }
+  const int64_t n_rows = b.offsets.back();
+  b.x.assign(size_t(n_rows * H), 0.0f);  // [n_rows, H]
+  b.row_weight.assign(size_t(n_rows), 0.0f);
+
+  // Fill rows in (source rank, record, entry) order; that is also the combine send order.
+  const size_t T = size_t(options_.max_tokens_per_rank);
+  route.send_row_base =
+      masked ? fixed_bases(size_t(R), T * size_t(L.top_k)) : prefix_bases(route.send_rows);
+  std::vector<int64_t> fill(mine.size(), 0);
+  for (int p = 0; p < R; ++p) {
+    for (size_t i = 0; i < records[size_t(p)]; ++i) {
+      const uint8_t* rec = recv + (base[size_t(p)] + i) * L.bytes;
+      int32_t count = get<int32_t>(rec, kRecordCountOffset);
+      int64_t first_row = 0;  // the token's payload is decoded once, then copied
+      for (int32_t c = 0; c < count; ++c) {
+        int32_t e = get<int32_t>(rec, L.ids_offset + 4 * size_t(c));
+        size_t le = size_t(placement_.local_index(e));
+        int64_t row = seg_start[le] + fill[le]++;
+        float* xr = &b.x[size_t(row * H)];  // [H]
+        if (c > 0) {
+          std::memcpy(xr, &b.x[size_t(first_row * H)], size_t(H) * sizeof(float));
+        } else if (L.dtype == DispatchDType::kFp8) {
+          first_row = row;
+          const uint8_t* q = rec + L.payload_offset;
+          for (int64_t g = 0; g < L.n_scales; ++g) {
+            float s = get<float>(rec, L.scales_offset + 4 * size_t(g));
+            int64_t end = std::min(H, (g + 1) * kDispatchScaleGroup);
+            for (int64_t k = g * kDispatchScaleGroup; k < end; ++k)
+              xr[k] = fp8e4m3_to_f32(q[k]) * s;
+          }
+        } else if (L.dtype == DispatchDType::kBf16) {
+          first_row = row;
+          for (int64_t k = 0; k < H; ++k) {
+            xr[k] = bf16_to_f32(get<uint16_t>(rec, L.payload_offset + 2 * size_t(k)));
+          }
+        } else {
+          first_row = row;
+          std::memcpy(xr, rec + L.payload_offset, size_t(H) * 4);
+        }
+        b.row_weight[size_t(row)] = get<float>(rec, L.weights_offset + 4 * size_t(c));
+        route.return_row.push_back(row);
+      }
+    }
+  }
+  b.route = std::make_shared<const EpRoute>(std::move(route));
+  return b;
+}
+
+Status EpDispatcher::combine(const ExpertBatch& b, const float* expert_out, float* y) {
+  if (!b.route) return Internal("combine: the batch was not made by an EpDispatcher");
+  const EpRoute& route = *b.route;
+  const int R = comm_.size();
+  const int64_t H = b.hidden, k = route.top_k;
+  const bool f32 = options_.dtype == DispatchDType::kF32;
+  const size_t rb = combine_row_bytes(H, options_.dtype);
+  const bool low_latency = options_.mode == EpMode::kLowLatency;
+
+  // Expert side: every row in use back to its source rank (BF16), in arrival order.
+  if (!low_latency) {
+    size_t send_total = 0, recv_total = 0;
+    for (int p = 0; p < R; ++p) {
+      send_total += route.send_rows[size_t(p)];
+      recv_total += route.recv_rows[size_t(p)];
+    }
+    combine_send_.resize(send_total * rb);
+    combine_recv_.resize(recv_total * rb);
+  }
+  size_t i = 0;
+  for (int p = 0; p < R; ++p) {
+    for (size_t n = 0; n < route.send_rows[size_t(p)]; ++n, ++i) {
+      const float* o = expert_out + route.return_row[i] * H;  // [H]
+      uint8_t* dst = &combine_send_[(route.send_row_base[size_t(p)] + n) * rb];
+      if (f32) {
+        std::memcpy(dst, o, rb);
+        continue;
+      }
+      for (int64_t c = 0; c < H; ++c) put<uint16_t>(dst, 2 * size_t(c), f32_to_bf16(o[c]));
+    }
+  }
+  // Both sides know every size: no round trip in either mode.
+  Chunks send(route.send_rows, route.send_row_base, rb),
+      recv(route.recv_rows, route.recv_row_base, rb);
+  RETURN_IF_ERROR(
+      comm_.all_to_all_exact(combine_send_.data(), send.view(), combine_recv_.data(), recv.view())
+          .with_context("EP combine"));
+
+  // Source side: y[t] = sum over slots j, by ascending expert id, of w[t, j] * row(t, j).
+  for (int64_t t = 0; t < b.n_tokens; ++t) {
+    float* yt = y + t * H;  // [H]
+    std::fill(yt, yt + H, 0.0f);
+    for (int64_t jj = 0; jj < k; ++jj) {
+      const int64_t j = route.sum_order[size_t(t * k + jj)];
+      const float w = route.weights[size_t(t * k + j)];
+      const uint8_t* row = &combine_recv_[size_t(route.slot_row[size_t(t * k + j)]) * rb];
+      if (f32) {
+        for (int64_t c = 0; c < H; ++c) yt[c] += w * get<float>(row, 4 * size_t(c));
+      } else {
+        for (int64_t c = 0; c < H; ++c) yt[c] += w * bf16_to_f32(get<uint16_t>(row, 2 * size_t(c)));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace moeserve

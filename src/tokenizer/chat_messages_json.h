@@ -1,0 +1,20 @@
+// Parsing chat messages from JSON (OpenAI chat format), for the command line and the server.
+//
+// Accepts an array of messages or an object with a "messages" array. Each message: "role"
+// (string, required), "content" (string, null or absent = null; an array of {"type": "text",
+// "text": ...} parts is joined), "tool_calls" ([{"type", "function": {"name", "arguments"}}];
+// "arguments" given as a JSON object is serialised compactly, where Hugging Face's template
+// would fail), "tool_call_id". Errors name the message index and field.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "tokenizer/chat_template.h"
+
+namespace moeserve {
+
+Result<std::vector<Message>> parse_messages_json(std::string_view json_text);
+
+}  // namespace moeserve

@@ -1,0 +1,102 @@
+// The native chat templates against jinja2 rendering the real templates (committed fixtures:
+// the DeepSeek-V3 template from assets/, the DeepSeek-R1 one and the first R1 release's).
+#include <gtest/gtest.h>
+
+#include "fixtures.h"
+#include "tokenizer/chat_messages_json.h"
+#include "tokenizer/chat_template.h"
+
+namespace moeserve {
+namespace {
+
+std::string r1_template() {
+  const auto cfg = nlohmann::json::parse(
+      testing::read_all(std::string(testing::kDataDir) + "/r1_tokenizer_config.json"));
+  return cfg["chat_template"].get<std::string>();
+}
+
+// The first R1 release: the same template without "<think>\n" in the generation prompt.
+std::string r1_original_template() {
+  std::string t = r1_template();
+  const std::string from = "{{'<｜Assistant｜><think>\\n'}}";
+  const size_t at = t.find(from);
+  EXPECT_NE(at, std::string::npos);
+  if (at != std::string::npos) t.replace(at, from.size(), "{{'<｜Assistant｜>'}}");
+  return t;
+}
+
+TEST(ChatTemplate, RecognisesTheVariants) {
+  const Tokenizer& tok = testing::deepseek_v3();
+  auto v3 = ChatTemplate::for_tokenizer(tok);
+  ASSERT_TRUE(v3.ok()) << v3.status().to_string();
+  EXPECT_EQ(v3->variant(), ChatTemplate::Variant::kDeepSeekV3);
+  EXPECT_FALSE(v3->generation_opens_think());
+  auto r1 = ChatTemplate::from_template(r1_template(), tok.bos_token());
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(r1->variant(), ChatTemplate::Variant::kDeepSeekR1);
+  EXPECT_TRUE(r1->generation_opens_think());
+  auto r1o = ChatTemplate::from_template(r1_original_template(), tok.bos_token());
+  ASSERT_TRUE(r1o.ok());
+  EXPECT_FALSE(r1o->generation_opens_think());
+}
+
+TEST(ChatTemplate, RejectsAnUnknownTemplate) {
+  auto t = ChatTemplate::from_template(
+      "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{% endfor %}", "");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
+}
+
+TEST(ChatTemplate, MatchesJinja2OnEveryFixtureConversation) {
+  const Tokenizer& tok = testing::deepseek_v3();
+  const auto rows = testing::read_jsonl(std::string(testing::kDataDir) + "/chat.jsonl");
+  ASSERT_GE(rows.size(), 50u);
+  const auto v3 = ChatTemplate::for_tokenizer(tok);
+  const auto r1 = ChatTemplate::from_template(r1_template(), tok.bos_token());
+  const auto r1o = ChatTemplate::from_template(r1_original_template(), tok.bos_token());
+  ASSERT_TRUE(v3.ok() && r1.ok() && r1o.ok());
+  size_t with_tools = 0, with_think = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    auto msgs = parse_messages_json(row["messages"].dump());
+    ASSERT_TRUE(msgs.ok()) << msgs.status().to_string();
+    const bool gen = row["add_generation_prompt"].get<bool>();
+    for (const auto& [name, tmpl] : {std::pair{"v3", &*v3}, {"r1", &*r1}, {"r1_original", &*r1o}}) {
+      auto text = tmpl->render(*msgs, gen);
+      ASSERT_TRUE(text.ok()) << name << " row " << i << ": " << text.status().to_string();
+      EXPECT_EQ(*text, row[name].get<std::string>()) << name << " row " << i << ": "
+                                                      << row["messages"].dump();
+    }
+    for (const Message& m : *msgs) {
+      if (m.tool_calls) ++with_tools;
+      if (m.content && m.content->find("</think>") != std::string::npos) ++with_think;
+    }
+  }
+  EXPECT_GE(with_tools, 10u);
+  EXPECT_GE(with_think, 10u);
+}
+
+TEST(ChatTemplate, MissingContentIsAnErrorNotACrash) {
+  const auto v3 = ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3, "<s>");
+  std::vector<Message> msgs = {{"user", std::nullopt, std::nullopt, std::nullopt}};
+  auto r = v3.render(msgs, true);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ChatMessagesJson, ParsesOpenAiShapesAndReportsErrors) {
+  auto m = parse_messages_json(R"({"messages": [
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": null,
+       "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}]})");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ((*m)[0].content, "ab");
+  EXPECT_FALSE((*m)[1].content.has_value());
+  EXPECT_EQ((*m)[1].tool_calls->at(0).arguments, R"({"x":1})");
+  EXPECT_FALSE(parse_messages_json("[{\"content\": \"no role\"}]").ok());
+  EXPECT_FALSE(parse_messages_json("not json").ok());
+  EXPECT_FALSE(parse_messages_json(R"([{"role": "user", "content": 5}])").ok());
+}
+
+}  // namespace
+}  // namespace moeserve
