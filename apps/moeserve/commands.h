@@ -18,6 +18,7 @@ Subcommand add_make_model_command(CLI::App& parent);
 Subcommand add_generate_command(CLI::App& parent);
 Subcommand add_sim_command(CLI::App& parent);
 Subcommand add_eplb_command(CLI::App& parent);
+Subcommand add_serve_command(CLI::App& parent);
 Subcommand add_tokenize_command(CLI::App& parent);
 Subcommand add_detokenize_command(CLI::App& parent);
 Subcommand add_render_chat_command(CLI::App& parent);

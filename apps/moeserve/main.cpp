@@ -13,11 +13,17 @@ int main(int argc, char** argv) {
       add_generate_command(app),
       add_sim_command(app),
       add_eplb_command(app),
+      add_serve_command(app),
       add_tokenize_command(app),
       add_detokenize_command(app),
       add_render_chat_command(app),
   };
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help prints and exits 0; every usage error exits 2 (CLI11's own codes vary).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   for (auto& c : commands) {
     if (c.app->parsed()) return c.run();
   }

@@ -8,6 +8,33 @@ namespace moeserve {
 void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
                            int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy);
 
+// Implemented in gemm_bf16_avx512.cpp (AVX-512F only).
+void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n0,
+                          int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy);
+
+void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n, int64_t k,
+              int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
+  if (m <= 0 || n <= 0) return;
+  auto rows = [&](int64_t n0, int64_t n1) {
+    if (isa_at_most(Isa::kAvx512, isa)) {
+      gemm_f32_avx512_rows(x, m, ldx, w, n0, n1, k, ldw, y, ldy);
+      return;
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = n0; j < n1; ++j) {
+        float acc = 0.0f;
+        for (int64_t c = 0; c < k; ++c) acc += x[i * ldx + c] * w[j * ldw + c];
+        y[i * ldy + j] = acc;
+      }
+    }
+  };
+  if (pool) {
+    pool->parallel_for(n, rows, 64);
+  } else {
+    rows(0, n);
+  }
+}
+
 void gemm_bf16_ref(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,
                    int64_t k, int64_t ldw, float* y, int64_t ldy) {
   for (int64_t i = 0; i < m; ++i) {

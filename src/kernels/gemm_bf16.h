@@ -23,6 +23,11 @@ void gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int
 void gemm_bf16_ref(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,
                    int64_t k, int64_t ldw, float* y, int64_t ldy);
 
+// The same in FP32 (x, w, y all F32): for small matrices whose BF16 rounding would cost too
+// much accuracy (the per-head absorbed-attention projections).
+void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n, int64_t k,
+              int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa = active_isa());
+
 // F32 -> BF16 (round to nearest even) for n values.
 void f32_to_bf16_row(const float* x, int64_t n, uint16_t* out);
 

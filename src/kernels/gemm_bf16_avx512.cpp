@@ -40,7 +40,43 @@ void dot_rows(const uint16_t* x, int64_t ldx, const uint16_t* wr, int64_t k, flo
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
+template <int R>
+void dot_rows_f32(const float* x, int64_t ldx, const float* wr, int64_t k, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= k; c += 16) {
+    __m512 wv = _mm512_loadu_ps(wr + c);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * ldx + c), wv, acc[r]);
+  }
+  if (c < k) {
+    __mmask16 mask = (__mmask16)((1u << (k - c)) - 1);
+    __m512 wv = _mm512_maskz_loadu_ps(mask, wr + c);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + r * ldx + c), wv, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
 }  // namespace
+
+void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n0,
+                          int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy) {
+  float out[4];
+  for (int64_t j = n0; j < n1; ++j) {
+    const float* wr = w + j * ldw;
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      dot_rows_f32<4>(x + i * ldx, ldx, wr, k, out);
+      for (int r = 0; r < 4; ++r) y[(i + r) * ldy + j] = out[r];
+    }
+    for (; i < m; ++i) {
+      dot_rows_f32<1>(x + i * ldx, ldx, wr, k, out);
+      y[i * ldy + j] = out[0];
+    }
+  }
+}
 
 void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
                            int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy) {

@@ -1,4 +1,5 @@
-// Packing and dispatch for gemm_fp8: picks the ISA level and splits panels among threads.
+// Packing and dispatch for gemm_fp8 and gemm_fp8_f32x: picks the ISA level and splits panels among
+// threads.
 #include "kernels/gemm_fp8.h"
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/gemm_fp8_f32x.h"
 #include "kernels/gemm_fp8_internal.h"
 
 namespace moeserve {
@@ -68,12 +70,28 @@ PanelFn panel_fn(Isa isa) {
   return gemm_detail::panels_scalar;
 }
 
-GemmJob make_job(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp8Weight& w,
-                 const GemmOutput& y, int64_t row0) {
+// The F32-activation levels: both AVX-512 levels run the AVX-512F kernel (no BF16 needed).
+PanelFn panel_fn_f32x(Isa isa) {
+  CHECK(isa_at_most(isa, cpu_isa()), "gemm_fp8_f32x: ISA level above what this CPU supports");
+  switch (isa) {
+    case Isa::kAvx512Bf16:
+    case Isa::kAvx512:
+      return gemm_detail::panels_f32x_avx512;
+    case Isa::kAvx2:
+      return gemm_detail::panels_f32x_avx2;
+    case Isa::kScalar:
+      break;
+  }
+  return gemm_detail::panels_f32x_scalar;
+}
+
+// x (BF16) or xf (F32): exactly one is non-null.
+GemmJob make_job(const uint16_t* x, const float* xf, int64_t m, int64_t ldx,
+                 const PackedFp8Weight& w, const GemmOutput& y, int64_t row0) {
   CHECK(y.dtype == DType::kF32 || y.dtype == DType::kBF16, "gemm_fp8: output must be F32/BF16");
   CHECK(ldx >= w.k && y.ld >= w.n, "gemm_fp8: row stride shorter than a row");
   size_t esize = dtype_size(y.dtype);
-  return GemmJob{x + row0 * ldx,
+  return GemmJob{x ? x + row0 * ldx : nullptr,
                  m,
                  ldx,
                  w.data.get(),
@@ -83,7 +101,8 @@ GemmJob make_job(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp8Weigh
                  w.k_blocks(),
                  static_cast<char*>(y.data) + size_t(row0 * y.ld) * esize,
                  y.dtype == DType::kBF16,
-                 y.ld};
+                 y.ld,
+                 xf ? xf + row0 * ldx : nullptr};
 }
 
 // Splits all (job, panel) items among the pool's threads in contiguous runs of roughly equal
@@ -123,11 +142,8 @@ void run_jobs(const std::vector<GemmJob>& jobs, PanelFn fn, ThreadPool* pool) {
   });
 }
 
-}  // namespace
-
-void gemm_fp8(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp8Weight& w, GemmOutput y,
-              ThreadPool* pool, Isa isa) {
-  PanelFn fn = panel_fn(isa);
+void dense(const uint16_t* x, const float* xf, int64_t m, int64_t ldx, const PackedFp8Weight& w,
+           GemmOutput y, ThreadPool* pool, PanelFn fn) {
   if (m <= 0) return;
   std::vector<GemmJob> jobs;
   // With fewer panels than threads, rows are split too (only small N).
@@ -136,16 +152,14 @@ void gemm_fp8(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp8Weight& 
   if (w.n_panels() < threads) row_chunks = std::clamp<int64_t>(m / 16, 1, threads);
   for (int64_t c = 0; c < row_chunks; ++c) {
     int64_t r0 = m * c / row_chunks, r1 = m * (c + 1) / row_chunks;
-    GemmJob job = make_job(x, r1 - r0, ldx, w, y, r0);
-    jobs.push_back(job);
+    jobs.push_back(make_job(x, xf, r1 - r0, ldx, w, y, r0));
   }
   run_jobs(jobs, fn, pool);
 }
 
-void gemm_fp8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
-                                 const PackedFp8Weight* const* experts, int64_t n_experts,
-                                 GemmOutput y, ThreadPool* pool, Isa isa) {
-  PanelFn fn = panel_fn(isa);
+void grouped_contiguous(const uint16_t* x, const float* xf, int64_t ldx, const int64_t* offsets,
+                        const PackedFp8Weight* const* experts, int64_t n_experts, GemmOutput y,
+                        ThreadPool* pool, PanelFn fn) {
   CHECK(n_experts >= 0 && (n_experts == 0 || offsets[0] == 0), "grouped: offsets must start at 0");
   std::vector<GemmJob> jobs;
   for (int64_t e = 0; e < n_experts; ++e) {
@@ -153,23 +167,61 @@ void gemm_fp8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* 
     CHECK(rows >= 0, "grouped: offsets must not decrease");
     CHECK(experts[e]->n == experts[0]->n && experts[e]->k == experts[0]->k,
           "grouped: experts must share a shape");
-    if (rows > 0) jobs.push_back(make_job(x, rows, ldx, *experts[e], y, offsets[e]));
+    if (rows > 0) jobs.push_back(make_job(x, xf, rows, ldx, *experts[e], y, offsets[e]));
   }
   run_jobs(jobs, fn, pool);
 }
 
-void gemm_fp8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
-                             const int32_t* counts, const PackedFp8Weight* const* experts,
-                             int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
-  PanelFn fn = panel_fn(isa);
+void grouped_masked(const uint16_t* x, const float* xf, int64_t ldx, int64_t capacity,
+                    const int32_t* counts, const PackedFp8Weight* const* experts, int64_t n_experts,
+                    GemmOutput y, ThreadPool* pool, PanelFn fn) {
   std::vector<GemmJob> jobs;
   for (int64_t e = 0; e < n_experts; ++e) {
     CHECK(counts[e] >= 0 && counts[e] <= capacity, "masked: count outside [0, capacity]");
     CHECK(experts[e]->n == experts[0]->n && experts[e]->k == experts[0]->k,
           "masked: experts must share a shape");
-    if (counts[e] > 0) jobs.push_back(make_job(x, counts[e], ldx, *experts[e], y, e * capacity));
+    if (counts[e] > 0) {
+      jobs.push_back(make_job(x, xf, counts[e], ldx, *experts[e], y, e * capacity));
+    }
   }
   run_jobs(jobs, fn, pool);
+}
+
+}  // namespace
+
+void gemm_fp8(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp8Weight& w, GemmOutput y,
+              ThreadPool* pool, Isa isa) {
+  dense(x, nullptr, m, ldx, w, y, pool, panel_fn(isa));
+}
+
+void gemm_fp8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
+                                 const PackedFp8Weight* const* experts, int64_t n_experts,
+                                 GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_contiguous(x, nullptr, ldx, offsets, experts, n_experts, y, pool, panel_fn(isa));
+}
+
+void gemm_fp8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
+                             const int32_t* counts, const PackedFp8Weight* const* experts,
+                             int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_masked(x, nullptr, ldx, capacity, counts, experts, n_experts, y, pool, panel_fn(isa));
+}
+
+void gemm_fp8_f32x(const float* x, int64_t m, int64_t ldx, const PackedFp8Weight& w, GemmOutput y,
+                   ThreadPool* pool, Isa isa) {
+  dense(nullptr, x, m, ldx, w, y, pool, panel_fn_f32x(isa));
+}
+
+void gemm_fp8_f32x_grouped_contiguous(const float* x, int64_t ldx, const int64_t* offsets,
+                                      const PackedFp8Weight* const* experts, int64_t n_experts,
+                                      GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_contiguous(nullptr, x, ldx, offsets, experts, n_experts, y, pool, panel_fn_f32x(isa));
+}
+
+void gemm_fp8_f32x_grouped_masked(const float* x, int64_t ldx, int64_t capacity,
+                                  const int32_t* counts, const PackedFp8Weight* const* experts,
+                                  int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_masked(nullptr, x, ldx, capacity, counts, experts, n_experts, y, pool,
+                 panel_fn_f32x(isa));
 }
 
 }  // namespace moeserve

@@ -15,7 +15,7 @@ constexpr int64_t kTileBytes = kPanelCols * kBlockK;
 // Tile (p, kb) is at tiles + (p * k_blocks + kb) * kTileBytes, laid out [64 k-pairs][64 cols][2];
 // its scale is scales[(p / 2) * k_blocks + kb].
 struct GemmJob {
-  const uint16_t* x;  // BF16 [m, k], row stride ldx
+  const uint16_t* x;  // BF16 [m, k], row stride ldx (gemm_fp8); null for the f32x variants
   int64_t m, ldx;
   const uint8_t* tiles;
   const float* scales;
@@ -23,11 +23,17 @@ struct GemmJob {
   void* y;  // [m, n], row stride ldy, F32 or BF16
   bool y_bf16;
   int64_t ldy;
+  const float* xf;  // F32 [m, k], row stride ldx (gemm_fp8_f32x); null for the BF16 variants
 };
 
 void panels_scalar(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx2(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx512(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1);
+
+// The F32-activation levels (gemm_fp8_f32x): read job.xf instead of job.x.
+void panels_f32x_scalar(const GemmJob& job, int64_t p0, int64_t p1);
+void panels_f32x_avx2(const GemmJob& job, int64_t p0, int64_t p1);
+void panels_f32x_avx512(const GemmJob& job, int64_t p0, int64_t p1);
 
 }  // namespace moeserve::gemm_detail

@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/linear_ref.h"
+#include "kernels/mla_decode.h"
 #include "kernels/moe_gate.h"
 #include "kernels/rmsnorm.h"
 
@@ -106,8 +107,30 @@ void DeepseekModel::pack_weights() {
     pack(m.up);
     pack(m.down);
   };
+  const int64_t nh = config_.num_attention_heads, dn = config_.qk_nope_head_dim;
+  const int64_t dv = config_.v_head_dim, R = config_.kv_lora_rank;
+  std::vector<float> row(static_cast<size_t>(R));
   for (const LayerWeights& L : weights_.layers) {
     const AttentionWeights& A = L.attn;
+    // Per head: W_UK^T [R, dn] and W_UV [dv, R] in F32, from kv_b_proj's rows
+    // [h * (dn + dv), + dn) (keys) and [h * (dn + dv) + dn, + dv) (values).
+    AbsorbedWeights W;
+    W.uk_t.resize(size_t(nh * R * dn));
+    W.uv.resize(size_t(nh * dv * R));
+    for (int64_t h = 0; h < nh; ++h) {
+      for (int64_t d = 0; d < dn + dv; ++d) {
+        A.kv_b.row_to_f32(h * (dn + dv) + d, row.data());
+        for (int64_t r = 0; r < R; ++r) {
+          float v = row[size_t(r)];
+          if (d < dn) {
+            W.uk_t[size_t((h * R + r) * dn + d)] = v;
+          } else {
+            W.uv[size_t((h * dv + d - dn) * R + r)] = v;
+          }
+        }
+      }
+    }
+    absorbed_.push_back(std::move(W));
     if (A.q_a) pack(*A.q_a);
     for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w);
     if (L.mlp) pack_mlp(*L.mlp);
@@ -225,10 +248,15 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
     }
   }
 
+  std::vector<float> o(size_t(n * nh * dv));  // [n, nh, dv]
+  if (path_ == ComputePath::kFast && mode_ == AttentionMode::kAbsorbed) {
+    attend_absorbed_fast(layer, batch, q.data(), n, cache, o.data());
+    linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
+    return;
+  }
   std::vector<float> kv_b(size_t(A.kv_b.rows * R));  // [nh * (dn + dv), R] dequantized
   for (int64_t r = 0; r < A.kv_b.rows; ++r) A.kv_b.row_to_f32(r, &kv_b[size_t(r * R)]);
 
-  std::vector<float> o(size_t(n * nh * dv));  // [n, nh, dv]
   row = 0;
   for (const StepSequence& s : batch) {
     attend_sequence(layer, s, &q[size_t(row * nh * dq)], nh * dq, cache, kv_b,
@@ -236,6 +264,47 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
     row += int64_t(s.tokens.size());
   }
   linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
+}
+
+// Absorbed attention on the fast path: q_lat = W_UK^T q_nope per head (FP32 GEMM against
+// matrices dequantized at construction), the paged MLA kernel over the cache, then
+// o = W_UV o_lat per head. One kernel call per sequence, so that how the kernel splits a
+// sequence's KV range (and so its rounding) never depends on what else is in the batch.
+void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch,
+                                         const float* q, int64_t n, const LatentKvCache& cache,
+                                         float* o) {
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
+  const AbsorbedWeights& W = absorbed_[size_t(layer)];
+
+  std::vector<float> qa(size_t(n * nh * D));  // [n, nh, R + dr] absorbed queries
+  for (int64_t h = 0; h < nh; ++h) {
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(q + (i * nh + h) * dq + dn, dr, &qa[size_t((i * nh + h) * D + R)]);  // q_pe
+    }
+    gemm_f32(q + h * dq, n, nh * dq, &W.uk_t[size_t(h * R * dn)], R, dn, dn, &qa[size_t(h * D)],
+             nh * D, pool_);  // q_lat [n, R] of head h = q_nope W_UK
+  }
+
+  std::vector<float> o_lat(size_t(n * nh * R));  // [n, nh, R]
+  MlaShape shape{nh, R, dr, float(c.softmax_scale())};
+  MlaCacheView view{cache.block_data(layer, 0), cache.dtype(), cache.num_blocks(), D};
+  int64_t row = 0;
+  for (const StepSequence& s : batch) {
+    const int64_t len = int64_t(s.tokens.size());
+    if (len == 0) continue;
+    MlaSequence seq{s.block_table, s.start_pos + len, len};
+    MlaBatch mb{shape, view, {&seq, 1}, &qa[size_t(row * nh * D)], DType::kF32,
+                &o_lat[size_t(row * nh * R)], nullptr};
+    mla_decode(mb, pool_);
+    row += len;
+  }
+
+  for (int64_t h = 0; h < nh; ++h) {  // o [n, dv] of head h = o_lat W_UV^T
+    gemm_f32(&o_lat[size_t(h * R)], n, nh * R, &W.uv[size_t(h * dv * R)], dv, R, R, o + h * dv,
+             nh * dv, pool_);
+  }
 }
 
 void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const float* q,

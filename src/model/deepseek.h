@@ -68,6 +68,8 @@ class DeepseekModel {
   void attend_sequence(int64_t layer, const StepSequence& seq, const float* q, int64_t ldq,
                        const LatentKvCache& cache, const std::vector<float>& kv_b,
                        float* attn_out, int64_t ld_out);
+  void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
+                            int64_t n, const LatentKvCache& cache, float* o);
   Status moe(const MoeWeights& w, const float* x, int64_t n, float* out);
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out);
   // y[m, w.rows] = x[m, w.cols] W^T on the configured compute path.
@@ -84,6 +86,14 @@ class DeepseekModel {
   // Fast path: FP8 weights repacked for gemm_fp8, keyed by the checkpoint bytes they came from.
   std::unordered_map<const uint8_t*, PackedFp8Weight> packed_;
   std::vector<uint16_t> x_bf16_;  // scratch: the GEMM input in BF16
+  // Fast absorbed attention: kv_b_proj split per head and dequantized to F32 (BF16 rounding
+  // of these small matrices moved logprobs by up to 0.3 on the test models: the scores
+  // q_lat . c amplify it).
+  struct AbsorbedWeights {
+    std::vector<float> uk_t;  // [nh][R][dn]: W_UK^T, maps q_nope into the latent space
+    std::vector<float> uv;    // [nh][dv][R]: W_UV, maps the attended latent to values
+  };
+  std::vector<AbsorbedWeights> absorbed_;  // per layer
 };
 
 }  // namespace moeserve

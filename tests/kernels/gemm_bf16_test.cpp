@@ -52,3 +52,30 @@ TEST(GemmBf16, EveryIsaMatchesReference) {
 
 }  // namespace
 }  // namespace moeserve
+
+namespace moeserve {
+namespace {
+
+TEST(GemmF32, EveryIsaMatchesScalar) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 3}, {6, 33, 17},
+                         {9, 128, 160}, {2, 7, 512}}) {
+    std::vector<float> x(size_t(m * k)), w(size_t(n * k));
+    for (auto& v : x) v = d(rng);
+    for (auto& v : w) v = d(rng);
+    std::vector<float> want(size_t(m * n)), got(size_t(m * n));
+    gemm_f32(x.data(), m, k, w.data(), n, k, k, want.data(), n, nullptr, Isa::kScalar);
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+      if (!isa_at_most(isa, cpu_isa())) continue;
+      ThreadPool pool(2);
+      gemm_f32(x.data(), m, k, w.data(), n, k, k, got.data(), n, &pool, isa);
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_NEAR(got[i], want[i], 1e-5f * std::sqrt(float(k)) * 4) << isa_name(isa);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moeserve

@@ -1,0 +1,22 @@
+// End-to-end batch-1 decode benchmark: tokens/s of the fast path on a checkpoint against its
+// roofline (measured DRAM bandwidth / bytes of weights and KV read per decoded token).
+#pragma once
+
+#include <string>
+
+#include "core/thread_pool.h"
+#include "machine.h"
+
+namespace moeserve::bench {
+
+struct E2eOptions {
+  std::string model_dir;
+  bool json = false;
+  int prompt_tokens = 32;
+  int decode_tokens = 32;
+};
+
+// Returns a process exit code.
+int run_e2e_bench(const E2eOptions& options, const Ceilings& ceilings, ThreadPool& pool);
+
+}  // namespace moeserve::bench

@@ -1,0 +1,265 @@
+#include "gemm_bench.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/gemm_fp8.h"
+#include "kernels/gemm_fp8_f32x.h"
+#include "onednn_matmul.h"
+
+namespace moeserve::bench {
+namespace {
+
+// Rotating through at least this many bytes of weights keeps every timed call reading from
+// DRAM (8x a 32 MiB L3).
+constexpr double kRotateBytes = 256.0 * (1 << 20);
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+};
+
+// Random FP8 weights [n, k] (no NaN bytes) and scales, packed.
+PackedFp8Weight random_fp8(int64_t n, int64_t k, Rng& rng) {
+  std::vector<uint8_t> w(size_t(n * k));
+  for (size_t i = 0; i < w.size(); i += 8) {
+    uint64_t r = rng.next();
+    for (size_t j = 0; j < 8 && i + j < w.size(); ++j) {
+      uint8_t b = uint8_t(r >> (8 * j));
+      w[i + j] = (b & 0x7f) == 0x7f ? uint8_t(b ^ 1) : b;
+    }
+  }
+  std::vector<float> s(size_t(((n + 127) / 128) * ((k + 127) / 128)));
+  for (auto& v : s) v = 1e-3f * float(1 + rng.next() % 7);
+  return pack_fp8_weight(w.data(), s.data(), n, k);
+}
+
+std::vector<uint16_t> random_bf16(size_t count, Rng& rng) {
+  std::vector<uint16_t> v(count);
+  for (auto& x : v) x = f32_to_bf16(float(int(rng.next() % 2001) - 1000) / 512.0f + 0.01f);
+  return v;
+}
+
+std::vector<float> random_f32(size_t count, Rng& rng) {
+  std::vector<float> v(count);
+  for (auto& x : v) x = float(int64_t(rng.next() % 2000001) - 1000000) / 524288.0f + 0.01f;
+  return v;
+}
+
+// Row counts at which the F32-activation variants are timed next to the BF16 ones.
+bool f32x_case(int64_t m) {
+  return m == 1 || m == 4 || m == 64 || m == 256 || m == 1024;
+}
+
+// Seconds per call of fn(copy): the best batch (one pass over all copies, so every call reads
+// its weights from DRAM) after one untimed call. The best batch, not the mean, because the
+// machine may be shared: the ceilings are measured the same way (best of passes).
+double time_calls(const std::function<void(int)>& fn, int copies, double min_s) {
+  fn(copies - 1);
+  double best = 1e30, t_start = now_s();
+  int batches = 0;
+  while (batches < 3 || now_s() - t_start < min_s) {
+    double t0 = now_s();
+    for (int i = 0; i < copies; ++i) fn(i);
+    best = std::min(best, (now_s() - t0) / copies);
+    ++batches;
+  }
+  return best;
+}
+
+int copies_for(double bytes) {
+  return std::max(2, int(std::ceil(kRotateBytes / bytes)));
+}
+
+struct Case {
+  const char* kernel;
+  int64_t m, n, k, experts;  // experts 0: dense
+  const char* layout;        // "dense" | "masked" | "contiguous"
+  const char* act;           // activations: "bf16" (gemm_fp8*) | "f32" (gemm_fp8_f32x*)
+};
+
+// t_bf16: for the F32-activation variants, the BF16 variant's time on the same case (0: none).
+void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, double t,
+            double t_base, double t_bf16 = 0) {
+  const int64_t e = std::max<int64_t>(1, c.experts);
+  const double wbytes = double(e) * (double(c.n) * double(c.k) +
+                                     4.0 * double((c.n + 127) / 128) * double((c.k + 127) / 128));
+  const double flops = 2.0 * double(c.m) * double(c.n) * double(c.k);
+  const double t_roof =
+      std::max(wbytes / (ceil.dram_read_gbps * 1e9), flops / (ceil.bf16_peak_gflops * 1e9));
+  const bool memory_bound =
+      wbytes / (ceil.dram_read_gbps * 1e9) >= flops / (ceil.bf16_peak_gflops * 1e9);
+  const double gbps = wbytes / t / 1e9, gflops = flops / t / 1e9;
+  if (opt.json) {
+    nlohmann::ordered_json j = {{"kernel", c.kernel},
+                                {"m", c.m},
+                                {"n", c.n},
+                                {"act", c.act},
+                                {"k", c.k},
+                                {"gbps", gbps},
+                                {"gflops", gflops},
+                                {"ceiling_ratio", t_roof / t},
+                                {"baseline_ratio", t_base / t},
+                                {"bound", memory_bound ? "memory" : "compute"},
+                                {"seconds", t},
+                                {"baseline_seconds", t_base},
+                                {"dram_read_gbps", ceil.dram_read_gbps},
+                                {"bf16_peak_gflops", ceil.bf16_peak_gflops},
+                                {"isa", isa_name(active_isa())}};
+    if (c.experts > 0) {
+      j["experts"] = c.experts;
+      j["layout"] = c.layout;
+    }
+    if (t_bf16 > 0) j["bf16_ratio"] = t_bf16 / t;  // > 1: faster than the BF16 variant
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print(
+        "{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8.1f} {:>8.1f} {:>6.2f} {:>6.2f} {:>7}  "
+        "{}\n",
+        c.kernel, c.m, c.n, c.k, c.experts, c.layout, c.act, gbps, gflops, t_roof / t, t_base / t,
+        t_bf16 > 0 ? fmt::format("{:.2f}", t_bf16 / t) : std::string("-"),
+        memory_bound ? "memory" : "compute");
+  }
+  std::fflush(stdout);
+}
+
+void run_dense(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool, int64_t n,
+               int64_t k, const std::vector<int64_t>& ms, Rng& rng) {
+  const double min_s = opt.quick ? 0.15 : 0.4;
+  const int copies = copies_for(double(n) * double(k));
+  std::vector<PackedFp8Weight> w;
+  for (int i = 0; i < copies; ++i) w.push_back(random_fp8(n, k, rng));
+  std::vector<uint16_t> wb = random_bf16(size_t(n * k), rng);  // baseline weights
+  const int base_copies = copies_for(2.0 * double(n) * double(k));
+  for (int64_t m : ms) {
+    std::vector<uint16_t> x = random_bf16(size_t(m * k), rng);
+    std::vector<float> y(size_t(m * n));
+    double t = time_calls(
+        [&](int i) {
+          gemm_fp8(x.data(), m, k, w[size_t(i)], GemmOutput{y.data(), DType::kF32, n}, &pool);
+        },
+        copies, min_s);
+    OneDnnMatmul base(m, n, k);
+    for (int i = 0; i < base_copies; ++i) base.add_weight(wb.data());
+    double tb = time_calls([&](int i) { base.run(i, x.data(), y.data()); }, base_copies, min_s);
+    report(opt, ceil, Case{"gemm_fp8", m, n, k, 0, "dense", "bf16"}, t, tb);
+    if (!f32x_case(m)) continue;
+    std::vector<float> x32 = random_f32(size_t(m * k), rng);
+    double t32 = time_calls(
+        [&](int i) {
+          gemm_fp8_f32x(x32.data(), m, k, w[size_t(i)], GemmOutput{y.data(), DType::kF32, n},
+                        &pool);
+        },
+        copies, min_s);
+    report(opt, ceil, Case{"gemm_fp8_f32x", m, n, k, 0, "dense", "f32"}, t32, tb, t);
+  }
+}
+
+// Experts of [n, k]; rows split evenly (masked: capacity = rows per expert).
+void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool, int64_t n,
+                 int64_t k, int64_t experts, const std::vector<int64_t>& ms, Rng& rng) {
+  const double min_s = opt.quick ? 0.15 : 0.4;
+  const int sets = copies_for(double(experts) * double(n) * double(k));
+  std::vector<PackedFp8Weight> w;
+  for (int i = 0; i < sets * experts; ++i) w.push_back(random_fp8(n, k, rng));
+  std::vector<const PackedFp8Weight*> ptrs;
+  for (auto& p : w) ptrs.push_back(&p);
+  std::vector<uint16_t> wb = random_bf16(size_t(n * k), rng);
+  const int base_sets = copies_for(2.0 * double(experts) * double(n) * double(k));
+  for (int64_t m : ms) {
+    const int64_t rows = m / experts;  // per expert
+    const bool masked = rows <= 8;
+    std::vector<uint16_t> x = random_bf16(size_t(m * k), rng);
+    std::vector<float> y(size_t(m * n));
+    std::vector<int64_t> off(size_t(experts + 1));
+    for (int64_t e = 0; e <= experts; ++e) off[size_t(e)] = e * rows;
+    std::vector<int32_t> counts(static_cast<size_t>(experts), static_cast<int32_t>(rows));
+    GemmOutput out{y.data(), DType::kF32, n};
+    double t = time_calls(
+        [&](int i) {
+          const PackedFp8Weight* const* set = ptrs.data() + i * experts;
+          if (masked) {
+            gemm_fp8_grouped_masked(x.data(), k, rows, counts.data(), set, experts, out, &pool);
+          } else {
+            gemm_fp8_grouped_contiguous(x.data(), k, off.data(), set, experts, out, &pool);
+          }
+        },
+        sets, min_s);
+    // Baseline: one oneDNN matmul per expert on its rows.
+    OneDnnMatmul base(rows, n, k);
+    for (int i = 0; i < base_sets * experts; ++i) base.add_weight(wb.data());
+    double tb = time_calls(
+        [&](int i) {
+          for (int64_t e = 0; e < experts; ++e)
+            base.run(int(i * experts + e), x.data() + e * rows * k, y.data() + e * rows * n);
+        },
+        base_sets, min_s);
+    const char* layout = masked ? "masked" : "contiguous";
+    report(opt, ceil, Case{"gemm_fp8_grouped", m, n, k, experts, layout, "bf16"}, t, tb);
+    std::vector<float> x32 = random_f32(size_t(m * k), rng);
+    double t32 = time_calls(
+        [&](int i) {
+          const PackedFp8Weight* const* set = ptrs.data() + i * experts;
+          if (masked) {
+            gemm_fp8_f32x_grouped_masked(x32.data(), k, rows, counts.data(), set, experts, out,
+                                         &pool);
+          } else {
+            gemm_fp8_f32x_grouped_contiguous(x32.data(), k, off.data(), set, experts, out, &pool);
+          }
+        },
+        sets, min_s);
+    report(opt, ceil, Case{"gemm_fp8_f32x_grouped", m, n, k, experts, layout, "f32"}, t32, tb, t);
+  }
+}
+
+}  // namespace
+
+void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool) {
+  set_onednn_threads(pool.size());
+  Rng rng{0x9e3779b97f4a7c15ull};
+  if (!opt.json) {
+    fmt::print("{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  {}\n",
+               "kernel", "m", "n", "k", "E", "layout", "act", "GB/s", "GFLOP/s", "ceil", "oneDNN",
+               "vs_bf16", "bound");
+  }
+  struct Shape {
+    int64_t n, k;
+  };
+  // DeepSeek-V3: q_a+kv_a (2112x7168), q_b (24576x1536), kv_b (32768x512), o_proj (7168x16384),
+  // shared/dense gate+up (4096x7168) and down (7168x2048).
+  std::vector<Shape> shapes = {{2112, 7168},  {24576, 1536}, {32768, 512},
+                               {7168, 16384}, {4096, 7168},  {7168, 2048}};
+  std::vector<int64_t> ms = {1, 4, 16, 64, 256, 1024};
+  if (opt.quick) {
+    shapes = {{2112, 7168}, {7168, 2048}};
+    ms = {1, 4, 256};
+  }
+  for (const Shape& s : shapes) run_dense(opt, ceil, pool, s.n, s.k, ms, rng);
+  // Routed experts (moe_intermediate_size 2048): gate/up [2048, 7168] and down [7168, 2048].
+  if (opt.quick) {
+    run_grouped(opt, ceil, pool, 2048, 7168, 8, {8, 1024}, rng);
+    return;
+  }
+  run_grouped(opt, ceil, pool, 2048, 7168, 8, {8, 32, 1024}, rng);
+  run_grouped(opt, ceil, pool, 7168, 2048, 8, {8, 32, 1024}, rng);
+  run_grouped(opt, ceil, pool, 2048, 7168, 64, {64, 256, 4096}, rng);
+}
+
+}  // namespace moeserve::bench

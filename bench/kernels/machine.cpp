@@ -1,0 +1,72 @@
+#include "machine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu_features.h"
+
+namespace moeserve::bench {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+uint64_t read_sum(const uint64_t* p, size_t n) {
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (size_t i = 0; i + 4 <= n; i += 4) {
+    s0 += p[i];
+    s1 += p[i + 1];
+    s2 += p[i + 2];
+    s3 += p[i + 3];
+  }
+  return s0 ^ s1 ^ s2 ^ s3;
+}
+
+}  // namespace
+
+Ceilings measure_ceilings(ThreadPool& pool) {
+  Ceilings c;
+  const int threads = pool.size();
+  // DRAM: 512 MiB (16x the L3 of the machines we target), best of 3 passes.
+  const size_t bytes = size_t(512) << 20, words = bytes / 8;
+  uint64_t* buf = static_cast<uint64_t*>(std::aligned_alloc(64, bytes));
+  for (size_t i = 0; i < words; ++i) buf[i] = i;
+  std::atomic<uint64_t> sink{0};
+  for (int pass = 0; pass < 3; ++pass) {
+    double t0 = now_s();
+    pool.parallel_for(threads, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        size_t w0 = words * size_t(t) / size_t(threads),
+               w1 = words * size_t(t + 1) / size_t(threads);
+        sink += read_sum(buf + w0, w1 - w0);
+      }
+    });
+    c.dram_read_gbps = std::max(c.dram_read_gbps, double(bytes) / (now_s() - t0) / 1e9);
+  }
+  std::free(buf);
+  // Compute: ~0.2 s of register-only dot products per thread, best of 3.
+  const bool bf16 = cpu_isa() == Isa::kAvx512Bf16;
+  const bool fma = isa_at_most(Isa::kAvx2, cpu_isa());
+  if (!fma) return c;
+  for (int pass = 0; pass < 3; ++pass) {
+    std::atomic<double> flops{0};
+    double t0 = now_s();
+    pool.parallel_for(threads, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        double f = bf16 ? dpbf16_loop(50'000'000 / 16) : fma_f32_loop(50'000'000 / 12);
+        double cur = flops.load();
+        while (!flops.compare_exchange_weak(cur, cur + f)) {
+        }
+      }
+    });
+    c.bf16_peak_gflops = std::max(c.bf16_peak_gflops, flops.load() / (now_s() - t0) / 1e9);
+  }
+  return c;
+}
+
+}  // namespace moeserve::bench

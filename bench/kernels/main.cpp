@@ -1,0 +1,48 @@
+// moeserve-bench: kernel benchmarks (not part of the moeserve binary; links oneDNN).
+//   moeserve-bench kernels [--json] [--quick] [--threads N]
+// Each run measures the machine's ceilings first, then prints one line per case.
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/thread_pool.h"
+#include "bench_mla.h"
+#include "e2e_bench.h"
+#include "gemm_bench.h"
+#include "kernels/cpu_features.h"
+#include "machine.h"
+
+int main(int argc, char** argv) {
+  using namespace moeserve;
+  CLI::App app{"moeserve-bench: kernel benchmarks against the machine's ceilings and oneDNN"};
+  app.require_subcommand(1);
+  CLI::App* kernels = app.add_subcommand("kernels", "FP8 GEMM (and other kernel) benchmarks");
+  bool json = false, quick = false;
+  int threads = 2;
+  kernels->add_flag("--json", json, "one JSON object per line and case");
+  kernels->add_flag("--quick", quick, "a short subset of the cases");
+  kernels->add_option("--threads", threads, "threads for kernels and baseline")
+      ->check(CLI::Range(1, 1024));
+  CLI::App* e2e = app.add_subcommand("e2e", "Batch-1 decode tokens/s against the roofline");
+  bench::E2eOptions e2e_options;
+  e2e->add_option("--model", e2e_options.model_dir, "checkpoint directory")->required();
+  e2e->add_flag("--json", e2e_options.json, "one JSON object");
+  e2e->add_option("--decode-tokens", e2e_options.decode_tokens, "tokens to time");
+  e2e->add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  ThreadPool pool(threads);
+  bench::Ceilings ceil = bench::measure_ceilings(pool);
+  if (e2e->parsed()) return bench::run_e2e_bench(e2e_options, ceil, pool);
+  if (!json) {
+    fmt::print("isa {}  threads {}  DRAM read {:.1f} GB/s  BF16 peak {:.1f} GFLOP/s\n",
+               isa_name(active_isa()), threads, ceil.dram_read_gbps, ceil.bf16_peak_gflops);
+  }
+  bench::run_gemm_benches(bench::GemmBenchOptions{json, quick}, ceil, pool);
+  bench::run_mla_benches(bench::MlaBenchOptions{json, quick}, ceil, pool);
+  return 0;
+}

@@ -1,0 +1,246 @@
+// mla_decode: validation, work partition (split-KV) among threads, and the combine step.
+//
+// Query rows are cut into groups (one decode query, or up to ~128 query x head rows of a
+// prefill chunk) that each make one pass over the cache blocks they see. The groups' work is
+// laid end to end and cut into `parts` equal shares, as FlashMLA's tile scheduler does: a group
+// that straddles a cut is split over its KV blocks, each piece writes a partial o and lse, and
+// the combine merges the pieces with their log-sum-exp weights.
+#include "kernels/mla_decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/mla_decode_internal.h"
+
+namespace moeserve {
+
+namespace mla_detail {
+
+void validate(const MlaBatch& b) {
+  const MlaShape& s = b.shape;
+  CHECK(s.heads > 0 && s.kv_lora_rank > 0 && s.rope_dim >= 0, "mla: bad shape");
+  CHECK(b.cache.dim == s.dim(), "mla: cache dim != kv_lora_rank + rope_dim");
+  CHECK(b.cache.dtype == DType::kBF16 || b.cache.dtype == DType::kF32, "mla: cache is BF16/F32");
+  CHECK(b.q_dtype == DType::kBF16 || b.q_dtype == DType::kF32, "mla: q is BF16 or F32");
+  for (const MlaSequence& q : b.seqs) {
+    CHECK(q.n_queries >= 0 && q.context_len >= q.n_queries, "mla: context shorter than queries");
+    const int64_t nb = (q.context_len + kMlaBlockTokens - 1) / kMlaBlockTokens;
+    CHECK(int64_t(q.block_table.size()) >= nb, "mla: block table shorter than the context");
+    for (int64_t i = 0; i < nb; ++i) {
+      CHECK(q.block_table[size_t(i)] >= 0 && q.block_table[size_t(i)] < b.cache.num_blocks,
+            "mla: block id outside the pool");
+    }
+  }
+  if (mla_rows(b.seqs) > 0) {
+    CHECK(b.q && b.o && b.cache.blocks, "mla: null buffer");
+  }
+}
+
+}  // namespace mla_detail
+
+int64_t mla_rows(std::span<const MlaSequence> seqs) {
+  int64_t rows = 0;
+  for (const MlaSequence& s : seqs) rows += s.n_queries;
+  return rows;
+}
+
+namespace {
+
+// Query x head rows per group of a prefill chunk: enough to amortise each block's V re-layout
+// and keep Q, S and O of the group in L2 (docs/kernels-mla.md).
+constexpr int64_t kGroupRows = 128;
+// Fixed cost of a piece (packing Q, writing o) in units of one block's work.
+constexpr int64_t kPieceOverheadBlocks = 1;
+
+struct Group {
+  const MlaSequence* seq;
+  int64_t q_row;      // global index of the group's first query
+  int64_t n_q;        // queries in the group
+  int64_t first_pos;  // position of its first query
+  int64_t n_blocks;   // cache blocks it sees
+  int64_t weight;     // cost of one block: row vectors + 1 for the memory traffic
+};
+
+struct PieceRef {
+  int64_t group, b0, b1;
+  int64_t part;
+  int64_t slot = -1;  // partial-output slot when the group is split
+};
+
+std::vector<Group> make_groups(const MlaBatch& b) {
+  const int64_t H = b.shape.heads;
+  const int64_t per_group = std::max<int64_t>(1, kGroupRows / H);
+  std::vector<Group> groups;
+  int64_t q_row = 0;
+  for (const MlaSequence& s : b.seqs) {
+    for (int64_t q0 = 0; q0 < s.n_queries; q0 += per_group) {
+      Group g;
+      g.seq = &s;
+      g.q_row = q_row + q0;
+      g.n_q = std::min(per_group, s.n_queries - q0);
+      g.first_pos = s.context_len - s.n_queries + q0;
+      g.n_blocks = (g.first_pos + g.n_q + kMlaBlockTokens - 1) / kMlaBlockTokens;
+      g.weight = (g.n_q * H + 15) / 16 + 1;
+      groups.push_back(g);
+    }
+    q_row += s.n_queries;
+  }
+  return groups;
+}
+
+// Lays the groups' costs end to end and cuts them into `parts` shares of equal cost.
+std::vector<PieceRef> partition(const std::vector<Group>& groups, int64_t parts) {
+  double total = 0;
+  for (const Group& g : groups) total += double((g.n_blocks + kPieceOverheadBlocks) * g.weight);
+  const double cap = total / double(parts);
+  std::vector<PieceRef> pieces;
+  int64_t part = 0;
+  double used = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const Group& g = groups[gi];
+    int64_t b = 0;
+    while (b < g.n_blocks) {
+      const double rest = double((g.n_blocks - b + kPieceOverheadBlocks) * g.weight);
+      if (part == parts - 1 || used + rest <= cap * 1.02) {
+        pieces.push_back(PieceRef{int64_t(gi), b, g.n_blocks, part});
+        used += rest;
+        b = g.n_blocks;
+        break;
+      }
+      const int64_t fit = int64_t((cap - used) / double(g.weight)) - kPieceOverheadBlocks;
+      if (fit >= 1) {
+        pieces.push_back(PieceRef{int64_t(gi), b, b + fit, part});
+        b += fit;
+      }
+      ++part;
+      used = 0;
+    }
+  }
+  return pieces;
+}
+
+void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt) {
+  const int64_t H = b.shape.heads, R = b.shape.kv_lora_rank;
+  const std::vector<Group> groups = make_groups(b);
+  if (groups.empty()) return;
+  const int64_t threads = pool ? pool->size() : 1;
+  const int64_t parts = opt.parts > 0 ? opt.parts : threads;
+  std::vector<PieceRef> pieces = partition(groups, parts);
+
+  // Split groups get partial-output slots: o [rows][R] and lse [rows] per piece.
+  std::vector<int64_t> n_pieces(groups.size(), 0);
+  for (const PieceRef& p : pieces) ++n_pieces[size_t(p.group)];
+  std::vector<int64_t> slot_row;  // first scratch row of each slot
+  int64_t scratch_rows = 0;
+  for (PieceRef& p : pieces) {
+    if (n_pieces[size_t(p.group)] > 1) {
+      p.slot = int64_t(slot_row.size());
+      slot_row.push_back(scratch_rows);
+      scratch_rows += groups[size_t(p.group)].n_q * H;
+    }
+  }
+  std::vector<float> part_o(size_t(scratch_rows * R));             // [scratch rows, R]
+  std::vector<float> part_lse(static_cast<size_t>(scratch_rows));  // [scratch rows]
+
+  const mla_detail::Ctx ctx{static_cast<const uint16_t*>(b.cache.blocks), H, R, b.shape.dim(),
+                            b.shape.softmax_scale};
+  const size_t q_esize = b.q_dtype == DType::kBF16 ? 2 : 4;
+  auto run_piece = [&](const PieceRef& p) {
+    const Group& g = groups[size_t(p.group)];
+    const int64_t row = g.q_row * H;  // first query x head row
+    mla_detail::Piece pc;
+    pc.q = static_cast<const char*>(b.q) + size_t(row * ctx.dim) * q_esize;
+    pc.q_bf16 = b.q_dtype == DType::kBF16;
+    pc.n_q = g.n_q;
+    pc.first_pos = g.first_pos;
+    pc.block_table = g.seq->block_table.data();
+    pc.context_len = g.seq->context_len;
+    pc.b0 = p.b0;
+    pc.b1 = p.b1;
+    if (p.slot < 0) {
+      pc.o = b.o + row * R;
+      pc.lse = b.lse ? b.lse + row : nullptr;
+    } else {
+      pc.o = part_o.data() + slot_row[size_t(p.slot)] * R;
+      pc.lse = part_lse.data() + slot_row[size_t(p.slot)];
+    }
+    mla_detail::piece_avx512bf16(ctx, pc);
+  };
+  // Pieces come out of partition() ordered by part.
+  std::vector<size_t> part_begin(size_t(parts + 1), pieces.size());
+  for (size_t i = pieces.size(); i-- > 0;) part_begin[size_t(pieces[i].part)] = i;
+  for (int64_t p = parts - 1; p >= 0; --p) {
+    part_begin[size_t(p)] = std::min(part_begin[size_t(p)], part_begin[size_t(p + 1)]);
+  }
+  auto run_parts = [&](int64_t p0, int64_t p1) {
+    for (size_t i = part_begin[size_t(p0)]; i < part_begin[size_t(p1)]; ++i) run_piece(pieces[i]);
+  };
+  if (pool && parts > 1) {
+    pool->parallel_for(parts, run_parts);
+  } else {
+    run_parts(0, parts);
+  }
+  if (scratch_rows == 0) return;
+
+  // Combine: o = sum_i exp(lse_i - lse) o_i with lse = log sum_i exp(lse_i).
+  std::vector<std::vector<int64_t>> slots_of(groups.size());
+  std::vector<int64_t> split_groups;
+  for (const PieceRef& p : pieces) {
+    if (p.slot < 0) continue;
+    if (slots_of[size_t(p.group)].empty()) split_groups.push_back(p.group);
+    slots_of[size_t(p.group)].push_back(p.slot);
+  }
+  auto combine = [&](int64_t i0, int64_t i1) {
+    std::vector<float> wts;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t gi = split_groups[size_t(i)];
+      const Group& g = groups[size_t(gi)];
+      const std::vector<int64_t>& slots = slots_of[size_t(gi)];
+      wts.resize(slots.size());
+      for (int64_t r = 0; r < g.n_q * H; ++r) {
+        float mx = -INFINITY;
+        for (int64_t s : slots) mx = std::max(mx, part_lse[size_t(slot_row[size_t(s)] + r)]);
+        // Every row sees token 0, which lies in the group's first piece: mx is finite.
+        double sum = 0;
+        for (size_t k = 0; k < slots.size(); ++k) {
+          wts[k] = std::exp(part_lse[size_t(slot_row[size_t(slots[k])] + r)] - mx);
+          sum += wts[k];
+        }
+        const float inv = float(1.0 / sum);
+        float* out = b.o + (g.q_row * H + r) * R;  // [R]
+        std::fill(out, out + R, 0.0f);
+        for (size_t k = 0; k < slots.size(); ++k) {
+          const float wk = wts[k] * inv;
+          const float* src = part_o.data() + (slot_row[size_t(slots[k])] + r) * R;  // [R]
+          for (int64_t j = 0; j < R; ++j) out[j] += wk * src[j];
+        }
+        if (b.lse) b.lse[g.q_row * H + r] = mx + float(std::log(sum));
+      }
+    }
+  };
+  const int64_t n_split = int64_t(split_groups.size());
+  if (pool && n_split > 1) {
+    pool->parallel_for(n_split, combine);
+  } else {
+    combine(0, n_split);
+  }
+}
+
+}  // namespace
+
+void mla_decode(const MlaBatch& batch, ThreadPool* pool, const MlaOptions& opt, Isa isa) {
+  CHECK(isa_at_most(isa, cpu_isa()), "mla_decode: ISA level above what this CPU supports");
+  mla_detail::validate(batch);
+  const MlaShape& s = batch.shape;
+  const bool fast = isa == Isa::kAvx512Bf16 && batch.cache.dtype == DType::kBF16 &&
+                    s.kv_lora_rank % 32 == 0 && s.rope_dim % 2 == 0;
+  if (!fast) {
+    mla_decode_ref(batch, pool);
+    return;
+  }
+  run_fast(batch, pool, opt);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,94 @@
+// Paged MLA attention in the absorbed form (FlashMLA's contract on CPUs), for decode and for
+// chunked prefill over the paged latent KV cache (docs/kv-cache.md, docs/kernels-mla.md).
+//
+// Every head of a sequence attends to the same cached vectors (MQA-like): token t holds
+// c_t = [latent (kv_lora_rank) | rotated rope key (rope_dim)], dim = kv_lora_rank + rope_dim.
+// For a query row q = [W_UK^T q_nope (kv_lora_rank) | rotated q_pe (rope_dim)] of one head:
+//   s_t = softmax_scale * <q, c_t>             for t in [0, pos]  (causal: pos is q's position)
+//   o   = sum_t softmax(s)_t * c_t[:kv_lora_rank]                 (the caller applies W_UV)
+//   lse = log(sum_t exp(s_t))                                     (natural log)
+//
+// A batch is a list of sequences; sequence i has context_len tokens in the cache (its queries'
+// own tokens included) and n_queries queries, at positions [context_len - n_queries,
+// context_len). Decode is n_queries = 1; a prefill chunk is n_queries > 1 (causal within the
+// chunk). Decodes and prefill chunks may share one call. Query and output rows are concatenated
+// over the sequences in order: q [rows, heads, dim], o [rows, heads, kv_lora_rank],
+// lse [rows, heads], rows = sum of n_queries.
+//
+// The fast level (AVX-512 with BF16 dot products) reads each cached token once for all heads
+// (and for up to ~128 query rows of a prefill chunk): scores = Q[rows x dim] K^T per 64-token
+// block, online softmax in FP32, then O += P V with BF16 products and FP32 accumulation. Long
+// contexts are split over the KV length among threads; each split writes a partial o and lse
+// and a combine step merges them (FlashMLA's split-KV). Queries are rounded to BF16 (as
+// FlashMLA takes them) and so are the softmax weights P before P V; everything else is FP32.
+// The reference (mla_decode_ref) is plain FP32 on the queries as given.
+//
+// Levels: Isa::kAvx512Bf16 runs the fast kernel when the cache is BF16, kv_lora_rank is a
+// multiple of 32 and rope_dim is even; every other case (lower ISA levels, an F32 cache, other
+// shapes) runs the reference, parallel over query rows. Shape or index errors are programming
+// errors (CHECK): callers validate configs and block tables at their boundary. Call from one
+// thread at a time per pool; distinct calls share no state (per-thread scratch only).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
+
+namespace moeserve {
+
+inline constexpr int64_t kMlaBlockTokens = 64;  // = kKvBlockSize of the latent cache
+
+// One layer's pool of cache blocks: [num_blocks][kMlaBlockTokens][dim] values of dtype
+// (LatentKvCache::block_data(layer, 0) is the start of layer `layer`'s pool).
+struct MlaCacheView {
+  const void* blocks = nullptr;
+  DType dtype = DType::kBF16;  // kBF16 (served) or kF32 (reference path)
+  int64_t num_blocks = 0;
+  int64_t dim = 0;  // kv_lora_rank + rope_dim
+};
+
+struct MlaSequence {
+  std::span<const int32_t> block_table;  // at least ceil(context_len / 64) block ids
+  int64_t context_len = 0;               // >= n_queries
+  int64_t n_queries = 1;                 // >= 0; 0 contributes no rows
+};
+
+struct MlaShape {
+  int64_t heads = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t rope_dim = 0;
+  float softmax_scale = 0;
+  int64_t dim() const { return kv_lora_rank + rope_dim; }
+};
+
+struct MlaBatch {
+  MlaShape shape;
+  MlaCacheView cache;
+  std::span<const MlaSequence> seqs;
+  const void* q = nullptr;       // [rows, heads, dim] BF16 bits or F32
+  DType q_dtype = DType::kBF16;  // kBF16 or kF32
+  float* o = nullptr;            // [rows, heads, kv_lora_rank]
+  float* lse = nullptr;          // [rows, heads]; may be null when not needed
+};
+
+struct MlaOptions {
+  // Shares the work is cut into (each share may split a sequence's KV range); 0 = the pool's
+  // thread count. Results do not depend on it beyond rounding; tests vary it to force splits.
+  int64_t parts = 0;
+};
+
+// Fills o and lse for every query row of the batch.
+void mla_decode(const MlaBatch& batch, ThreadPool* pool, const MlaOptions& opt = {},
+                Isa isa = active_isa());
+
+// The scalar reference: two-pass softmax in FP32, one query row at a time (rows in parallel
+// when a pool is given).
+void mla_decode_ref(const MlaBatch& batch, ThreadPool* pool = nullptr);
+
+// Total query rows of a batch (sum of n_queries).
+int64_t mla_rows(std::span<const MlaSequence> seqs);
+
+}  // namespace moeserve

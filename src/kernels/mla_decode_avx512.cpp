@@ -1,0 +1,354 @@
+// mla_decode, AVX-512 + BF16 level: one piece (a group of query rows x a range of cache blocks)
+// per call, one 64-token cache block per tile. Per tile (docs/kernels-mla.md):
+//   1. S[t][row] = <Q[row], K[t]>: rows (query x head) in the 16 lanes, Q packed once per piece
+//      as BF16 pairs [dim/2][rows]; each token's pair K[t][2d..2d+1] is broadcast once per
+//      register block (vpbroadcastd), so every cached value is read once for all rows.
+//   2. Online softmax over the tile in FP32 (base 2, the scale folded into the exponent), causal
+//      and past-the-end tokens masked per lane; P rounded to BF16 pairs [t/2][rows].
+//   3. O[row][:] = alpha * O + P V: V (the latent) re-laid as token pairs [t/2][kv_lora_rank][2]
+//      with two unpacks per 32 values, rows broadcast, kv_lora_rank in the lanes.
+// Compiled with -mavx512{f,bw,vl,dq,bf16}; runs only when cpu_isa() says so. Everything here has
+// internal linkage and no standard-library templates (see cpu_features.h).
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cstdint>
+
+#include "kernels/mla_decode_internal.h"
+
+namespace moeserve::mla_detail {
+namespace {
+
+constexpr int64_t kTile = 64;  // tokens per tile = one cache block
+
+inline int64_t imin(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+inline int64_t round_up(int64_t a, int64_t m) {
+  return (a + m - 1) / m * m;
+}
+inline __m512bh as_bh(__m512i v) {
+  return reinterpret_cast<__m512bh&>(v);
+}
+inline __m512bh as_bh(__m512 v) {
+  return reinterpret_cast<__m512bh&>(v);
+}
+
+// 2^x for x <= ~0 (x = -inf gives 0): 2^round(x) * p(frac), p a degree-6 Taylor polynomial of
+// 2^f on [-0.5, 0.5] (relative error < 2e-7).
+inline __m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265069591007f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471805599453f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Per-thread scratch, grown on demand and kept for the thread's lifetime.
+struct Scratch {
+  char* base = nullptr;
+  size_t size = 0;
+  ~Scratch() { free(base); }
+  char* get(size_t bytes) {
+    if (bytes > size) {
+      free(base);
+      size = bytes + (bytes >> 2);
+      size = (size + 63) / 64 * 64;
+      base = static_cast<char*>(aligned_alloc(64, size));
+      if (!base) abort();  // out of memory in a kernel: nothing sensible to return
+    }
+    return base;
+  }
+};
+thread_local Scratch t_scratch;
+
+struct Work {
+  int64_t M, Mz, R, D, Dp;
+  int64_t ldv;     // row stride of vp: R + 16, so its 32 rows do not crowd a few L1 sets
+  uint32_t* qp;    // [Dp][M] BF16 pairs of Q
+  float* s;        // [kTile][M] scores, then base-2 logits
+  uint32_t* pp;    // [kTile / 2][M] BF16 pairs of P (tokens 2i, 2i+1)
+  uint32_t* vp;    // [kTile / 2][ldv] BF16 token pairs of V, 32-value chunks as unpack lays them
+  float* o;        // [M][R] unnormalised output, chunk order as vp
+  float* m;        // [M] running max (base-2 logits)
+  float* l;        // [M] running sum of P
+  float* alpha;    // [M] rescale of O for the current tile
+  int32_t* lim;    // [M] tokens visible to each row (0 for padding rows)
+  uint16_t* qrow;  // [D] one query row converted to BF16
+};
+
+Work carve(int64_t M, int64_t R, int64_t D) {
+  Work w{};
+  w.M = M;
+  w.Mz = M / 16;
+  w.R = R;
+  w.D = D;
+  w.Dp = D / 2;
+  w.ldv = R + 16;
+  auto al = [](size_t b) { return (b + 63) / 64 * 64; };
+  size_t sz[10] = {al(size_t(w.Dp * M) * 4),
+                   al(size_t(kTile * M) * 4),
+                   al(size_t(kTile / 2 * M) * 4),
+                   al(size_t(kTile / 2 * w.ldv) * 4),
+                   al(size_t(M * R) * 4),
+                   al(size_t(M) * 4),
+                   al(size_t(M) * 4),
+                   al(size_t(M) * 4),
+                   al(size_t(M) * 4),
+                   al(size_t(D) * 2 + 64)};
+  size_t total = 0;
+  for (size_t b : sz) total += b;
+  char* p = t_scratch.get(total);
+  w.qp = reinterpret_cast<uint32_t*>(p), p += sz[0];
+  w.s = reinterpret_cast<float*>(p), p += sz[1];
+  w.pp = reinterpret_cast<uint32_t*>(p), p += sz[2];
+  w.vp = reinterpret_cast<uint32_t*>(p), p += sz[3];
+  w.o = reinterpret_cast<float*>(p), p += sz[4];
+  w.m = reinterpret_cast<float*>(p), p += sz[5];
+  w.l = reinterpret_cast<float*>(p), p += sz[6];
+  w.alpha = reinterpret_cast<float*>(p), p += sz[7];
+  w.lim = reinterpret_cast<int32_t*>(p), p += sz[8];
+  w.qrow = reinterpret_cast<uint16_t*>(p);
+  return w;
+}
+
+// One F32 row of n values to BF16 (round to nearest even), n even.
+void f32_row_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+    _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i&>(v));
+  }
+  for (; i < n; i += 16) {
+    __mmask16 k = __mmask16((1u << imin(16, n - i)) - 1);
+    __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, src + i));
+    _mm256_mask_storeu_epi16(dst + i, k, reinterpret_cast<__m256i&>(v));
+  }
+}
+
+// Q rows -> qp [Dp][M] (pairs along dim, rows along the lanes), padding rows zero.
+void pack_q(const Piece& pc, const Ctx& c, int64_t rows, Work& w) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint32_t* src;
+    if (pc.q_bf16) {
+      src = reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(pc.q) + r * c.dim);
+    } else {
+      f32_row_to_bf16(static_cast<const float*>(pc.q) + r * c.dim, c.dim, w.qrow);
+      src = reinterpret_cast<const uint32_t*>(w.qrow);
+    }
+    uint32_t* dst = w.qp + r;
+    for (int64_t dp = 0; dp < w.Dp; ++dp) dst[dp * w.M] = src[dp];
+  }
+  if (rows < w.M) {
+    for (int64_t dp = 0; dp < w.Dp; ++dp) {
+      for (int64_t r = rows; r < w.M; ++r) w.qp[dp * w.M + r] = 0;
+    }
+  }
+}
+
+// S[t][z*16..] for tokens [0, nt16) and row vectors [z0, z0 + MB), TB tokens at a time.
+template <int MB, int TB>
+void qk(const Work& w, const uint16_t* kblk, int64_t nt16, int64_t z0) {
+  const int64_t Dp = w.Dp, M = w.M;
+  const uint32_t* kp = reinterpret_cast<const uint32_t*>(kblk);
+  for (int64_t t = 0; t < nt16; t += TB) {
+    __m512 acc[TB][MB];
+    for (int i = 0; i < TB; ++i)
+      for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
+    const uint32_t* krow = kp + t * Dp;
+    const uint32_t* q = w.qp + z0 * 16;
+    for (int64_t dp = 0; dp < Dp; ++dp) {
+      __m512bh qv[MB];
+      for (int j = 0; j < MB; ++j) qv[j] = as_bh(_mm512_load_si512(q + dp * M + 16 * j));
+      for (int i = 0; i < TB; ++i) {
+        __m512bh kb = as_bh(_mm512_set1_epi32(int(krow[i * Dp + dp])));
+        for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], qv[j], kb);
+      }
+    }
+    for (int i = 0; i < TB; ++i)
+      for (int j = 0; j < MB; ++j) _mm512_store_ps(w.s + (t + i) * M + (z0 + j) * 16, acc[i][j]);
+  }
+}
+
+// Masks, rescales and exponentiates the tile's scores; updates m, l, alpha; writes P pairs.
+// Tokens [nt, 2 * ntp) are past the end of the sequence (their lim mask drops them).
+void softmax_tile(Work& w, int64_t t0, int64_t ntp, float scale_log2) {
+  const __m512 sc = _mm512_set1_ps(scale_log2);
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  const int64_t M = w.M;
+  for (int64_t z = 0; z < w.Mz; ++z) {
+    const __m512i lim = _mm512_load_si512(w.lim + z * 16);
+    __m512 mx = ninf;
+    for (int64_t t = 0; t < 2 * ntp; ++t) {
+      float* sp = w.s + t * M + z * 16;
+      __mmask16 vis = _mm512_cmpgt_epi32_mask(lim, _mm512_set1_epi32(int(t0 + t)));
+      __m512 v = _mm512_mask_mul_ps(ninf, vis, _mm512_load_ps(sp), sc);
+      _mm512_store_ps(sp, v);
+      mx = _mm512_max_ps(mx, v);
+    }
+    const __m512 m_old = _mm512_load_ps(w.m + z * 16);
+    const __m512 m_new = _mm512_max_ps(m_old, mx);
+    // A row that has seen nothing yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+    const __m512 mu = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, ninf, _CMP_EQ_OQ), m_new,
+                                           _mm512_setzero_ps());
+    const __m512 alpha = exp2_ps(_mm512_sub_ps(m_old, mu));
+    _mm512_store_ps(w.m + z * 16, m_new);
+    _mm512_store_ps(w.alpha + z * 16, alpha);
+    __m512 lsum = _mm512_setzero_ps();
+    for (int64_t tp = 0; tp < ntp; ++tp) {
+      __m512 p0 = exp2_ps(_mm512_sub_ps(_mm512_load_ps(w.s + (2 * tp) * M + z * 16), mu));
+      __m512 p1 = exp2_ps(_mm512_sub_ps(_mm512_load_ps(w.s + (2 * tp + 1) * M + z * 16), mu));
+      __m256bh b0 = _mm512_cvtneps_pbh(p0), b1 = _mm512_cvtneps_pbh(p1);
+      __m512i e0 = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i&>(b0));
+      __m512i e1 = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i&>(b1));
+      _mm512_store_si512(w.pp + tp * M + z * 16, _mm512_or_si512(e0, _mm512_slli_epi32(e1, 16)));
+      // l sums the rounded weights, so o is exactly normalised by the weights P V used.
+      lsum = _mm512_add_ps(lsum, _mm512_castsi512_ps(_mm512_slli_epi32(e0, 16)));
+      lsum = _mm512_add_ps(lsum, _mm512_castsi512_ps(_mm512_slli_epi32(e1, 16)));
+    }
+    const __m512 l_old = _mm512_load_ps(w.l + z * 16);
+    _mm512_store_ps(w.l + z * 16, _mm512_fmadd_ps(l_old, alpha, lsum));
+  }
+}
+
+// V token pairs: vp[tp][32c .. 32c+31] = unpacklo/hi of K[2tp][32c..] and K[2tp+1][32c..];
+// rows at or past nt are zero (their slots may hold anything, even NaN bit patterns).
+void build_vp(Work& w, const uint16_t* kblk, int64_t nt, int64_t ntp) {
+  const int64_t R = w.R, D = w.D;
+  for (int64_t tp = 0; tp < ntp; ++tp) {
+    const int64_t t = 2 * tp;
+    const uint16_t* a = kblk + t * D;
+    const uint16_t* b = kblk + (t + 1) * D;
+    const bool a_ok = t < nt, b_ok = t + 1 < nt;
+    uint32_t* dst = w.vp + tp * w.ldv;
+    for (int64_t c = 0; c < R; c += 32) {
+      __m512i va = a_ok ? _mm512_loadu_si512(a + c) : _mm512_setzero_si512();
+      __m512i vb = b_ok ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512();
+      _mm512_store_si512(dst + c, _mm512_unpacklo_epi16(va, vb));
+      _mm512_store_si512(dst + c + 16, _mm512_unpackhi_epi16(va, vb));
+    }
+  }
+}
+
+// O[r0..r0+RB)[c0*16 .. (c0+CB)*16) = alpha * O + sum_tp P[tp][r] V[tp].
+template <int RB, int CB>
+void pv(Work& w, int64_t r0, int64_t c0, int64_t ntp, bool first) {
+  const int64_t R = w.R, M = w.M;
+  __m512 acc[RB][CB];
+  for (int i = 0; i < RB; ++i) {
+    float* orow = w.o + (r0 + i) * R + c0 * 16;
+    if (first) {
+      for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_setzero_ps();
+    } else {
+      __m512 a = _mm512_set1_ps(w.alpha[r0 + i]);
+      for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_mul_ps(_mm512_load_ps(orow + 16 * j), a);
+    }
+  }
+  const uint32_t* v = w.vp + c0 * 16;
+  const uint32_t* p = w.pp + r0;
+  for (int64_t tp = 0; tp < ntp; ++tp) {
+    __m512bh vv[CB];
+    for (int j = 0; j < CB; ++j) vv[j] = as_bh(_mm512_load_si512(v + tp * w.ldv + 16 * j));
+    for (int i = 0; i < RB; ++i) {
+      __m512bh pb = as_bh(_mm512_set1_epi32(int(p[tp * M + i])));
+      for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], vv[j], pb);
+    }
+  }
+  for (int i = 0; i < RB; ++i) {
+    float* orow = w.o + (r0 + i) * R + c0 * 16;
+    for (int j = 0; j < CB; ++j) _mm512_store_ps(orow + 16 * j, acc[i][j]);
+  }
+}
+
+template <int CB>
+void pv_rows(Work& w, int64_t c0, int64_t ntp, bool first) {
+  constexpr int kRB = 6;
+  int64_t r0 = 0;
+  for (; r0 + kRB <= w.M; r0 += kRB) pv<kRB, CB>(w, r0, c0, ntp, first);
+  switch (w.M - r0) {
+    case 5:
+      pv<5, CB>(w, r0, c0, ntp, first);
+      break;
+    case 4:
+      pv<4, CB>(w, r0, c0, ntp, first);
+      break;
+    case 3:
+      pv<3, CB>(w, r0, c0, ntp, first);
+      break;
+    case 2:
+      pv<2, CB>(w, r0, c0, ntp, first);
+      break;
+    case 1:
+      pv<1, CB>(w, r0, c0, ntp, first);
+      break;
+    default:
+      break;
+  }
+}
+
+// Writes o = O / l in natural order and lse for the piece's real rows.
+void finish(const Work& w, const Piece& pc, int64_t rows) {
+  // Inverse of the unpack order: in a 32-value chunk, lo holds values {0-3, 8-11, 16-19, 24-27},
+  // hi holds {4-7, 12-15, 20-23, 28-31} (per 128-bit lane: 4 pairs each).
+  alignas(64) int32_t idx[32];
+  for (int v = 0; v < 32; ++v) idx[v] = ((v % 8) < 4 ? 0 : 16) + 4 * (v / 8) + v % 4;
+  const __m512i i0 = _mm512_load_si512(idx), i1 = _mm512_load_si512(idx + 16);
+  const int64_t R = w.R;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float l = w.l[r];
+    const __m512 inv = _mm512_set1_ps(l > 0 ? 1.0f / l : 0.0f);
+    const float* src = w.o + r * R;
+    float* dst = pc.o + r * R;
+    for (int64_t c = 0; c < R; c += 32) {
+      __m512 lo = _mm512_load_ps(src + c), hi = _mm512_load_ps(src + c + 16);
+      _mm512_storeu_ps(dst + c, _mm512_mul_ps(_mm512_permutex2var_ps(lo, i0, hi), inv));
+      _mm512_storeu_ps(dst + c + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, i1, hi), inv));
+    }
+    if (pc.lse) {
+      pc.lse[r] = l > 0 ? (w.m[r] + log2f(l)) * 0.69314718055994531f : -__builtin_inff();
+    }
+  }
+}
+
+}  // namespace
+
+void piece_avx512bf16(const Ctx& c, const Piece& pc) {
+  const int64_t rows = pc.n_q * c.heads;
+  const int64_t M = round_up(rows, 16);
+  Work w = carve(M, c.kv_lora_rank, c.dim);
+  pack_q(pc, c, rows, w);
+  for (int64_t r = 0; r < M; ++r) {
+    w.lim[r] = r < rows ? int32_t(pc.first_pos + r / c.heads + 1) : 0;
+    w.m[r] = -__builtin_inff();
+    w.l[r] = 0.0f;
+  }
+  const float scale_log2 = c.softmax_scale * 1.4426950408889634f;
+  const int64_t block_elems = kTile * c.dim;
+  for (int64_t b = pc.b0; b < pc.b1; ++b) {
+    const int64_t t0 = b * kTile;
+    const int64_t nt = imin(kTile, pc.context_len - t0);
+    const int64_t nt16 = round_up(nt, 16), ntp = (nt + 1) / 2;
+    const uint16_t* kblk = c.blocks + int64_t(pc.block_table[b]) * block_elems;
+    int64_t z = 0;
+    for (; z + 3 <= w.Mz; z += 3) qk<3, 8>(w, kblk, nt16, z);
+    if (w.Mz - z == 2) qk<2, 8>(w, kblk, nt16, z);
+    if (w.Mz - z == 1) qk<1, 16>(w, kblk, nt16, z);
+    softmax_tile(w, t0, ntp, scale_log2);
+    build_vp(w, kblk, nt, ntp);
+    const bool first = b == pc.b0;
+    int64_t c0 = 0;
+    for (; c0 + 4 <= w.R / 16; c0 += 4) pv_rows<4>(w, c0, ntp, first);
+    if (w.R / 16 - c0 == 2) pv_rows<2>(w, c0, ntp, first);
+  }
+  finish(w, pc, rows);
+}
+
+}  // namespace moeserve::mla_detail

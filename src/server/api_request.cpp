@@ -1,0 +1,414 @@
+#include "server/api_request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/chat_messages_json.h"
+
+namespace moeserve {
+
+using json = nlohmann::json;
+
+namespace {
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an integer";
+  }
+}
+
+ApiError wrong_type(const std::string& param, const char* want, const json& got) {
+  return bad_request(fmt::format("'{}' must be {}, not {}", param, want, type_name(got)), param);
+}
+
+// Reads the top-level fields of one request object. Each getter leaves `out` unchanged when the
+// field is absent or null, and returns the error for a present field of the wrong type or range.
+class Fields {
+ public:
+  explicit Fields(const json& j) : j_(j) {}
+
+  const json* find(const char* key) const {
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  std::optional<ApiError> get_bool(const char* key, bool& out) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) return wrong_type(key, "a boolean", *v);
+    out = v->get<bool>();
+    return std::nullopt;
+  }
+
+  std::optional<ApiError> get_int(const char* key, int64_t lo, int64_t hi,
+                                  std::optional<int64_t>& out) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    return to_int(*v, key, lo, hi, out);
+  }
+
+  static std::optional<ApiError> to_int(const json& v, const std::string& param, int64_t lo,
+                                        int64_t hi, std::optional<int64_t>& out) {
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      if (u > uint64_t(hi) || (lo > 0 && u < uint64_t(lo))) {
+        return out_of_range(param, lo, hi, v.dump());
+      }
+      out = int64_t(u);
+      return std::nullopt;
+    }
+    if (v.is_number_integer()) {
+      int64_t i = v.get<int64_t>();
+      if (i < lo || i > hi) return out_of_range(param, lo, hi, v.dump());
+      out = i;
+      return std::nullopt;
+    }
+    if (v.is_number_float()) {  // 16.0 is an integer; 16.5, 1e400 are not
+      double d = v.get<double>();
+      if (!std::isfinite(d) || d != std::floor(d)) return wrong_type(param, "an integer", v);
+      if (d < double(lo) || d > double(hi)) return out_of_range(param, lo, hi, v.dump());
+      out = int64_t(d);
+      return std::nullopt;
+    }
+    return wrong_type(param, "an integer", v);
+  }
+
+  std::optional<ApiError> get_float(const char* key, double lo, double hi, bool lo_open,
+                                    float& out) const {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) return wrong_type(key, "a number", *v);
+    double d = v->get<double>();
+    if (!std::isfinite(d) || d > hi || d < lo || (lo_open && d == lo)) {
+      return bad_request(fmt::format("'{}' must be in {}{}, {}] (got {})", key, lo_open ? "(" : "[",
+                                     lo, hi, v->dump()),
+                         key);
+    }
+    out = float(d);
+    return std::nullopt;
+  }
+
+  static ApiError out_of_range(const std::string& param, int64_t lo, int64_t hi,
+                               const std::string& got) {
+    if (hi == std::numeric_limits<int64_t>::max()) {
+      return bad_request(fmt::format("'{}' must be >= {} (got {})", param, lo, got), param);
+    }
+    return bad_request(fmt::format("'{}' must be in [{}, {}] (got {})", param, lo, hi, got), param);
+  }
+
+ private:
+  const json& j_;
+};
+
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+
+#define RETURN_IF_API_ERROR(expr)              \
+  do {                                         \
+    std::optional<ApiError> api_error_ = expr; \
+    if (api_error_) return *api_error_;        \
+  } while (0)
+
+// Deepest nesting of arrays and objects in a JSON text (strings skipped). The parser is
+// iterative but dump() and the destructor of deeply nested values recurse, so a body of 100000
+// '[' must be refused before it is parsed.
+int64_t nesting_depth(std::string_view text) {
+  int64_t depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+constexpr int64_t kMaxJsonDepth = 64;
+
+ApiResult<json> parse_object(std::string_view body) {
+  if (nesting_depth(body) > kMaxJsonDepth) {
+    return bad_request(fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
+  }
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad_request("the request body is not valid JSON");
+  if (!j.is_object()) return bad_request("the request body must be a JSON object");
+  return j;
+}
+
+std::optional<ApiError> parse_model(const Fields& f, std::optional<std::string>& out) {
+  const json* v = f.find("model");
+  if (!v) return std::nullopt;
+  if (!v->is_string()) return wrong_type("model", "a string", *v);
+  out = v->get<std::string>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_stop(const Fields& f, const RequestLimits& limits,
+                                   std::vector<std::string>& out) {
+  const json* v = f.find("stop");
+  if (!v) return std::nullopt;
+  if (v->is_string()) {
+    out.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    for (const json& s : *v) {
+      if (!s.is_string()) return wrong_type("stop", "a string or an array of strings", s);
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    return wrong_type("stop", "a string or an array of strings", *v);
+  }
+  if (int64_t(out.size()) > limits.max_stop_strings) {
+    return bad_request(fmt::format("'stop' has {} strings; at most {} are allowed", out.size(),
+                                   limits.max_stop_strings),
+                       "stop");
+  }
+  for (const std::string& s : out) {
+    if (s.empty()) return bad_request("'stop' strings must not be empty", "stop");
+    if (int64_t(s.size()) > limits.max_stop_bytes) {
+      return bad_request(fmt::format("'stop' strings must be at most {} bytes (got {})",
+                                     limits.max_stop_bytes, s.size()),
+                         "stop");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_token_ids(const json& v, const std::string& param, int64_t vocab_size,
+                                        std::vector<int32_t>& out) {
+  if (!v.is_array()) return wrong_type(param, "an array of token ids", v);
+  out.reserve(v.size());
+  for (const json& t : v) {
+    std::optional<int64_t> id;
+    if (auto e = Fields::to_int(t, param, 0, vocab_size - 1, id)) {
+      e->message += fmt::format(" (token ids must be below the vocabulary size {})", vocab_size);
+      return e;
+    }
+    out.push_back(int32_t(*id));
+  }
+  return std::nullopt;
+}
+
+// Fields that would change the output in ways this server does not implement.
+std::optional<ApiError> reject_unsupported(const Fields& f) {
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    const json* v = f.find(key);
+    if (!v) continue;
+    if (!v->is_number()) return wrong_type(key, "a number", *v);
+    if (v->get<double>() != 0.0) {
+      return bad_request(fmt::format("'{}' is not supported (only 0)", key), key);
+    }
+  }
+  if (const json* v = f.find("logit_bias")) {
+    if (!v->is_object()) return wrong_type("logit_bias", "an object", *v);
+    if (!v->empty()) return bad_request("'logit_bias' is not supported", "logit_bias");
+  }
+  if (const json* v = f.find("tools")) {
+    if (!v->is_array()) return wrong_type("tools", "an array", *v);
+    if (!v->empty()) return bad_request("'tools' are not supported by this server", "tools");
+  }
+  if (const json* v = f.find("response_format")) {
+    if (!v->is_object()) return wrong_type("response_format", "an object", *v);
+    auto t = v->find("type");
+    if (t == v->end() || !t->is_string() || t->get<std::string>() != "text") {
+      return bad_request("only 'response_format' {\"type\": \"text\"} is supported",
+                         "response_format");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_generation(const Fields& f, const RequestLimits& limits, bool chat,
+                                         GenerationOptions& g) {
+  RETURN_IF_API_ERROR(reject_unsupported(f));
+  std::optional<int64_t> v;
+  RETURN_IF_API_ERROR(f.get_int("max_tokens", 1, kMaxInt, g.max_tokens));
+  if (chat) RETURN_IF_API_ERROR(f.get_int("max_completion_tokens", 1, kMaxInt, g.max_tokens));
+  RETURN_IF_API_ERROR(f.get_float("temperature", 0.0, 2.0, false, g.temperature));
+  RETURN_IF_API_ERROR(f.get_float("top_p", 0.0, 1.0, true, g.top_p));
+  v.reset();
+  RETURN_IF_API_ERROR(f.get_int("top_k", -1, kMaxInt, v));
+  if (v) g.top_k = *v < 0 ? 0 : *v;  // vLLM: -1 means all
+  // OpenAI's seed is any 64-bit integer; the engine's generator takes its bits.
+  if (const json* s = f.find("seed")) {
+    if (s->is_number_unsigned()) {
+      g.seed = s->get<uint64_t>();
+    } else if (s->is_number_integer()) {
+      g.seed = uint64_t(s->get<int64_t>());
+    } else {
+      v.reset();
+      RETURN_IF_API_ERROR(
+          Fields::to_int(*s, "seed", std::numeric_limits<int64_t>::min(), kMaxInt, v));
+      g.seed = uint64_t(*v);
+    }
+  }
+  RETURN_IF_API_ERROR(parse_stop(f, limits, g.stop));
+  if (const json* ids = f.find("stop_token_ids")) {
+    RETURN_IF_API_ERROR(
+        parse_token_ids(*ids, "stop_token_ids", limits.vocab_size, g.stop_token_ids));
+    if (int64_t(g.stop_token_ids.size()) > limits.max_stop_token_ids) {
+      return bad_request(
+          fmt::format("'stop_token_ids' has at most {} entries", limits.max_stop_token_ids),
+          "stop_token_ids");
+    }
+  }
+  v.reset();
+  RETURN_IF_API_ERROR(f.get_int("n", 1, limits.max_n, v));
+  if (v) g.n = *v;
+  if (const json* b = f.find("best_of")) {
+    v.reset();
+    RETURN_IF_API_ERROR(Fields::to_int(*b, "best_of", 1, limits.max_n, v));
+    if (*v != g.n) return bad_request("'best_of' must equal 'n' (no ranking is done)", "best_of");
+  }
+  if (chat) {
+    RETURN_IF_API_ERROR(f.get_bool("logprobs", g.logprobs));
+    v.reset();
+    RETURN_IF_API_ERROR(f.get_int("top_logprobs", 0, limits.max_top_logprobs, v));
+    if (v) {
+      if (!g.logprobs && *v > 0) {
+        return bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+      }
+      g.top_logprobs = *v;
+    }
+  } else {
+    // The legacy completions API: "logprobs": K asks for the K most likely tokens per position.
+    v.reset();
+    RETURN_IF_API_ERROR(f.get_int("logprobs", 0, limits.max_top_logprobs, v));
+    if (v) {
+      g.logprobs = true;
+      g.top_logprobs = *v;
+    }
+  }
+  RETURN_IF_API_ERROR(f.get_bool("stream", g.stream));
+  if (const json* so = f.find("stream_options")) {
+    if (!so->is_object()) return wrong_type("stream_options", "an object", *so);
+    if (!g.stream) {
+      return bad_request("'stream_options' is only allowed when 'stream' is true",
+                         "stream_options");
+    }
+    if (auto iu = so->find("include_usage"); iu != so->end() && !iu->is_null()) {
+      if (!iu->is_boolean()) {
+        return wrong_type("stream_options.include_usage", "a boolean", *iu);
+      }
+      g.include_usage = iu->get<bool>();
+    }
+  }
+  RETURN_IF_API_ERROR(f.get_bool("ignore_eos", g.ignore_eos));
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_messages(const json& j, std::vector<Message>& out) {
+  auto it = j.find("messages");
+  if (it == j.end() || it->is_null()) return bad_request("'messages' is required", "messages");
+  if (!it->is_array()) return wrong_type("messages", "an array", *it);
+  if (it->empty()) return bad_request("'messages' must not be empty", "messages");
+  Result<std::vector<Message>> parsed = parse_messages_json(it->dump());
+  if (!parsed.ok()) return bad_request(parsed.status().message(), "messages");
+  out = std::move(*parsed);
+  for (size_t i = 0; i < out.size(); ++i) {
+    Message& m = out[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (m.role == "developer") m.role = "system";  // OpenAI's newer name for system prompts
+    if (m.role == "assistant") {
+      if (!m.content && !m.tool_calls) {
+        return bad_request(where + ": an assistant message needs 'content' or 'tool_calls'",
+                           where + ".content");
+      }
+    } else if (m.role == "system" || m.role == "user" || m.role == "tool") {
+      if (!m.content) {
+        return bad_request(fmt::format("{}: a {} message needs 'content'", where, m.role),
+                           where + ".content");
+      }
+      if (m.tool_calls) {
+        return bad_request(where + ": only assistant messages may have 'tool_calls'",
+                           where + ".tool_calls");
+      }
+    } else {
+      return bad_request(fmt::format("{}: unknown role '{}' (expected system, user, assistant "
+                                     "or tool)",
+                                     where, m.role),
+                         where + ".role");
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,
+                                                    const RequestLimits& limits) {
+  ApiResult<json> j = parse_object(body);
+  if (!j.ok()) return j.error();
+  Fields f(*j);
+  ChatCompletionRequest r;
+  RETURN_IF_API_ERROR(parse_model(f, r.model));
+  RETURN_IF_API_ERROR(parse_messages(*j, r.messages));
+  RETURN_IF_API_ERROR(parse_generation(f, limits, /*chat=*/true, r.gen));
+  return r;
+}
+
+ApiResult<CompletionRequest> parse_completion_request(std::string_view body,
+                                                      const RequestLimits& limits) {
+  ApiResult<json> j = parse_object(body);
+  if (!j.ok()) return j.error();
+  Fields f(*j);
+  CompletionRequest r;
+  RETURN_IF_API_ERROR(parse_model(f, r.model));
+  const json* p = f.find("prompt");
+  if (!p) return bad_request("'prompt' is required", "prompt");
+  // A list of one prompt is the same as the prompt; batches are not supported.
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    p = &(*p)[0];
+  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    return bad_request("batched prompts are not supported: send one prompt per request", "prompt");
+  }
+  if (p->is_string()) {
+    r.prompt = p->get<std::string>();
+  } else if (p->is_array()) {
+    if (p->empty()) return bad_request("'prompt' must not be empty", "prompt");
+    std::vector<int32_t> ids;
+    RETURN_IF_API_ERROR(parse_token_ids(*p, "prompt", limits.vocab_size, ids));
+    r.prompt = std::move(ids);
+  } else {
+    return wrong_type("prompt", "a string or an array of token ids", *p);
+  }
+  bool echo = false;
+  RETURN_IF_API_ERROR(f.get_bool("echo", echo));
+  if (echo) return bad_request("'echo' is not supported", "echo");
+  if (const json* s = f.find("suffix")) {
+    if (!s->is_string()) return wrong_type("suffix", "a string", *s);
+    if (!s->get<std::string>().empty()) return bad_request("'suffix' is not supported", "suffix");
+  }
+  r.gen.max_tokens = 16;  // the legacy API's default
+  RETURN_IF_API_ERROR(parse_generation(f, limits, /*chat=*/false, r.gen));
+  return r;
+}
+
+}  // namespace moeserve

@@ -1,0 +1,71 @@
+// The OpenAI API requests the server accepts, one typed struct per kind, and their parsers.
+// Parsing validates everything that can be checked without the tokenizer (JSON syntax, types,
+// ranges, caps), once, at the boundary; the handlers then trust the structs. Checks that need
+// the prompt's token count (prompt + max_tokens beyond the context) are the handlers'.
+//
+// Unknown fields are ignored, as vLLM does. Fields the server cannot honour (tools, logit_bias,
+// non-zero penalties, echo, suffix) are rejected with 400 rather than silently ignored.
+//
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "server/api_error.h"
+#include "tokenizer/chat_template.h"
+
+namespace moeserve {
+
+// Caps on what one request may ask for (server flags); vocab_size and max_context come from
+// the engine.
+struct RequestLimits {
+  int64_t max_n = 8;
+  int64_t max_top_logprobs = 20;
+  int64_t max_stop_strings = 16;
+  int64_t max_stop_bytes = 256;  // per stop string
+  int64_t max_stop_token_ids = 64;
+  int64_t vocab_size = 0;
+  int64_t max_context = 0;
+};
+
+// The generation fields shared by chat and completions.
+struct GenerationOptions {
+  std::optional<int64_t> max_tokens;  // nullopt: up to the context
+  float temperature = 1.0f;           // OpenAI's default
+  float top_p = 1.0f;
+  int64_t top_k = 0;  // vLLM extension; 0: all
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;        // non-empty, valid UTF-8
+  std::vector<int32_t> stop_token_ids;  // vLLM extension, each < vocab_size
+  int64_t n = 1;                        // choices, in [1, max_n]
+  bool logprobs = false;
+  int64_t top_logprobs = 0;  // in [0, max_top_logprobs]; only with logprobs
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // vLLM extension
+};
+
+struct ChatCompletionRequest {
+  std::optional<std::string> model;  // nullopt: the served model
+  std::vector<Message> messages;     // non-empty; roles system/user/assistant/tool
+  GenerationOptions gen;
+};
+
+struct CompletionRequest {
+  std::optional<std::string> model;
+  // Text, or token ids (each < vocab_size, non-empty).
+  std::variant<std::string, std::vector<int32_t>> prompt;
+  GenerationOptions gen;
+};
+
+ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,
+                                                    const RequestLimits& limits);
+ApiResult<CompletionRequest> parse_completion_request(std::string_view body,
+                                                      const RequestLimits& limits);
+
+}  // namespace moeserve

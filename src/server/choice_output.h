@@ -1,0 +1,60 @@
+// ChoiceOutput: turns the token stream of one choice (one engine request) into the text the API
+// returns: incremental detokenization (special tokens skipped), stop strings (matched on the
+// text, across token boundaries; the stop string is not returned) and, for R1-style models,
+// the split between reasoning_content and content.
+//
+// One instance per choice, used by the thread that serves the HTTP request; not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/reasoning_splitter.h"
+#include "server/stop_matcher.h"
+#include "tokenizer/detokenizer.h"
+
+namespace moeserve {
+
+struct ChoiceDelta {
+  std::string reasoning;                     // reasoning_content text
+  std::string content;                       // answer text
+  std::vector<GeneratedToken> tokens;        // the tokens this delta accounts for (logprobs)
+  std::optional<std::string> finish_reason;  // "stop" | "length" | "abort", on the last delta
+};
+
+struct ReasoningMode {
+  bool split = false;                // separate <think>...</think> into reasoning_content
+  bool starts_in_reasoning = false;  // the prompt opened <think>
+};
+
+class ChoiceOutput {
+ public:
+  ChoiceOutput(const Tokenizer& tokenizer, std::vector<std::string> stops, ReasoningMode reasoning);
+
+  // Tokens from one engine callback. When a stop string completes, the delta has
+  // finish_reason "stop", the remaining tokens are dropped, and stopped_by_string() turns true:
+  // the caller then cancels the engine request.
+  ChoiceDelta on_tokens(const std::vector<GeneratedToken>& tokens);
+  // The engine finished the request (kError is the caller's to report). Flushes held-back text.
+  // Nothing happens if the choice already finished on a stop string.
+  ChoiceDelta on_finish(FinishReason reason);
+
+  bool finished() const { return finish_reason_.has_value(); }
+  bool stopped_by_string() const { return stop_.stopped(); }
+  const std::optional<std::string>& finish_reason() const { return finish_reason_; }
+  int64_t completion_tokens() const { return completion_tokens_; }
+
+ private:
+  void emit(std::string_view text, ChoiceDelta& d);
+
+  IncrementalDetokenizer detok_;
+  StopMatcher stop_;
+  std::optional<ReasoningSplitter> reasoning_;
+  std::optional<std::string> finish_reason_;
+  int64_t completion_tokens_ = 0;
+};
+
+}  // namespace moeserve

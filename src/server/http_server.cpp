@@ -1,0 +1,242 @@
+#include "server/http_server.h"
+
+#include <atomic>
+#include <thread>
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include "server/api_error.h"
+#include "server/auth.h"
+
+namespace moeserve {
+
+namespace {
+
+ApiError make_error(int status, std::string message, std::string type,
+                    std::optional<std::string> code = std::nullopt) {
+  ApiError e;
+  e.http_status = status;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.code = std::move(code);
+  return e;
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(e.to_json(), "application/json");
+}
+
+size_t header_bytes(const httplib::Request& req) {
+  size_t n = 0;
+  for (const auto& [k, v] : req.headers) n += k.size() + v.size() + 4;  // ": " and CRLF
+  return n;
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Impl(OpenAiService& service, Engine& engine, ServerMetrics& metrics, HttpServerOptions options)
+      : service(service), engine(engine), metrics(metrics), options(std::move(options)) {}
+
+  OpenAiService& service;
+  Engine& engine;
+  ServerMetrics& metrics;
+  const HttpServerOptions options;
+  httplib::Server svr;
+  std::thread listener;
+  int port = 0;
+  std::atomic<bool> draining{false};
+  bool stopped = false;  // only the controlling thread touches it
+
+  // The checks every route shares; false when `res` already holds the refusal.
+  bool admit(const httplib::Request& req, httplib::Response& res, bool v1) {
+    if (header_bytes(req) > options.max_header_bytes) {
+      send_error(
+          res,
+          make_error(431, fmt::format("request headers exceed {} bytes", options.max_header_bytes),
+                     "invalid_request_error", "header_too_large"));
+      return false;
+    }
+    if (v1 && options.api_key &&
+        !bearer_matches(req.get_header_value("Authorization"), *options.api_key)) {
+      send_error(res, make_error(401, "missing or invalid API key (send Authorization: Bearer KEY)",
+                                 "authentication_error", "invalid_api_key"));
+      return false;
+    }
+    if (v1 && draining.load()) {
+      send_error(res, make_error(503, "the server is shutting down", "service_unavailable",
+                                 "shutting_down"));
+      return false;
+    }
+    return true;
+  }
+
+  void send(httplib::Response& res, Reply reply) {
+    res.status = reply.status;
+    if (!reply.stream) {
+      res.set_content(std::move(reply.body), reply.content_type);
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    std::shared_ptr<ReplyStream> stream = std::move(reply.stream);
+    const std::chrono::milliseconds poll = options.stream_poll;
+    res.set_chunked_content_provider(
+        reply.content_type,
+        [stream, poll](size_t /*offset*/, httplib::DataSink& sink) {
+          std::string out;
+          const bool more = stream->next(out, poll);
+          if (!out.empty() && !sink.write(out.data(), out.size())) {
+            stream->abandon();  // the client went away
+            return false;
+          }
+          if (!more) {
+            sink.done();
+          } else if (out.empty() && !sink.is_writable()) {
+            stream->abandon();
+            return false;
+          }
+          return true;
+        },
+        [stream](bool success) {
+          if (!success) stream->abandon();
+        });
+  }
+
+  void routes() {
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      if (admit(req, res, true)) send(res, service.chat_completions(req.body));
+    });
+    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      if (admit(req, res, true)) send(res, service.completions(req.body));
+    });
+    svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      if (admit(req, res, true)) send(res, service.models());
+    });
+    svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!admit(req, res, true)) return;
+      if (req.matches[1] != service.served_model_name()) {
+        send_error(res, make_error(404,
+                                   fmt::format("The model '{}' does not exist.",
+                                               std::string(req.matches[1])),
+                                   "invalid_request_error", "model_not_found"));
+        return;
+      }
+      send(res, service.models());
+    });
+    svr.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!admit(req, res, false)) return;
+      if (!engine.healthy()) {
+        send_error(res,
+                   make_error(503, "the engine has stopped", "service_unavailable", "engine_dead"));
+      } else if (draining.load()) {
+        send_error(res, make_error(503, "the server is shutting down", "service_unavailable",
+                                   "shutting_down"));
+      } else {
+        res.set_content("{\"status\":\"ok\"}", "application/json");
+      }
+    });
+    svr.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!admit(req, res, false)) return;
+      res.set_content(metrics.render(engine.stats()), "text/plain; version=0.0.4");
+    });
+    // Replies that httplib itself produced (404 for unknown routes, 413, bad request lines) get
+    // an OpenAI-style body too. Replies with a body already are left alone.
+    svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      std::string msg;
+      switch (res.status) {
+        case 404:
+          msg = fmt::format("no route for {} {}", req.method, req.path);
+          break;
+        case 413:
+          msg = "the request body is too large";
+          break;
+        case 414:
+          msg = "the request URI is too long";
+          break;
+        default:
+          msg = fmt::format("HTTP {}", res.status);
+          break;
+      }
+      ApiError e = make_error(res.status, msg,
+                              res.status >= 500 ? "internal_error" : "invalid_request_error");
+      res.set_content(e.to_json(), "application/json");
+    });
+    svr.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          std::string what = "unknown exception";
+          try {
+            if (ep) std::rethrow_exception(ep);
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          send_error(res, make_error(500, "internal error: " + what, "internal_error"));
+        });
+    // API replies by status (scrapes of /metrics and /health are not counted).
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      if (req.path.rfind("/v1/", 0) == 0) metrics.count_reply(res.status);
+    });
+  }
+};
+
+HttpServer::HttpServer(OpenAiService& service, Engine& engine, ServerMetrics& metrics,
+                       HttpServerOptions options)
+    : impl_(std::make_unique<Impl>(service, engine, metrics, std::move(options))) {}
+
+HttpServer::~HttpServer() {
+  shutdown();
+}
+
+Status HttpServer::start() {
+  Impl& m = *impl_;
+  const int threads = std::max(2, m.options.http_threads);
+  m.svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  m.svr.set_payload_max_length(m.options.max_body_bytes);
+  m.svr.set_read_timeout(30, 0);
+  m.svr.set_write_timeout(30, 0);
+  m.routes();
+  if (m.options.port == 0) {
+    m.port = m.svr.bind_to_any_port(m.options.host);
+    if (m.port < 0) m.port = 0;
+  } else if (m.svr.bind_to_port(m.options.host, m.options.port)) {
+    m.port = m.options.port;
+  }
+  if (m.port <= 0) {
+    return Unavailable(fmt::format("cannot listen on {}:{} (address in use or not available)",
+                                   m.options.host, m.options.port));
+  }
+  m.listener = std::thread([&m] { m.svr.listen_after_bind(); });
+  return Status::Ok();
+}
+
+int HttpServer::port() const {
+  return impl_->port;
+}
+
+void HttpServer::shutdown() {
+  Impl& m = *impl_;
+  if (m.stopped || !m.listener.joinable()) return;
+  m.stopped = true;
+  m.draining = true;
+  using Clock = std::chrono::steady_clock;
+  auto wait_idle = [&](Clock::time_point deadline) {
+    while (m.service.in_flight() > 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  wait_idle(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(m.options.shutdown_timeout_s)));
+  if (m.service.in_flight() > 0) {
+    m.service.cancel_all();
+    // Cancelled requests end within an engine step; their streams then send [DONE].
+    wait_idle(Clock::now() + std::chrono::seconds(10));
+  }
+  m.svr.stop();
+  m.listener.join();
+}
+
+}  // namespace moeserve

@@ -1,0 +1,60 @@
+// HttpServer: the HTTP front of an OpenAiService (cpp-httplib, confined to http_server.cpp).
+//
+// Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/<id>] (API key
+// required on every /v1 route when one is set), GET /health (200 while the engine steps, 503
+// when it is dead or the server drains), GET /metrics (Prometheus text). Unknown routes get 404,
+// oversized bodies 413, oversized headers 431, all with OpenAI-style error bodies.
+//
+// Streaming replies are pulled from the service's ReplyStream on the worker thread; when the
+// client goes away (a failed write), the stream is abandoned and its engine requests cancelled.
+//
+// Threading: start() and shutdown() from one controlling thread; requests run on the server's
+// own worker pool. The service, engine and metrics must outlive the HttpServer.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/status.h"
+#include "engine/engine.h"
+#include "server/metrics.h"
+#include "server/openai_service.h"
+
+namespace moeserve {
+
+struct HttpServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                     // 0: any free port (tests)
+  std::optional<std::string> api_key;  // required on /v1 routes when set
+  size_t max_body_bytes = size_t(8) << 20;
+  size_t max_header_bytes = size_t(32) << 10;  // all header names and values together
+  int http_threads = 64;                       // connections served at once (each stream holds one)
+  double shutdown_timeout_s = 30;              // in-flight requests may finish for this long
+  std::chrono::milliseconds stream_poll{50};   // how often an idle stream checks its client
+};
+
+class HttpServer {
+ public:
+  HttpServer(OpenAiService& service, Engine& engine, ServerMetrics& metrics,
+             HttpServerOptions options);
+  ~HttpServer();  // shutdown() if still running
+
+  // Binds and serves on a background thread. Error: the address cannot be bound.
+  Status start();
+  // The bound port (after start()).
+  int port() const;
+
+  // Graceful stop: new requests get 503; requests in flight may finish until shutdown_timeout,
+  // then they are cancelled (their replies end with finish_reason "abort"); then the listener
+  // closes. Idempotent.
+  void shutdown();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeserve

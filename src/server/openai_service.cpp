@@ -1,0 +1,498 @@
+#include "server/openai_service.h"
+
+#include <ctime>
+#include <functional>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "server/choice_output.h"
+#include "server/generation_job.h"
+#include "tokenizer/utf8.h"
+
+namespace moeserve {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Reply error_reply(const ApiError& e) {
+  Reply r;
+  r.status = e.http_status;
+  r.body = e.to_json();
+  return r;
+}
+
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+// What both endpoints hand to generate(): a validated, tokenized request.
+struct OpenAiService::Prepared {
+  bool chat = true;
+  std::vector<int32_t> prompt;
+  GenerationOptions gen;
+  ReasoningMode reasoning;
+};
+
+// The state of one generation request while it is served: the engine job, one ChoiceOutput per
+// choice, usage and latency bookkeeping. Used by one HTTP thread at a time.
+class OpenAiService::Run {
+ public:
+  struct ChoiceState {
+    std::optional<ChoiceOutput> out;
+    std::optional<Clock::time_point> last_token;
+  };
+
+  Run(OpenAiService& svc, Prepared p, std::string id, std::shared_ptr<GenerationJob> job,
+      Clock::time_point t0)
+      : svc(svc),
+        p(std::move(p)),
+        id(std::move(id)),
+        job(std::move(job)),
+        t0(t0),
+        created(std::time(nullptr)) {
+    for (int64_t i = 0; i < this->p.gen.n; ++i) {
+      choices.emplace_back();
+      choices.back().out.emplace(svc.tokenizer_, this->p.gen.stop, this->p.reasoning);
+    }
+  }
+
+  ~Run() {
+    if (!done()) {  // the client went away mid-stream
+      job->cancel_all();
+      for (const ChoiceState& c : choices) {
+        if (!c.out->finished()) svc.metrics_.count_finish("abort");
+      }
+    }
+    --svc.in_flight_;
+  }
+
+  bool done() const {
+    if (error) return true;
+    for (const ChoiceState& c : choices) {
+      if (!c.out->finished()) return false;
+    }
+    return true;
+  }
+
+  // Processes what the engine delivered (waiting up to `wait`), calling sink for each delta.
+  void pump(std::chrono::milliseconds wait, const std::function<void(int, ChoiceDelta&)>& sink) {
+    std::vector<JobEvent> events;
+    job->wait(events, wait);
+    if (events.empty() && !error && !svc.engine_.healthy() && job->live() > 0) {
+      // The engine stopped without finishing these requests: nothing more will come.
+      error = error_from_status(Unavailable("the engine has stopped"));
+      return;
+    }
+    for (JobEvent& ev : events) {
+      if (error) break;
+      ChoiceState& c = choices[size_t(ev.choice)];
+      if (c.out->finished()) continue;
+      const RequestOutput& o = ev.output;
+      if (ev.choice == 0) cached_prompt_tokens = o.cached_prompt_tokens;
+      if (!o.tokens.empty()) observe_tokens(c, int64_t(o.tokens.size()), ev.at);
+      if (o.finished && o.finish_reason == FinishReason::kError) {
+        error = ApiError{500, "generation failed: " + o.error.to_string(), "internal_error",
+                         std::nullopt, std::nullopt};
+        svc.metrics_.count_finish("error");
+        job->cancel_all();
+        break;
+      }
+      ChoiceDelta d = c.out->on_tokens(o.tokens);
+      if (c.out->stopped_by_string()) job->cancel_choice(ev.choice);
+      if (!c.out->finished() && o.finished) {
+        ChoiceDelta tail = c.out->on_finish(o.finish_reason);
+        d.reasoning += tail.reasoning;
+        d.content += tail.content;
+        d.finish_reason = tail.finish_reason;
+      }
+      if (d.finish_reason) {
+        svc.metrics_.observe_e2e(seconds(ev.at - t0));
+        svc.metrics_.count_finish(*d.finish_reason);
+      }
+      sink(ev.choice, d);
+    }
+  }
+
+  int64_t completion_tokens() const {
+    int64_t n = 0;
+    for (const ChoiceState& c : choices) n += c.out->completion_tokens();
+    return n;
+  }
+
+  json usage() const {
+    int64_t prompt = int64_t(p.prompt.size()), completion = completion_tokens();
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens}}}};
+  }
+
+  OpenAiService& svc;
+  const Prepared p;
+  const std::string id;
+  const std::shared_ptr<GenerationJob> job;
+  const Clock::time_point t0;
+  const int64_t created;
+  std::vector<ChoiceState> choices;
+  std::optional<ApiError> error;
+  int64_t cached_prompt_tokens = 0;
+
+ private:
+  void observe_tokens(ChoiceState& c, int64_t n, Clock::time_point at) {
+    if (!c.last_token) {
+      svc.metrics_.observe_ttft(seconds(at - t0));
+    } else {  // tokens delivered together share the gap
+      const double gap = seconds(at - *c.last_token) / double(n);
+      for (int64_t k = 0; k < n; ++k) svc.metrics_.observe_inter_token(gap);
+    }
+    c.last_token = at;
+  }
+};
+
+namespace {
+
+// One token's entry in the chat API's logprobs.content.
+json token_logprob_json(const Tokenizer& tok, int32_t id, float logprob) {
+  std::string_view raw = tok.token_bytes(id).value_or(std::string_view());
+  json bytes = json::array();
+  for (char c : raw) bytes.push_back(int(uint8_t(c)));
+  return {{"token", utf8::lossy(raw)}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+}
+
+json chat_logprobs(const Tokenizer& tok, const std::vector<GeneratedToken>& tokens) {
+  json content = json::array();
+  for (const GeneratedToken& t : tokens) {
+    json e = token_logprob_json(tok, t.id, t.logprob);
+    json top = json::array();
+    for (const TokenLogprob& alt : t.top)
+      top.push_back(token_logprob_json(tok, alt.id, alt.logprob));
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  return {{"content", std::move(content)}};
+}
+
+// The legacy completions API's logprobs object; `offset` is the text offset of the first token.
+json completion_logprobs(const Tokenizer& tok, const std::vector<GeneratedToken>& tokens,
+                         int64_t& offset) {
+  json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const GeneratedToken& t : tokens) {
+    std::string text = utf8::lossy(tok.token_bytes(t.id).value_or(std::string_view()));
+    offsets.push_back(offset);
+    offset += int64_t(text.size());
+    texts.push_back(std::move(text));
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const TokenLogprob& alt : t.top) {
+      top[utf8::lossy(tok.token_bytes(alt.id).value_or(std::string_view()))] = alt.logprob;
+    }
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", std::move(texts)},
+          {"token_logprobs", std::move(lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+}  // namespace
+
+// An SSE reply: chat.completion.chunk or text_completion events, then "data: [DONE]".
+class OpenAiService::Stream final : public ReplyStream {
+ public:
+  explicit Stream(std::shared_ptr<Run> run)
+      : run_(std::move(run)), text_offsets_(run_->choices.size(), 0) {}
+
+  bool next(std::string& out, std::chrono::milliseconds wait) override {
+    if (complete_) return false;
+    const Prepared& p = run_->p;
+    if (!started_) {
+      started_ = true;
+      if (p.chat) {  // OpenAI opens each choice with the assistant role
+        for (size_t i = 0; i < run_->choices.size(); ++i) {
+          json delta = {{"role", "assistant"}, {"content", ""}};
+          if (p.reasoning.split) delta["reasoning_content"] = "";
+          append_event(out, choice_chunk(int(i), std::move(delta), nullptr, nullptr));
+        }
+        return true;
+      }
+    }
+    run_->pump(wait, [&](int i, ChoiceDelta& d) { append_delta(out, i, d); });
+    if (run_->error) {
+      append_data(out, run_->error->to_json());
+    } else if (!run_->done()) {
+      return true;
+    } else if (p.gen.include_usage) {
+      json last = base();
+      last["choices"] = json::array();
+      last["usage"] = run_->usage();
+      append_event(out, last);
+    }
+    out += "data: [DONE]\n\n";
+    complete_ = true;
+    return false;
+  }
+
+  void abandon() override { run_->job->cancel_all(); }
+
+ private:
+  json base() const {
+    return {{"id", run_->id},
+            {"object", run_->p.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", run_->created},
+            {"model", run_->svc.options_.served_model_name}};
+  }
+
+  json choice_chunk(int i, json delta, json logprobs, json finish) const {
+    json c = {
+        {"index", i}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}};
+    if (run_->p.chat) {
+      c["delta"] = std::move(delta);
+    } else {
+      c["text"] = std::move(delta);
+    }
+    json chunk = base();
+    chunk["choices"] = json::array({std::move(c)});
+    if (run_->p.gen.include_usage) chunk["usage"] = nullptr;
+    return chunk;
+  }
+
+  void append_delta(std::string& out, int i, ChoiceDelta& d) {
+    const Prepared& p = run_->p;
+    bool has_logprobs = p.gen.logprobs && !d.tokens.empty();
+    if (d.content.empty() && d.reasoning.empty() && !has_logprobs && !d.finish_reason) return;
+    const Tokenizer& tok = run_->svc.tokenizer_;
+    json logprobs = nullptr;
+    if (has_logprobs) {
+      logprobs = p.chat ? chat_logprobs(tok, d.tokens)
+                        : completion_logprobs(tok, d.tokens, text_offsets_[size_t(i)]);
+    }
+    json delta;
+    if (p.chat) {
+      delta = json::object();
+      if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+      // A logprobs-only chunk still carries "content": "" ; a bare finish chunk has delta {}.
+      if (!d.content.empty() || (d.reasoning.empty() && !d.finish_reason)) {
+        delta["content"] = d.content;
+      }
+    } else {
+      delta = d.content;
+    }
+    json finish = d.finish_reason ? json(*d.finish_reason) : json(nullptr);
+    append_event(out, choice_chunk(i, std::move(delta), std::move(logprobs), std::move(finish)));
+  }
+
+  static void append_data(std::string& out, const std::string& data) {
+    out += "data: ";
+    out += data;
+    out += "\n\n";
+  }
+  static void append_event(std::string& out, const json& j) { append_data(out, dump(j)); }
+
+  std::shared_ptr<Run> run_;
+  std::vector<int64_t> text_offsets_;
+  bool started_ = false;
+  bool complete_ = false;
+};
+
+OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer, ChatTemplate chat_template,
+                             ServiceOptions options, ServerMetrics& metrics)
+    : engine_(engine),
+      tokenizer_(std::move(tokenizer)),
+      template_(std::move(chat_template)),
+      options_(std::move(options)),
+      metrics_(metrics),
+      created_(std::time(nullptr)),
+      id_rng_(std::random_device{}()) {
+  options_.limits.vocab_size = engine_.vocab_size();
+  options_.limits.max_context = engine_.max_context();
+}
+
+OpenAiService::~OpenAiService() = default;
+
+std::string OpenAiService::new_id(std::string_view prefix) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fmt::format("{}-{:016x}", prefix, id_rng_());
+}
+
+void OpenAiService::track(const std::shared_ptr<GenerationJob>& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(jobs_, [](const std::weak_ptr<GenerationJob>& w) { return w.expired(); });
+  jobs_.push_back(job);
+}
+
+void OpenAiService::cancel_all() {
+  std::vector<std::shared_ptr<GenerationJob>> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& w : jobs_) {
+      if (auto j = w.lock()) live.push_back(std::move(j));
+    }
+  }
+  for (const auto& j : live) j->cancel_all();
+}
+
+int64_t OpenAiService::in_flight() const {
+  return in_flight_.load();
+}
+
+namespace {
+std::optional<ApiError> check_model(const std::optional<std::string>& model,
+                                    const std::string& served) {
+  if (!model || *model == served) return std::nullopt;
+  ApiError e;
+  e.http_status = 404;
+  e.message =
+      fmt::format("The model '{}' does not exist; this server serves '{}'.", *model, served);
+  e.param = "model";
+  e.code = "model_not_found";
+  return e;
+}
+}  // namespace
+
+Reply OpenAiService::chat_completions(std::string_view body) {
+  ApiResult<ChatCompletionRequest> req = parse_chat_request(body, options_.limits);
+  if (!req.ok()) return error_reply(req.error());
+  if (auto e = check_model(req->model, options_.served_model_name)) return error_reply(*e);
+  Result<std::string> text = template_.render(req->messages, /*add_generation_prompt=*/true);
+  if (!text.ok()) return error_reply(bad_request(text.status().message(), "messages"));
+  Prepared p;
+  p.chat = true;
+  p.prompt = tokenizer_.encode(*text, /*add_bos=*/false);  // the template writes BOS itself
+  p.gen = std::move(req->gen);
+  p.reasoning.split =
+      options_.split_reasoning && template_.variant() == ChatTemplate::Variant::kDeepSeekR1;
+  p.reasoning.starts_in_reasoning = p.reasoning.split && template_.generation_opens_think();
+  return generate(std::move(p));
+}
+
+Reply OpenAiService::completions(std::string_view body) {
+  ApiResult<CompletionRequest> req = parse_completion_request(body, options_.limits);
+  if (!req.ok()) return error_reply(req.error());
+  if (auto e = check_model(req->model, options_.served_model_name)) return error_reply(*e);
+  Prepared p;
+  p.chat = false;
+  if (const auto* text = std::get_if<std::string>(&req->prompt)) {
+    p.prompt = tokenizer_.encode(*text, tokenizer_.default_add_bos());
+  } else {
+    p.prompt = std::get<std::vector<int32_t>>(req->prompt);
+  }
+  p.gen = std::move(req->gen);
+  return generate(std::move(p));
+}
+
+Reply OpenAiService::generate(Prepared p) {
+  const Clock::time_point t0 = Clock::now();
+  const int64_t n_prompt = int64_t(p.prompt.size());
+  const int64_t context = options_.limits.max_context;
+  if (n_prompt == 0) return error_reply(bad_request("the prompt is empty", "prompt"));
+  const char* prompt_param = p.chat ? "messages" : "prompt";
+  if (n_prompt >= context) {
+    return error_reply(bad_request(
+        fmt::format("the prompt is {} tokens; the model's context is {} tokens", n_prompt, context),
+        prompt_param));
+  }
+  const char* max_param = p.chat ? "max_completion_tokens" : "max_tokens";
+  if (!p.gen.max_tokens) {
+    p.gen.max_tokens = context - n_prompt;
+  } else if (n_prompt + *p.gen.max_tokens > context) {
+    return error_reply(bad_request(
+        fmt::format("the prompt ({} tokens) plus max_tokens ({}) exceeds the model's context of {} "
+                    "tokens",
+                    n_prompt, *p.gen.max_tokens, context),
+        max_param));
+  }
+  EngineRequest er;
+  er.prompt = p.prompt;
+  er.max_tokens = *p.gen.max_tokens;
+  er.sampling.temperature = p.gen.temperature;
+  er.sampling.top_p = p.gen.top_p;
+  er.sampling.top_k = p.gen.top_k;
+  er.seed = p.gen.seed;
+  er.ignore_eos = p.gen.ignore_eos;
+  er.stop_token_ids = p.gen.stop_token_ids;
+  er.top_logprobs = p.gen.logprobs ? p.gen.top_logprobs : 0;
+
+  const std::string id = new_id(p.chat ? "chatcmpl" : "cmpl");
+  auto job = std::make_shared<GenerationJob>(engine_);
+  ++in_flight_;  // from here on Run's destructor gives it back
+  Status s = job->submit(id, er, int(p.gen.n));
+  if (!s.ok()) {
+    --in_flight_;
+    return error_reply(error_from_status(s));
+  }
+  track(job);
+  const bool stream = p.gen.stream;
+  auto run = std::make_shared<Run>(*this, std::move(p), id, std::move(job), t0);
+  if (!stream) return finish_blocking(std::move(run));
+  Reply r;
+  r.content_type = "text/event-stream";
+  r.stream = std::make_shared<Stream>(std::move(run));
+  return r;
+}
+
+Reply OpenAiService::finish_blocking(std::shared_ptr<Run> run) {
+  struct Acc {
+    std::string reasoning, content;
+    std::vector<GeneratedToken> tokens;
+  };
+  std::vector<Acc> acc(run->choices.size());
+  const bool logprobs = run->p.gen.logprobs;
+  while (!run->done()) {
+    run->pump(std::chrono::milliseconds(200), [&](int i, ChoiceDelta& d) {
+      Acc& a = acc[size_t(i)];
+      a.reasoning += d.reasoning;
+      a.content += d.content;
+      if (logprobs) a.tokens.insert(a.tokens.end(), d.tokens.begin(), d.tokens.end());
+    });
+  }
+  if (run->error) return error_reply(*run->error);
+  const Prepared& p = run->p;
+  json choices = json::array();
+  for (size_t i = 0; i < acc.size(); ++i) {
+    json c = {{"index", i}, {"finish_reason", *run->choices[i].out->finish_reason()}};
+    if (p.chat) {
+      json msg = {{"role", "assistant"}, {"content", acc[i].content}};
+      if (p.reasoning.split) msg["reasoning_content"] = acc[i].reasoning;
+      c["message"] = std::move(msg);
+      c["logprobs"] = logprobs ? chat_logprobs(tokenizer_, acc[i].tokens) : json(nullptr);
+    } else {
+      c["text"] = acc[i].content;
+      int64_t offset = 0;
+      c["logprobs"] =
+          logprobs ? completion_logprobs(tokenizer_, acc[i].tokens, offset) : json(nullptr);
+    }
+    choices.push_back(std::move(c));
+  }
+  json body = {{"id", run->id},
+               {"object", p.chat ? "chat.completion" : "text_completion"},
+               {"created", run->created},
+               {"model", options_.served_model_name},
+               {"choices", std::move(choices)},
+               {"usage", run->usage()}};
+  Reply r;
+  r.body = dump(body);
+  return r;
+}
+
+Reply OpenAiService::models() const {
+  json model = {{"id", options_.served_model_name},
+                {"object", "model"},
+                {"created", created_},
+                {"owned_by", "moeserve"},
+                {"max_model_len", options_.limits.max_context}};
+  Reply r;
+  r.body = dump({{"object", "list"}, {"data", json::array({model})}});
+  return r;
+}
+
+}  // namespace moeserve

@@ -1,0 +1,96 @@
+// OpenAiService: the OpenAI-compatible endpoints, independent of the HTTP library. Each method
+// takes the request body and returns a Reply: a complete JSON body, or an SSE stream that the
+// HTTP layer pulls chunk by chunk. It validates (api_request.h), renders the chat template,
+// tokenizes, checks the context, submits one engine request per choice, and turns the engine's
+// tokens into text (choice_output.h), usage, logprobs and metrics.
+//
+// Threading: every method may be called from any HTTP worker thread. A ReplyStream is used by
+// one thread at a time. The Engine, the metrics and the service must outlive every Reply.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/api_request.h"
+#include "server/metrics.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moeserve {
+
+class GenerationJob;
+
+// An SSE body produced as the engine generates.
+class ReplyStream {
+ public:
+  virtual ~ReplyStream() = default;
+  // Appends the next SSE events to `out`, waiting up to `wait` for engine output when there is
+  // nothing to send yet. Returns false once the stream is complete (after "data: [DONE]").
+  virtual bool next(std::string& out, std::chrono::milliseconds wait) = 0;
+  // The client went away: cancels the engine requests.
+  virtual void abandon() = 0;
+};
+
+struct Reply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::shared_ptr<ReplyStream> stream;  // set for an SSE reply (then body is empty)
+};
+
+struct ServiceOptions {
+  std::string served_model_name = "moeserve";
+  RequestLimits limits;         // vocab_size and max_context are taken from the engine
+  bool split_reasoning = true;  // R1 templates: <think>...</think> -> reasoning_content
+};
+
+class OpenAiService {
+ public:
+  OpenAiService(Engine& engine, Tokenizer tokenizer, ChatTemplate chat_template,
+                ServiceOptions options, ServerMetrics& metrics);
+  ~OpenAiService();
+
+  Reply chat_completions(std::string_view body);
+  Reply completions(std::string_view body);
+  Reply models() const;
+
+  // Cancels every engine request in flight (shutdown past its deadline).
+  void cancel_all();
+  // Generation requests being served (a stream counts until it ends or is dropped).
+  int64_t in_flight() const;
+
+  const std::string& served_model_name() const { return options_.served_model_name; }
+
+ private:
+  struct Prepared;
+  class Run;
+  class Stream;
+  friend class Stream;
+
+  Reply generate(Prepared p);
+  Reply finish_blocking(std::shared_ptr<Run> run);
+  std::string new_id(std::string_view prefix);
+  void track(const std::shared_ptr<GenerationJob>& job);
+
+  Engine& engine_;
+  const Tokenizer tokenizer_;
+  const ChatTemplate template_;
+  ServiceOptions options_;
+  ServerMetrics& metrics_;
+  const int64_t created_;  // unix time the service started (the model's "created")
+
+  std::mutex mu_;
+  std::mt19937_64 id_rng_;                          // guarded by mu_
+  std::vector<std::weak_ptr<GenerationJob>> jobs_;  // guarded by mu_
+  std::atomic<int64_t> in_flight_{0};
+};
+
+}  // namespace moeserve

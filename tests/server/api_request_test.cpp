@@ -1,0 +1,207 @@
+// Request parsing and validation: every rejected input gives a 400 with a message and (where a
+// field is at fault) the field's name as `param`; good inputs fill the typed structs.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_request.h"
+
+namespace moeserve {
+namespace {
+
+RequestLimits limits() {
+  RequestLimits l;
+  l.vocab_size = 1000;
+  l.max_context = 512;
+  l.max_n = 4;
+  l.max_top_logprobs = 5;
+  l.max_stop_strings = 3;
+  l.max_stop_bytes = 8;
+  return l;
+}
+
+const std::string kMsgs = R"("messages":[{"role":"user","content":"hi"}])";
+
+struct BadCase {
+  std::string body;
+  std::string param;  // "" when no field is named
+};
+
+TEST(ParseChat, RejectsBadInputWith400AndTheField) {
+  const std::vector<BadCase> cases = {
+      {"", ""},
+      {"{", ""},
+      {"[1,2]", ""},
+      {"\"text\"", ""},
+      {"{\"messages\": [{\"role\":\"user\",\"content\":\"\xff\"}]}", ""},  // invalid UTF-8
+      {std::string(100, '[') + std::string(100, ']'), ""},                 // nesting
+      {"{}", "messages"},
+      {R"({"messages": null})", "messages"},
+      {R"({"messages": "hi"})", "messages"},
+      {R"({"messages": []})", "messages"},
+      {R"({"messages": [1]})", "messages"},
+      {R"({"messages": [{"content":"hi"}]})", "messages"},
+      {R"({"messages": [{"role":"wizard","content":"hi"}]})", "messages[0].role"},
+      {R"({"messages": [{"role":"user"}]})", "messages[0].content"},
+      {R"({"messages": [{"role":"user","content":null}]})", "messages[0].content"},
+      {R"({"messages": [{"role":"user","content":5}]})", "messages"},
+      {R"({"messages": [{"role":"user","content":[{"type":"image_url"}]}]})", "messages"},
+      {R"({"messages": [{"role":"assistant"}]})", "messages[0].content"},
+      {R"({"model": 5, )" + kMsgs + "}", "model"},
+      {"{" + kMsgs + R"(, "max_tokens": 0})", "max_tokens"},
+      {"{" + kMsgs + R"(, "max_tokens": -5})", "max_tokens"},
+      {"{" + kMsgs + R"(, "max_tokens": "10"})", "max_tokens"},
+      {"{" + kMsgs + R"(, "max_tokens": 1.5})", "max_tokens"},
+      {"{" + kMsgs + R"(, "max_tokens": 1e400})", ""},  // the JSON parser refuses it
+      {"{" + kMsgs + R"(, "max_tokens": 99999999999999999999999})", "max_tokens"},
+      {"{" + kMsgs + R"(, "max_completion_tokens": 0})", "max_completion_tokens"},
+      {"{" + kMsgs + R"(, "temperature": -0.1})", "temperature"},
+      {"{" + kMsgs + R"(, "temperature": 2.5})", "temperature"},
+      {"{" + kMsgs + R"(, "temperature": "hot"})", "temperature"},
+      {"{" + kMsgs + R"(, "top_p": 0})", "top_p"},
+      {"{" + kMsgs + R"(, "top_p": 1.01})", "top_p"},
+      {"{" + kMsgs + R"(, "top_k": -2})", "top_k"},
+      {"{" + kMsgs + R"(, "seed": "x"})", "seed"},
+      {"{" + kMsgs + R"(, "seed": 1.5})", "seed"},
+      {"{" + kMsgs + R"(, "n": 0})", "n"},
+      {"{" + kMsgs + R"(, "n": 5})", "n"},
+      {"{" + kMsgs + R"(, "n": true})", "n"},
+      {"{" + kMsgs + R"(, "best_of": 3})", "best_of"},
+      {"{" + kMsgs + R"(, "logprobs": 1})", "logprobs"},
+      {"{" + kMsgs + R"(, "top_logprobs": 2})", "top_logprobs"},
+      {"{" + kMsgs + R"(, "logprobs": true, "top_logprobs": 6})", "top_logprobs"},
+      {"{" + kMsgs + R"(, "logprobs": true, "top_logprobs": -1})", "top_logprobs"},
+      {"{" + kMsgs + R"(, "stop": 5})", "stop"},
+      {"{" + kMsgs + R"(, "stop": [""]})", "stop"},
+      {"{" + kMsgs + R"(, "stop": ["a", 1]})", "stop"},
+      {"{" + kMsgs + R"(, "stop": ["a","b","c","d"]})", "stop"},
+      {"{" + kMsgs + R"(, "stop": "123456789"})", "stop"},
+      {"{" + kMsgs + R"(, "stop_token_ids": [1000]})", "stop_token_ids"},
+      {"{" + kMsgs + R"(, "stop_token_ids": [-1]})", "stop_token_ids"},
+      {"{" + kMsgs + R"(, "stream": "yes"})", "stream"},
+      {"{" + kMsgs + R"(, "stream_options": {"include_usage": true}})", "stream_options"},
+      {"{" + kMsgs + R"(, "stream": true, "stream_options": 1})", "stream_options"},
+      {"{" + kMsgs + R"(, "stream": true, "stream_options": {"include_usage": 1}})",
+       "stream_options.include_usage"},
+      {"{" + kMsgs + R"(, "ignore_eos": 1})", "ignore_eos"},
+      {"{" + kMsgs + R"(, "presence_penalty": 0.5})", "presence_penalty"},
+      {"{" + kMsgs + R"(, "frequency_penalty": "x"})", "frequency_penalty"},
+      {"{" + kMsgs + R"(, "logit_bias": {"5": 10}})", "logit_bias"},
+      {"{" + kMsgs + R"(, "tools": [{"type":"function"}]})", "tools"},
+      {"{" + kMsgs + R"(, "response_format": {"type":"json_object"}})", "response_format"},
+  };
+  for (const BadCase& c : cases) {
+    ApiResult<ChatCompletionRequest> r = parse_chat_request(c.body, limits());
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.error().http_status, 400) << c.body;
+    EXPECT_FALSE(r.error().message.empty()) << c.body;
+    EXPECT_EQ(r.error().param.value_or(""), c.param) << c.body << " -> " << r.error().message;
+    auto j = nlohmann::json::parse(r.error().to_json());  // the body is well-formed JSON
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  }
+}
+
+TEST(ParseChat, FillsTheTypedRequest) {
+  auto r = parse_chat_request(
+      R"({"model":"m","messages":[{"role":"developer","content":"be brief"},
+          {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+          {"role":"assistant","content":null,"tool_calls":[{"type":"function",
+            "function":{"name":"f","arguments":"{}"}}]},
+          {"role":"tool","content":"42","tool_call_id":"c1"}],
+          "max_tokens": 20, "max_completion_tokens": 30, "temperature": 0, "top_p": 0.5,
+          "seed": -1, "stop": "x", "n": 2, "logprobs": true, "top_logprobs": 3,
+          "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
+          "presence_penalty": 0, "tools": [], "unknown_field": {"kept": "ignored"}})",
+      limits());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->model, "m");
+  ASSERT_EQ(r->messages.size(), 4u);
+  EXPECT_EQ(r->messages[0].role, "system");
+  EXPECT_EQ(r->messages[1].content, "ab");
+  EXPECT_FALSE(r->messages[2].content.has_value());
+  EXPECT_EQ(r->gen.max_tokens, 30);  // max_completion_tokens wins
+  EXPECT_EQ(r->gen.temperature, 0.0f);
+  EXPECT_EQ(r->gen.top_p, 0.5f);
+  EXPECT_EQ(r->gen.seed, ~uint64_t(0));
+  EXPECT_EQ(r->gen.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(r->gen.n, 2);
+  EXPECT_TRUE(r->gen.logprobs);
+  EXPECT_EQ(r->gen.top_logprobs, 3);
+  EXPECT_TRUE(r->gen.stream);
+  EXPECT_TRUE(r->gen.include_usage);
+  EXPECT_TRUE(r->gen.ignore_eos);
+}
+
+TEST(ParseChat, DefaultsAreOpenAIs) {
+  auto r = parse_chat_request("{" + kMsgs + "}", limits());
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->model.has_value());
+  EXPECT_FALSE(r->gen.max_tokens.has_value());
+  EXPECT_EQ(r->gen.temperature, 1.0f);
+  EXPECT_EQ(r->gen.n, 1);
+  EXPECT_FALSE(r->gen.stream);
+  EXPECT_FALSE(r->gen.seed.has_value());
+}
+
+TEST(ParseCompletion, PromptForms) {
+  auto text = parse_completion_request(R"({"prompt":"hello"})", limits());
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(std::get<std::string>(text->prompt), "hello");
+  EXPECT_EQ(text->gen.max_tokens, 16);  // the legacy default
+  auto ids =
+      parse_completion_request(R"({"prompt":[1,2,3],"logprobs":2,"max_tokens":5})", limits());
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(std::get<std::vector<int32_t>>(ids->prompt), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(ids->gen.logprobs);
+  EXPECT_EQ(ids->gen.top_logprobs, 2);
+  EXPECT_EQ(ids->gen.max_tokens, 5);
+  auto one_text = parse_completion_request(R"({"prompt":["hi"]})", limits());
+  ASSERT_TRUE(one_text.ok());
+  EXPECT_EQ(std::get<std::string>(one_text->prompt), "hi");
+  auto one_ids = parse_completion_request(R"({"prompt":[[7,8]]})", limits());
+  ASSERT_TRUE(one_ids.ok());
+  EXPECT_EQ(std::get<std::vector<int32_t>>(one_ids->prompt), (std::vector<int32_t>{7, 8}));
+}
+
+TEST(ParseCompletion, RejectsBadInput) {
+  const std::vector<BadCase> cases = {
+      {"{}", "prompt"},
+      {R"({"prompt": 5})", "prompt"},
+      {R"({"prompt": []})", "prompt"},
+      {R"({"prompt": [1000]})", "prompt"},
+      {R"({"prompt": [-1]})", "prompt"},
+      {R"({"prompt": [1, "a"]})", "prompt"},
+      {R"({"prompt": [1.5]})", "prompt"},
+      {R"({"prompt": ["a", "b"]})", "prompt"},
+      {R"({"prompt": [[1], [2]]})", "prompt"},
+      {R"({"prompt": [[]]})", "prompt"},
+      {R"({"prompt": "x", "echo": true})", "echo"},
+      {R"({"prompt": "x", "suffix": "y"})", "suffix"},
+      {R"({"prompt": "x", "logprobs": 6})", "logprobs"},
+      {R"({"prompt": "x", "logprobs": true})", "logprobs"},
+      {R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
+  };
+  for (const BadCase& c : cases) {
+    auto r = parse_completion_request(c.body, limits());
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.error().http_status, 400) << c.body;
+    EXPECT_EQ(r.error().param.value_or(""), c.param) << c.body << " -> " << r.error().message;
+  }
+}
+
+TEST(ApiError, StatusMapping) {
+  EXPECT_EQ(error_from_status(InvalidArgument("x")).http_status, 400);
+  EXPECT_EQ(error_from_status(ResourceExhausted("x")).http_status, 429);
+  EXPECT_EQ(error_from_status(Unavailable("x")).http_status, 503);
+  EXPECT_EQ(error_from_status(Internal("x")).http_status, 500);
+  auto j = nlohmann::json::parse(bad_request("m", "p").to_json());
+  EXPECT_EQ(j["error"]["message"], "m");
+  EXPECT_EQ(j["error"]["param"], "p");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+}
+
+}  // namespace
+}  // namespace moeserve
