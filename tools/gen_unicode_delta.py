@@ -53,6 +53,7 @@ def main():
 
 namespace moeserve {{
 
+// clang-format off
 std::string_view unicode_delta_members(char major) {{
   switch (major) {{
 {chr(10).join(lines)}
@@ -60,6 +61,7 @@ std::string_view unicode_delta_members(char major) {{
       return "";
   }}
 }}
+// clang-format on
 
 }}  // namespace moeserve
 """

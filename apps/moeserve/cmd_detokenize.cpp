@@ -29,7 +29,8 @@ int run_detokenize(const DetokenizeArgs& args) {
     fmt::print(stderr, "moeserve detokenize: {}\n", tok.status().message());
     return 1;
   }
-  const std::string in((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  const std::string in((std::istreambuf_iterator<char>(std::cin)),
+                       std::istreambuf_iterator<char>());
   auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_array()) {
     fmt::print(stderr, "moeserve detokenize: stdin: expected a JSON array of token ids\n");
@@ -55,8 +56,10 @@ int run_detokenize(const DetokenizeArgs& args) {
 
 Subcommand add_detokenize_command(CLI::App& parent) {
   auto args = std::make_shared<DetokenizeArgs>();
-  auto* app = parent.add_subcommand("detokenize", "Token ids (JSON array) on stdin -> text on stdout");
-  app->add_option("--tokenizer", args->dir, "directory with tokenizer.json (and tokenizer_config.json)")
+  auto* app =
+      parent.add_subcommand("detokenize", "Token ids (JSON array) on stdin -> text on stdout");
+  app->add_option("--tokenizer", args->dir,
+                  "directory with tokenizer.json (and tokenizer_config.json)")
       ->required();
   app->add_flag("--skip-special", args->skip_special, "leave out special tokens (BOS, EOS, ...)");
   return {app, [args] { return run_detokenize(*args); }};

@@ -49,7 +49,8 @@ int run_render_chat(const RenderChatArgs& args) {
   }
   auto text = tmpl->render(*messages, args.add_generation_prompt);
   if (!text.ok()) {
-    fmt::print(stderr, "moeserve render-chat: {}: {}\n", args.messages_path, text.status().message());
+    fmt::print(stderr, "moeserve render-chat: {}: {}\n", args.messages_path,
+               text.status().message());
     return 1;
   }
   std::fwrite(text->data(), 1, text->size(), stdout);
@@ -60,8 +61,10 @@ int run_render_chat(const RenderChatArgs& args) {
 
 Subcommand add_render_chat_command(CLI::App& parent) {
   auto args = std::make_shared<RenderChatArgs>();
-  auto* app = parent.add_subcommand("render-chat", "Render chat messages with the model's chat template");
-  app->add_option("--tokenizer", args->dir, "directory with tokenizer.json and tokenizer_config.json")
+  auto* app =
+      parent.add_subcommand("render-chat", "Render chat messages with the model's chat template");
+  app->add_option("--tokenizer", args->dir,
+                  "directory with tokenizer.json and tokenizer_config.json")
       ->required();
   app->add_option("--messages", args->messages_path,
                   "JSON file: an array of messages (or {\"messages\": [...]}), OpenAI chat format")

@@ -40,7 +40,8 @@ int run_tokenize(const TokenizeArgs& args) {
     return 1;
   }
   if (!args.jsonl) {
-    const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    const std::string text((std::istreambuf_iterator<char>(std::cin)),
+                           std::istreambuf_iterator<char>());
     if (auto bad = utf8::first_invalid(text)) {
       fmt::print(stderr, "moeserve tokenize: stdin is not valid UTF-8 (byte {})\n", *bad);
       return 1;
@@ -73,7 +74,8 @@ int run_tokenize(const TokenizeArgs& args) {
 Subcommand add_tokenize_command(CLI::App& parent) {
   auto args = std::make_shared<TokenizeArgs>();
   auto* app = parent.add_subcommand("tokenize", "Text on stdin -> token ids (JSON) on stdout");
-  app->add_option("--tokenizer", args->dir, "directory with tokenizer.json (and tokenizer_config.json)")
+  app->add_option("--tokenizer", args->dir,
+                  "directory with tokenizer.json (and tokenizer_config.json)")
       ->required();
   app->add_flag("--bos", args->bos, "put the BOS token first");
   app->add_flag("--jsonl", args->jsonl, "one JSON string per input line -> one id array per line");

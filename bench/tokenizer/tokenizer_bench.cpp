@@ -45,23 +45,28 @@ void report(const std::string& name, size_t bytes, int reps, F fn) {
     r = fn();
     best = std::min(best, seconds_since(t0));
   }
-  std::printf("{\"input\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, \"mb_per_s\": %.3f, "
-              "\"ids\": %zu, \"hash\": \"%016llx\"}\n",
-              name.c_str(), bytes, best, bytes / best / 1e6, r.first,
-              static_cast<unsigned long long>(r.second));
+  std::printf(
+      "{\"input\": \"%s\", \"bytes\": %zu, \"seconds\": %.6f, \"mb_per_s\": %.3f, "
+      "\"ids\": %zu, \"hash\": \"%016llx\"}\n",
+      name.c_str(), bytes, best, bytes / best / 1e6, r.first,
+      static_cast<unsigned long long>(r.second));
   std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = "assets/tokenizer/deepseek-v3", corpus_path = "tests/data/tokenizer/corpus.jsonl";
+  std::string dir = "assets/tokenizer/deepseek-v3",
+              corpus_path = "tests/data/tokenizer/corpus.jsonl";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--tokenizer" && i + 1 < argc) dir = argv[++i];
-    else if (a == "--corpus" && i + 1 < argc) corpus_path = argv[++i];
-    else if (a == "--quick") quick = true;
+    if (a == "--tokenizer" && i + 1 < argc)
+      dir = argv[++i];
+    else if (a == "--corpus" && i + 1 < argc)
+      corpus_path = argv[++i];
+    else if (a == "--quick")
+      quick = true;
     else {
       std::fprintf(stderr, "usage: tokenizer-bench [--tokenizer DIR] [--corpus FILE] [--quick]\n");
       return 2;

@@ -8,8 +8,9 @@ AddedTokenMatcher::AddedTokenMatcher() : nodes_(1) {}
 
 int32_t AddedTokenMatcher::child(int32_t node, uint8_t b) const {
   const auto& kids = nodes_[node].kids;
-  auto it = std::lower_bound(kids.begin(), kids.end(), b,
-                             [](const std::pair<uint8_t, int32_t>& k, uint8_t v) { return k.first < v; });
+  auto it =
+      std::lower_bound(kids.begin(), kids.end(), b,
+                       [](const std::pair<uint8_t, int32_t>& k, uint8_t v) { return k.first < v; });
   return (it != kids.end() && it->first == b) ? it->second : -1;
 }
 

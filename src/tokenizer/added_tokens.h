@@ -28,7 +28,7 @@ class AddedTokenMatcher {
 
  private:
   struct Node {
-    int32_t id = -1;                               // token ending here, if any
+    int32_t id = -1;                                // token ending here, if any
     std::vector<std::pair<uint8_t, int32_t>> kids;  // byte -> node, sorted by byte
   };
   int32_t child(int32_t node, uint8_t b) const;

@@ -104,6 +104,8 @@ struct BpeModel::Impl {
   std::array<int32_t, 256> byte_id{};  // -1: the byte has no token and is dropped (as HF does)
   MergeTable merges;
   bool ignore_merges = false;
+  size_t num_ranks = 0;
+  bool ranks_monotone = false;
   std::unordered_map<std::string, int32_t> words;  // only filled when ignore_merges
   mutable WordCache cache;  // the only mutable state; internally synchronised
 
@@ -134,6 +136,23 @@ Result<BpeModel> BpeModel::build(const std::vector<std::optional<int32_t>>& byte
   im.merges.init(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
     im.merges.insert(merges[r].left, merges[r].right, static_cast<uint32_t>(r), merges[r].result);
+  }
+  im.num_ranks = merges.size();
+  // created[id]: rank of the merge that produces token id (-1 for tokens no merge produces).
+  std::unordered_map<int32_t, int64_t> created;
+  for (size_t r = 0; r < merges.size(); ++r)
+    created.emplace(merges[r].result, static_cast<int64_t>(r));
+  im.ranks_monotone = true;
+  for (size_t r = 0; r < merges.size() && im.ranks_monotone; ++r) {
+    for (int32_t side : {merges[r].left, merges[r].right}) {
+      auto it = created.find(side);
+      if (it != created.end() && it->second >= static_cast<int64_t>(r)) im.ranks_monotone = false;
+    }
+  }
+  // A pair listed twice keeps its last rank, which may break the order the bucket path needs.
+  for (size_t r = 0; r < merges.size() && im.ranks_monotone; ++r) {
+    const MergeTable::Entry* e = im.merges.find(merges[r].left, merges[r].right);
+    if (e->rank != r) im.ranks_monotone = false;
   }
   im.ignore_merges = ignore_merges;
   if (ignore_merges) {
@@ -175,8 +194,10 @@ void BpeModel::encode_word_simple(std::string_view word, std::vector<int32_t>& o
     --n;
     rank[n - 1] = kNoRank;
     if (best > 0) update(best - 1);
-    if (best + 1 < n) update(best);
-    else rank[best] = kNoRank;
+    if (best + 1 < n)
+      update(best);
+    else
+      rank[best] = kNoRank;
   }
   out.insert(out.end(), ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
 }
@@ -232,6 +253,71 @@ void BpeModel::encode_word_heap(std::string_view word, std::vector<int32_t>& out
   for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(ids[i]);
 }
 
+bool BpeModel::ranks_monotone() const {
+  return impl_->ranks_monotone;
+}
+
+void BpeModel::encode_word_buckets(std::string_view word, std::vector<int32_t>& out) const {
+  const Impl& im = *impl_;
+  CHECK(im.ranks_monotone, "encode_word_buckets needs monotone merge ranks");
+  std::vector<int32_t> init;
+  im.initial(word, init);
+  const size_t n = init.size();
+  if (n == 0) return;
+  // One record per symbol slot (id and links side by side: one cache line per visit on words
+  // far larger than the cache); id -1 marks a slot merged away.
+  struct Sym {
+    int32_t id, prev, next;
+  };
+  std::vector<Sym> sym(n);
+  for (size_t i = 0; i < n; ++i) {
+    sym[i] = {init[i], static_cast<int32_t>(i) - 1, i + 1 < n ? static_cast<int32_t>(i + 1) : -1};
+  }
+  // Candidates as singly linked lists per rank: head[rank] -> entry -> entry ...
+  std::vector<int32_t> head(im.num_ranks, -1);
+  struct Entry {
+    int32_t pos, result, next;
+  };
+  std::vector<Entry> entries;
+  entries.reserve(2 * n);
+  size_t lowest = im.num_ranks;  // no candidate below this rank (monotone: never goes back)
+  auto push = [&](int32_t pos) {
+    const int32_t nx = sym[pos].next;
+    if (nx < 0) return;
+    if (const MergeTable::Entry* e = im.merges.find(sym[pos].id, sym[nx].id)) {
+      entries.push_back({pos, e->result, head[e->rank]});
+      head[e->rank] = static_cast<int32_t>(entries.size() - 1);
+      lowest = std::min<size_t>(lowest, e->rank);
+    }
+  };
+  for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
+  std::vector<std::pair<int32_t, int32_t>> bucket;  // (pos, result) of one rank
+  for (size_t r = lowest; r < im.num_ranks; ++r) {
+    if (head[r] < 0) continue;
+    bucket.clear();
+    for (int32_t k = head[r]; k >= 0; k = entries[k].next) {
+      bucket.emplace_back(entries[k].pos, entries[k].result);
+    }
+    std::sort(bucket.begin(), bucket.end());  // leftmost first, as the heap's (rank, pos) order
+    for (const auto& [pos, result] : bucket) {
+      // Same validity test as the heap: the pair at pos still merges into `result`.
+      Sym& s = sym[pos];
+      if (s.id < 0 || s.next < 0) continue;
+      Sym& right = sym[s.next];
+      const MergeTable::Entry* e = im.merges.find(s.id, right.id);
+      if (e == nullptr || e->result != result) continue;
+      s.id = result;
+      right.id = -1;
+      s.next = right.next;
+      if (s.next >= 0) sym[s.next].prev = pos;
+      // New pairs have ranks above r (monotone ranks), so they land in later buckets.
+      if (s.prev >= 0) push(s.prev);
+      push(pos);
+    }
+  }
+  for (int32_t i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
+}
+
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   const Impl& im = *impl_;
   if (im.ignore_merges) {
@@ -243,6 +329,10 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   if (word.size() == 1) {
     const int32_t id = im.byte_id[static_cast<uint8_t>(word[0])];
     if (id >= 0) out.push_back(id);
+    return;
+  }
+  if (word.size() >= kBucketMinBytes && im.ranks_monotone) {
+    encode_word_buckets(word, out);
     return;
   }
   if (word.size() > kSimpleMaxBytes) {

@@ -4,8 +4,12 @@
 // encode_word() turns one pre-tokenized word into token ids exactly as Hugging Face's BPE does:
 // start from one symbol per byte, then repeatedly merge the adjacent pair with the lowest merge
 // rank, leftmost first. Two implementations that must agree (tested): a simple one for short
-// words (quadratic, but on a handful of symbols), and a heap + linked-list one for long words
-// (O(n log n): a 1 MB word costs about as much per byte as a short one).
+// words (quadratic, but on a handful of symbols), a heap + linked-list one for long words
+// (O(n log n), HF's algorithm), and for very long words a rank-bucket one (O(n + merges count)):
+// when every merge's rank is above the ranks of the merges that made its two tokens (true of any
+// merges list in training order; checked at build()), a merge only creates pairs of higher rank,
+// so visiting ranks in increasing order, positions in increasing order within a rank, performs
+// exactly the merges the heap would, without its cache-unfriendly log n per operation.
 //
 // Immutable after build(); encode_word() is const and thread-safe. It keeps a cache of recent
 // short words, sharded and guarded by mutexes (see WordCache in bpe.cpp).
@@ -43,9 +47,15 @@ class BpeModel {
   // The two implementations, exposed for tests and benches (no cache).
   void encode_word_simple(std::string_view word, std::vector<int32_t>& out) const;
   void encode_word_heap(std::string_view word, std::vector<int32_t>& out) const;
+  // Precondition: ranks_monotone().
+  void encode_word_buckets(std::string_view word, std::vector<int32_t>& out) const;
+  bool ranks_monotone() const;
 
   // Words with at most this many bytes take the simple path.
   static constexpr size_t kSimpleMaxBytes = 48;
+  // Words with at least this many bytes take the bucket path (when ranks_monotone()); its fixed
+  // cost is a pass over all ranks.
+  static constexpr size_t kBucketMinBytes = 2048;
 
   BpeModel();
   ~BpeModel();

@@ -30,7 +30,9 @@ const Tables& tables() {
 
 }  // namespace
 
-uint32_t byte_to_codepoint(uint8_t b) { return tables().to_cp[b]; }
+uint32_t byte_to_codepoint(uint8_t b) {
+  return tables().to_cp[b];
+}
 
 std::optional<std::string> to_bytes(std::string_view text) {
   const Tables& t = tables();

@@ -13,7 +13,8 @@ Result<Message> parse_message(const json& j, size_t i) {
   if (!j.is_object()) return InvalidArgument(where + ": not an object");
   Message m;
   auto role = j.find("role");
-  if (role == j.end() || !role->is_string()) return InvalidArgument(where + ": missing string 'role'");
+  if (role == j.end() || !role->is_string())
+    return InvalidArgument(where + ": missing string 'role'");
   m.role = role->get<std::string>();
   if (auto c = j.find("content"); c != j.end() && !c->is_null()) {
     if (c->is_string()) {
@@ -45,7 +46,8 @@ Result<Message> parse_message(const json& j, size_t i) {
         call.type = t->get<std::string>();
       }
       auto f = c.find("function");
-      if (f == c.end() || !f->is_object()) return InvalidArgument(cw + ": missing object 'function'");
+      if (f == c.end() || !f->is_object())
+        return InvalidArgument(cw + ": missing object 'function'");
       auto name = f->find("name");
       if (name == f->end() || !name->is_string()) {
         return InvalidArgument(cw + ".function: missing string 'name'");

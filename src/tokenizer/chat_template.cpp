@@ -27,7 +27,9 @@ std::string squeeze(const std::string& t) {
   return out;
 }
 
-bool has(const std::string& s, const char* needle) { return s.find(needle) != std::string::npos; }
+bool has(const std::string& s, const char* needle) {
+  return s.find(needle) != std::string::npos;
+}
 
 const char* const kUser = "<｜User｜>";
 const char* const kAssistant = "<｜Assistant｜>";
@@ -91,8 +93,10 @@ Result<std::string> ChatTemplate::render(std::span<const Message> messages,
     if (m.role != "system") continue;
     RETURN_IF_ERROR(need(m, i));
     if (!join_system_ || first_system) {
-      if (join_system_) system += *m.content;
-      else system = *m.content;
+      if (join_system_)
+        system += *m.content;
+      else
+        system = *m.content;
       first_system = false;
     } else {
       system += "\n\n" + *m.content;
@@ -141,7 +145,8 @@ Result<std::string> ChatTemplate::render(std::span<const Message> messages,
       RETURN_IF_ERROR(need(m, i));
       is_tool = true;
       if (is_output_first) {
-        out += "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>" + *m.content + "<｜tool▁output▁end｜>";
+        out += "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>" + *m.content +
+               "<｜tool▁output▁end｜>";
         is_output_first = false;
       } else {
         out += "\n<｜tool▁output▁begin｜>" + *m.content + "<｜tool▁output▁end｜>";

@@ -58,9 +58,9 @@ class ChatTemplate {
  private:
   Variant variant_ = Variant::kDeepSeekV3;
   std::string bos_;
-  bool join_system_ = true;   // V3: all system prompts joined; R1: the last one wins
-  bool strip_think_ = false;  // R1: drop reasoning of earlier assistant turns
-  bool think_prompt_ = false; // R1 (later revisions): generation prompt adds "<think>\n"
+  bool join_system_ = true;    // V3: all system prompts joined; R1: the last one wins
+  bool strip_think_ = false;   // R1: drop reasoning of earlier assistant turns
+  bool think_prompt_ = false;  // R1 (later revisions): generation prompt adds "<think>\n"
 };
 
 }  // namespace moeserve

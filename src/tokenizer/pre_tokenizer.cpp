@@ -19,9 +19,11 @@ void PreTokenizer::split(std::string_view text, Scratch& scratch, std::vector<Sp
   cur->clear();
   cur->push_back({0, text.size()});
   for (size_t i = 0; i < steps_.size(); ++i) {
-    std::vector<Span>* next = (i + 1 == steps_.size()) ? &words : (cur == &scratch.a_ ? &scratch.b_ : &scratch.a_);
+    std::vector<Span>* next =
+        (i + 1 == steps_.size()) ? &words : (cur == &scratch.a_ ? &scratch.b_ : &scratch.a_);
     next->clear();
-    for (const Span& piece : *cur) apply(steps_[i], *scratch.md_[i], text, piece, scratch.matches_, *next);
+    for (const Span& piece : *cur)
+      apply(steps_[i], *scratch.md_[i], text, piece, scratch.matches_, *next);
     cur = next;
   }
 }
@@ -44,16 +46,28 @@ void PreTokenizer::apply(const Step& step, Regex::MatchData& md, std::string_vie
       continue;
     }
     if (b > prev) {
-      if (simple) out.push_back({piece.begin + prev, piece.begin + b});
-      else { marks.push_back({prev, b}); is_match.push_back(false); }
+      if (simple)
+        out.push_back({piece.begin + prev, piece.begin + b});
+      else {
+        marks.push_back({prev, b});
+        is_match.push_back(false);
+      }
     }
-    if (simple) out.push_back({piece.begin + b, piece.begin + e});
-    else { marks.push_back({b, e}); is_match.push_back(true); }
+    if (simple)
+      out.push_back({piece.begin + b, piece.begin + e});
+    else {
+      marks.push_back({b, e});
+      is_match.push_back(true);
+    }
     prev = pos = e;
   }
   if (prev < sub.size()) {
-    if (simple) out.push_back({piece.begin + prev, piece.begin + sub.size()});
-    else { marks.push_back({prev, sub.size()}); is_match.push_back(false); }
+    if (simple)
+      out.push_back({piece.begin + prev, piece.begin + sub.size()});
+    else {
+      marks.push_back({prev, sub.size()});
+      is_match.push_back(false);
+    }
   }
   if (simple) return;
 
@@ -62,7 +76,8 @@ void PreTokenizer::apply(const Step& step, Regex::MatchData& md, std::string_vie
   auto push = [&](Span s) { out.push_back({piece.begin + s.begin, piece.begin + s.end}); };
   switch (step.behavior) {
     case SplitBehavior::kRemoved:
-      for (size_t i = 0; i < marks.size(); ++i) if (!is_match[i]) push(marks[i]);
+      for (size_t i = 0; i < marks.size(); ++i)
+        if (!is_match[i]) push(marks[i]);
       break;
     case SplitBehavior::kIsolated:
       for (const Span& s : marks) push(s);
@@ -70,8 +85,10 @@ void PreTokenizer::apply(const Step& step, Regex::MatchData& md, std::string_vie
     case SplitBehavior::kMergedWithPrevious: {
       bool prev_match = false;
       for (size_t i = 0; i < marks.size(); ++i) {
-        if (is_match[i] && !prev_match && out.size() > first_out) out.back().end = piece.begin + marks[i].end;
-        else push(marks[i]);
+        if (is_match[i] && !prev_match && out.size() > first_out)
+          out.back().end = piece.begin + marks[i].end;
+        else
+          push(marks[i]);
         prev_match = is_match[i];
       }
       break;
@@ -81,8 +98,10 @@ void PreTokenizer::apply(const Step& step, Regex::MatchData& md, std::string_vie
       std::vector<Span> rev;
       bool prev_match = false;
       for (size_t k = marks.size(); k-- > 0;) {
-        if (is_match[k] && !prev_match && !rev.empty()) rev.back().begin = marks[k].begin;
-        else rev.push_back(marks[k]);
+        if (is_match[k] && !prev_match && !rev.empty())
+          rev.back().begin = marks[k].begin;
+        else
+          rev.push_back(marks[k]);
         prev_match = is_match[k];
       }
       for (size_t k = rev.size(); k-- > 0;) push(rev[k]);
@@ -91,8 +110,10 @@ void PreTokenizer::apply(const Step& step, Regex::MatchData& md, std::string_vie
     case SplitBehavior::kContiguous: {
       bool prev_match = false;
       for (size_t i = 0; i < marks.size(); ++i) {
-        if (is_match[i] == prev_match && out.size() > first_out) out.back().end = piece.begin + marks[i].end;
-        else push(marks[i]);
+        if (is_match[i] == prev_match && out.size() > first_out)
+          out.back().end = piece.begin + marks[i].end;
+        else
+          push(marks[i]);
         prev_match = is_match[i];
       }
       break;

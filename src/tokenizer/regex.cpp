@@ -43,8 +43,10 @@ Result<std::string> onig_to_pcre2(const std::string& p) {
         const std::string members = property_members(p, i + 1);
         i += 3;  // past "{X}"
         if (e == 'P' && in_class) return Unimplemented("\\P{..} inside a character class: " + p);
-        if (in_class) out += members;
-        else out += (e == 'P' ? "[^" : "[") + members + "]";
+        if (in_class)
+          out += members;
+        else
+          out += (e == 'P' ? "[^" : "[") + members + "]";
       } else {
         out += c;
         out += e;
@@ -84,7 +86,9 @@ struct Regex::Code {
 Regex::MatchData::MatchData(const Regex& re)
     : md_(pcre2_match_data_create_from_pattern(re.code_->code, nullptr)) {}
 
-Regex::MatchData::~MatchData() { pcre2_match_data_free(static_cast<pcre2_match_data*>(md_)); }
+Regex::MatchData::~MatchData() {
+  pcre2_match_data_free(static_cast<pcre2_match_data*>(md_));
+}
 
 Result<Regex> Regex::compile(const std::string& onig_pattern) {
   ASSIGN_OR_RETURN(const std::string pattern, onig_to_pcre2(onig_pattern));

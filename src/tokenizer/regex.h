@@ -1,6 +1,7 @@
 // Regex: a compiled PCRE2 pattern (UTF + UCP, JIT-compiled when the platform allows) for the
 // pre-tokenizer's Split rules, which Hugging Face writes in Oniguruma syntax; the patterns used by
-// byte-level BPE tokenizers (\p{L}, \p{N}, \s, lookahead, classes) mean the same in PCRE2.
+// byte-level BPE tokenizers (\p{L}, \p{N}, \s, lookahead, classes) are translated where the two
+// engines differ (Oniguruma's \s; newer Unicode tables: see regex.cpp, unicode_delta.h).
 //
 // A Regex is immutable after compile() and may be shared by threads; each thread (each call)
 // brings its own MatchData. Subjects must be valid UTF-8 (the caller validates once).

@@ -18,7 +18,9 @@ void StringIdMap::reserve(size_t n) {
   }
 }
 
-void StringIdMap::grow() { reserve(slots_.empty() ? 8 : slots_.size()); }
+void StringIdMap::grow() {
+  reserve(slots_.empty() ? 8 : slots_.size());
+}
 
 // Index of the slot holding `key`, or of the empty slot where it would go.
 size_t StringIdMap::probe(std::string_view key, uint64_t hash) const {

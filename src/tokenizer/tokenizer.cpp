@@ -35,13 +35,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
 std::optional<std::string_view> Tokenizer::token_bytes(int32_t id) const {
   const Impl& im = *impl_;
   if (id < 0 || static_cast<size_t>(id) >= im.flags.size() || !im.flags[id]) return std::nullopt;
-  return std::string_view(im.bytes_blob).substr(im.bytes_off[id], im.bytes_off[id + 1] - im.bytes_off[id]);
+  return std::string_view(im.bytes_blob)
+      .substr(im.bytes_off[id], im.bytes_off[id + 1] - im.bytes_off[id]);
 }
 
 std::optional<std::string_view> Tokenizer::id_to_token(int32_t id) const {
   const Impl& im = *impl_;
   if (id < 0 || static_cast<size_t>(id) >= im.flags.size() || !im.flags[id]) return std::nullopt;
-  return std::string_view(im.form_blob).substr(im.form_off[id], im.form_off[id + 1] - im.form_off[id]);
+  return std::string_view(im.form_blob)
+      .substr(im.form_off[id], im.form_off[id + 1] - im.form_off[id]);
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
@@ -53,7 +55,9 @@ bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < im.flags.size() && (im.flags[id] & Impl::kSpecial);
 }
 
-int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->flags.size()); }
+int32_t Tokenizer::vocab_size() const {
+  return static_cast<int32_t>(impl_->flags.size());
+}
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   std::string bytes;
@@ -64,12 +68,26 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   return utf8::lossy(bytes);
 }
 
-std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos_id; }
-std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos_id; }
-const std::string& Tokenizer::bos_token() const { return impl_->bos_token; }
-const std::string& Tokenizer::eos_token() const { return impl_->eos_token; }
-const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
-bool Tokenizer::default_add_bos() const { return impl_->add_bos; }
-const BpeModel& Tokenizer::bpe() const { return impl_->bpe; }
+std::optional<int32_t> Tokenizer::bos_id() const {
+  return impl_->bos_id;
+}
+std::optional<int32_t> Tokenizer::eos_id() const {
+  return impl_->eos_id;
+}
+const std::string& Tokenizer::bos_token() const {
+  return impl_->bos_token;
+}
+const std::string& Tokenizer::eos_token() const {
+  return impl_->eos_token;
+}
+const std::string& Tokenizer::chat_template() const {
+  return impl_->chat_template;
+}
+bool Tokenizer::default_add_bos() const {
+  return impl_->add_bos;
+}
+const BpeModel& Tokenizer::bpe() const {
+  return impl_->bpe;
+}
 
 }  // namespace moeserve

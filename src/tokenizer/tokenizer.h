@@ -40,6 +40,7 @@ class Tokenizer {
   static Result<Tokenizer> from_json(std::string_view tokenizer_json, std::string_view config_json,
                                      const std::string& origin = "tokenizer.json");
 
+  // add_bos puts bos_id() first (nothing when tokenizer_config.json names no BOS token).
   std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
   // Appends to `ids` (no BOS); for callers that build prompts piece by piece.
   void encode_append(std::string_view text, std::vector<int32_t>& ids) const;

@@ -31,8 +31,8 @@ struct Tokenizer::Impl {
   std::optional<int32_t> bos_id, eos_id;
   bool add_bos = false;
 
-  void encode_plain(std::string_view text, PreTokenizer::Scratch& scratch,
-                    std::vector<Span>& words, std::vector<int32_t>& ids) const {
+  void encode_plain(std::string_view text, PreTokenizer::Scratch& scratch, std::vector<Span>& words,
+                    std::vector<int32_t>& ids) const {
     pre.split(text, scratch, words);
     for (const Span& w : words) bpe.encode_word(text.substr(w.begin, w.end - w.begin), ids);
   }

@@ -51,12 +51,18 @@ Status parse_pre_tokenizer(const json& j, PreTokenizer& pre) {
     }
     const std::string b = j.value("behavior", "");
     SplitBehavior behavior;
-    if (b == "Isolated") behavior = SplitBehavior::kIsolated;
-    else if (b == "Removed") behavior = SplitBehavior::kRemoved;
-    else if (b == "MergedWithPrevious") behavior = SplitBehavior::kMergedWithPrevious;
-    else if (b == "MergedWithNext") behavior = SplitBehavior::kMergedWithNext;
-    else if (b == "Contiguous") behavior = SplitBehavior::kContiguous;
-    else return Corrupt("pre_tokenizer Split: unknown behavior '" + b + "'");
+    if (b == "Isolated")
+      behavior = SplitBehavior::kIsolated;
+    else if (b == "Removed")
+      behavior = SplitBehavior::kRemoved;
+    else if (b == "MergedWithPrevious")
+      behavior = SplitBehavior::kMergedWithPrevious;
+    else if (b == "MergedWithNext")
+      behavior = SplitBehavior::kMergedWithNext;
+    else if (b == "Contiguous")
+      behavior = SplitBehavior::kContiguous;
+    else
+      return Corrupt("pre_tokenizer Split: unknown behavior '" + b + "'");
     ASSIGN_OR_RETURN(Regex re, Regex::compile(regex));
     pre.add_step({std::move(re), behavior, j.value("invert", false)});
     return Status::Ok();
@@ -141,8 +147,10 @@ class StreamingReader : public nlohmann::json_sax<json> {
       return true;
     }
     if (mode_ == Mode::kMergePair) {
-      if (pair_n_ == 0) vm.merges.back().first = std::move(v);
-      else if (pair_n_ == 1) vm.merges.back().second = std::move(v);
+      if (pair_n_ == 0)
+        vm.merges.back().first = std::move(v);
+      else if (pair_n_ == 1)
+        vm.merges.back().second = std::move(v);
       ++pair_n_;
       return true;
     }
@@ -197,7 +205,8 @@ class StreamingReader : public nlohmann::json_sax<json> {
     }
     return close();
   }
-  bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& e) override {
+  bool parse_error(std::size_t pos, const std::string&,
+                   const nlohmann::detail::exception& e) override {
     return fail("byte " + std::to_string(pos) + ": " + e.what());
   }
 
@@ -281,7 +290,8 @@ Result<Tokenizer> TokenizerLoader::build(const json& tj, VocabAndMerges& vm, con
   std::vector<std::string> forms;
   std::vector<uint8_t> flags;
   auto set_form = [&](int64_t id, std::string form) -> Status {
-    if (id < 0 || id > (int64_t{1} << 30)) return Corrupt("token id " + std::to_string(id) + " out of range");
+    if (id < 0 || id > (int64_t{1} << 30))
+      return Corrupt("token id " + std::to_string(id) + " out of range");
     if (static_cast<size_t>(id) >= forms.size()) {
       forms.resize(id + 1);
       flags.resize(id + 1, 0);
@@ -306,7 +316,8 @@ Result<Tokenizer> TokenizerLoader::build(const json& tj, VocabAndMerges& vm, con
     const std::string content = a.at("content").get<std::string>();
     if (content.empty()) return Corrupt("added token " + std::to_string(id) + " is empty");
     for (const char* k : {"lstrip", "rstrip", "single_word"}) {
-      if (a.value(k, false)) return Unimplemented(std::string("added token with ") + k + ": " + content);
+      if (a.value(k, false))
+        return Unimplemented(std::string("added token with ") + k + ": " + content);
     }
     const bool special = a.value("special", false);
     RETURN_IF_ERROR(set_form(id, content));
@@ -386,16 +397,18 @@ Result<Tokenizer> TokenizerLoader::build(const json& tj, VocabAndMerges& vm, con
   };
   im.bos_id = lookup(im.bos_token);
   im.eos_id = lookup(im.eos_token);
-  if (!im.bos_token.empty() && !im.bos_id) return Corrupt("bos_token '" + im.bos_token + "' is not in the vocabulary");
-  if (!im.eos_token.empty() && !im.eos_id) return Corrupt("eos_token '" + im.eos_token + "' is not in the vocabulary");
+  if (!im.bos_token.empty() && !im.bos_id)
+    return Corrupt("bos_token '" + im.bos_token + "' is not in the vocabulary");
+  if (!im.eos_token.empty() && !im.eos_id)
+    return Corrupt("eos_token '" + im.eos_token + "' is not in the vocabulary");
 
   Tokenizer t;
   t.impl_ = std::move(impl);
   return t;
 }
 
-Result<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json, std::string_view config_json,
-                                       const std::string& origin) {
+Result<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json,
+                                       std::string_view config_json, const std::string& origin) {
   StreamingReader reader;
   const bool parsed = json::sax_parse(tokenizer_json, &reader, json::input_format_t::json,
                                       /*strict=*/true, /*ignore_comments=*/false);

@@ -5,6 +5,7 @@
 
 namespace moeserve {
 
+// clang-format off
 std::string_view unicode_delta_members(char major) {
   switch (major) {
     case 'L':  // 9272 code points, 35 ranges
@@ -46,5 +47,6 @@ std::string_view unicode_delta_members(char major) {
       return "";
   }
 }
+// clang-format on
 
 }  // namespace moeserve

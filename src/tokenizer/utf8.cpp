@@ -106,19 +106,15 @@ void append_lossy(std::string_view s, std::string& out) {
 size_t settled_prefix_length(std::string_view s) {
   // A truncated sequence is at most 3 bytes long, so only the last 3 bytes can be unsettled.
   const size_t start = s.size() > 3 ? s.size() - 3 : 0;
-  // Walk from a point at or before `start` that is a sequence boundary: re-scan the whole
-  // string's tail by decoding from the nearest earlier position that lossy decoding would visit.
-  // Simplest correct approach: scan from the beginning of the last 3 bytes' candidates.
   for (size_t i = start; i < s.size(); ++i) {
     const auto b = static_cast<uint8_t>(s[i]);
     if (b < 0xC2 || b > 0xF4) continue;  // not a lead byte
     bool need_more = false;
     valid_sequence_length(s.substr(i), &need_more);
     if (need_more) {
-      // s[i..] is a valid truncated sequence; it is unsettled only if lossy decoding would
-      // actually start a sequence at i, i.e. i is not inside an earlier valid sequence. A valid
-      // sequence covering i would have to end past s.size(), which it cannot (it is complete),
-      // and an invalid subpart never contains a lead byte >= C2 after its first byte.
+      // s[i..] is a valid truncated sequence. Lossy decoding does start a sequence at i: a lead
+      // byte (C2..F4) is never a continuation byte, so no earlier valid sequence or invalid
+      // subpart extends over it.
       return i;
     }
   }

@@ -22,7 +22,9 @@ size_t valid_sequence_length(std::string_view s, bool* need_more = nullptr);
 // Byte offset of the first invalid byte, or nullopt when the whole string is valid UTF-8.
 std::optional<size_t> first_invalid(std::string_view s);
 
-inline bool is_valid(std::string_view s) { return !first_invalid(s).has_value(); }
+inline bool is_valid(std::string_view s) {
+  return !first_invalid(s).has_value();
+}
 
 // Appends s to out with each maximal invalid subpart replaced by U+FFFD.
 void append_lossy(std::string_view s, std::string& out);

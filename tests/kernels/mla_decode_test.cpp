@@ -219,6 +219,16 @@ TEST(MlaDecode, SmallOddShapeMatchesNaive) {
   }
 }
 
+// The shape of the v3 HF fixture (kv_lora_rank 160, rope 32, 4 heads), decode and prefill.
+TEST(MlaDecode, FixtureShapeMatchesNaive) {
+  ThreadPool pool(2);
+  const std::vector<SeqSpec> specs = {{1, 1}, {70, 70}, {94, 1}, {10, 10}};
+  Problem p = make_problem(4, 160, 32, 0.11f, specs, 77);
+  const Result want = naive_bf16_q(p);
+  const Output got = run(p, &pool, {}, cpu_isa());
+  expect_close(got.o, got.lse, want, kFastTol, "160+32 heads 4");
+}
+
 TEST(MlaDecode, SplitAndUnsplitAgree) {
   ThreadPool pool1(1), pool2(2);
   for (int64_t heads : {16, 128}) {

@@ -42,7 +42,9 @@ TEST(ChatTemplate, RecognisesTheVariants) {
 
 TEST(ChatTemplate, RejectsAnUnknownTemplate) {
   auto t = ChatTemplate::from_template(
-      "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{% endfor %}", "");
+      "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{% endfor "
+      "%}",
+      "");
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
 }
@@ -64,8 +66,8 @@ TEST(ChatTemplate, MatchesJinja2OnEveryFixtureConversation) {
     for (const auto& [name, tmpl] : {std::pair{"v3", &*v3}, {"r1", &*r1}, {"r1_original", &*r1o}}) {
       auto text = tmpl->render(*msgs, gen);
       ASSERT_TRUE(text.ok()) << name << " row " << i << ": " << text.status().to_string();
-      EXPECT_EQ(*text, row[name].get<std::string>()) << name << " row " << i << ": "
-                                                      << row["messages"].dump();
+      EXPECT_EQ(*text, row[name].get<std::string>())
+          << name << " row " << i << ": " << row["messages"].dump();
     }
     for (const Message& m : *msgs) {
       if (m.tool_calls) ++with_tools;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <thread>
 
 #include "fixtures.h"
 #include "tokenizer/detokenizer.h"
@@ -54,6 +55,24 @@ TEST(Corpus, IdsMatchHuggingFaceOnEveryLine) {
   EXPECT_GT(ids, 100000u);
 }
 
+// One Tokenizer shared by threads (as the server does): the word cache is the only mutable
+// state, and concurrent use must not change any result.
+TEST(Corpus, ConcurrentEncodingGivesTheSameIds) {
+  const Tokenizer& tok = deepseek_v3();
+  constexpr size_t kThreads = 4;
+  std::vector<size_t> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = t; i < corpus().size(); i += kThreads / 2) {  // lines overlap across threads
+        if (tok.encode(corpus()[i].text, false) != corpus()[i].ids) ++mismatches[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (size_t t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0u) << "thread " << t;
+}
+
 TEST(Corpus, WithBosIsBosThenTheSameIds) {
   const Tokenizer& tok = deepseek_v3();
   ASSERT_EQ(tok.bos_id(), 0);
@@ -68,7 +87,8 @@ TEST(Corpus, DecodeOfEncodeIsIdentity) {
   const Tokenizer& tok = deepseek_v3();
   for (size_t i = 0; i < corpus().size(); ++i) {
     const auto& l = corpus()[i];
-    ASSERT_EQ(tok.decode(l.ids, /*skip_special=*/false), l.text) << "line " << i << " (" << l.kind << ")";
+    ASSERT_EQ(tok.decode(l.ids, /*skip_special=*/false), l.text)
+        << "line " << i << " (" << l.kind << ")";
   }
 }
 

@@ -34,10 +34,10 @@ TEST(InvalidUtf8, FirstInvalidPointsAtTheOffendingByte) {
   EXPECT_EQ(utf8::first_invalid("plain ascii"), std::nullopt);
   EXPECT_EQ(utf8::first_invalid("caf\xC3\xA9"), std::nullopt);
   EXPECT_EQ(utf8::first_invalid("abc\xFF"), 3u);
-  EXPECT_EQ(utf8::first_invalid("ab\xED\xA0\x80"), 2u);       // surrogate
-  EXPECT_EQ(utf8::first_invalid("\xC0\x80"), 0u);             // overlong
-  EXPECT_EQ(utf8::first_invalid("12345678\xE2\x82"), 8u);     // truncated after the fast path
-  EXPECT_EQ(utf8::first_invalid("\xF4\x90\x80\x80"), 0u);     // above U+10FFFF
+  EXPECT_EQ(utf8::first_invalid("ab\xED\xA0\x80"), 2u);    // surrogate
+  EXPECT_EQ(utf8::first_invalid("\xC0\x80"), 0u);          // overlong
+  EXPECT_EQ(utf8::first_invalid("12345678\xE2\x82"), 8u);  // truncated after the fast path
+  EXPECT_EQ(utf8::first_invalid("\xF4\x90\x80\x80"), 0u);  // above U+10FFFF
 }
 
 TEST(InvalidUtf8, SettledPrefixHoldsBackOnlyATruncatedTail) {
