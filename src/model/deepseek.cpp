@@ -97,10 +97,12 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
 }
 
 void DeepseekModel::pack_weights() {
+  // Collect the FP8 projections first (map slots created here), then pack them in parallel.
+  std::vector<std::pair<const WeightView*, PackedFp8Weight*>> jobs;
   auto pack = [&](const WeightView& w) {
     if (w.dtype != DType::kF8E4M3 || packed_.count(w.data)) return;
     CHECK(w.block_rows == 128 && w.block_cols == 128, "gemm_fp8 needs 128x128 scale blocks");
-    packed_.emplace(w.data, pack_fp8_weight(w.data, w.scale_inv, w.rows, w.cols));
+    jobs.push_back({&w, &packed_[w.data]});
   };
   auto pack_mlp = [&](const MlpWeights& m) {
     pack(m.gate);
@@ -141,6 +143,13 @@ void DeepseekModel::pack_weights() {
       if (L.moe->shared) pack_mlp(*L.moe->shared);
     }
   }
+  auto run = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const WeightView& w = *jobs[size_t(i)].first;
+      *jobs[size_t(i)].second = pack_fp8_weight(w.data, w.scale_inv, w.rows, w.cols);
+    }
+  };
+  pool_ ? pool_->parallel_for(int64_t(jobs.size()), run) : run(0, int64_t(jobs.size()));
 }
 
 void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
