@@ -141,6 +141,10 @@ void DeepseekModel::pack_weights() {
         if (e) pack_mlp(*e);
       }
       if (L.moe->shared) pack_mlp(*L.moe->shared);
+      const WeightView& g = L.moe->gate;  // [E, H] router weights, exact in F32
+      std::vector<float>& gf = gate_f32_[g.data];
+      gf.resize(size_t(g.rows * g.cols));
+      for (int64_t r = 0; r < g.rows; ++r) g.row_to_f32(r, &gf[size_t(r * g.cols)]);
     }
   }
   auto run = [&](int64_t b, int64_t e) {
@@ -396,7 +400,11 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   std::vector<float> router(size_t(n * E));  // [n, E] router logits
   // The router in FP32 on both paths: routing is discrete, and a BF16 rounding of the input can
   // flip a near-tied expert choice (Hugging Face computes it in FP32 too).
-  linear_ref(x, n, H, w.gate, router.data(), E, pool_);
+  if (auto it = gate_f32_.find(w.gate.data); it != gate_f32_.end()) {
+    gemm_f32(x, n, H, it->second.data(), E, H, H, router.data(), E, pool_);
+  } else {
+    linear_ref(x, n, H, w.gate, router.data(), E, pool_);
+  }
   std::vector<int32_t> ids(size_t(n * k));  // [n, k]
   std::vector<float> wts(size_t(n * k));    // [n, k]
   moe_gate_ref(router.data(), n, w.score_bias.empty() ? nullptr : w.score_bias.data(),

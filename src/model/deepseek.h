@@ -94,6 +94,8 @@ class DeepseekModel {
     std::vector<float> uv;    // [nh][dv][R]: W_UV, maps the attended latent to values
   };
   std::vector<AbsorbedWeights> absorbed_;  // per layer
+  // Fast path: router weights in F32 (routing stays FP32-exact), keyed by checkpoint bytes.
+  std::unordered_map<const uint8_t*, std::vector<float>> gate_f32_;
 };
 
 }  // namespace moeserve
