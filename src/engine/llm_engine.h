@@ -17,7 +17,9 @@ struct EngineOptions {
   int threads = 0;               // compute threads (0: all cores)
   double kv_cache_gb = 1.0;      // memory for the latent KV cache
   int64_t max_num_seqs = 64;     // running sequences
-  int64_t max_batch_tokens = 2048;
+  // Tokens per step. Running decodes wait for the whole step, so on CPUs (~100-1000 prefill
+  // tokens/s) a small budget keeps inter-token latency bounded while prompts stream in.
+  int64_t max_batch_tokens = 256;
   int64_t max_waiting = 1024;    // queued requests beyond which submit() refuses
   int64_t max_model_len = 0;     // 0: the model's max_position_embeddings
   DType kv_dtype = DType::kBF16;

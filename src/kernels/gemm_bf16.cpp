@@ -1,5 +1,7 @@
 #include "kernels/gemm_bf16.h"
 
+#include <algorithm>
+
 #include "core/dtype.h"
 
 namespace moeserve {
@@ -32,6 +34,36 @@ void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n,
     pool->parallel_for(n, rows, 64);
   } else {
     rows(0, n);
+  }
+}
+
+// Implemented in gemm_bf16_avx512.cpp (AVX-512F only): output columns [j0, j1).
+void gemm_f32_kn_avx512_cols(const float* x, int64_t m, int64_t ldx, const float* wt, int64_t j0,
+                             int64_t j1, int64_t k, int64_t ldwt, float* y, int64_t ldy);
+
+void gemm_f32_kn(const float* x, int64_t m, int64_t ldx, const float* wt, int64_t n, int64_t k,
+                 int64_t ldwt, float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
+  if (m <= 0 || n <= 0) return;
+  auto cols = [&](int64_t j0, int64_t j1) {
+    if (isa_at_most(Isa::kAvx512, isa)) {
+      gemm_f32_kn_avx512_cols(x, m, ldx, wt, j0, j1, k, ldwt, y, ldy);
+      return;
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = j0; j < j1; ++j) {
+        float acc = 0.0f;
+        for (int64_t c = 0; c < k; ++c) acc += x[i * ldx + c] * wt[c * ldwt + j];
+        y[i * ldy + j] = acc;
+      }
+    }
+  };
+  // Column chunks of 64 (one 4-zmm tile) per task.
+  const int64_t tiles = (n + 63) / 64;
+  auto tile_range = [&](int64_t t0, int64_t t1) { cols(t0 * 64, std::min(n, t1 * 64)); };
+  if (pool && tiles > 1) {
+    pool->parallel_for(tiles, tile_range);
+  } else {
+    cols(0, n);
   }
 }
 

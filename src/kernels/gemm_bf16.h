@@ -28,6 +28,11 @@ void gemm_bf16_ref(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
 void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n, int64_t k,
               int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa = active_isa());
 
+// FP32 with the weight stored K-major: Y[m, n] = sum_k X[m, k] * Wt[k, n] (wt row stride ldwt).
+// Broadcast-and-FMA over output columns, no horizontal sums: the fast form for small K.
+void gemm_f32_kn(const float* x, int64_t m, int64_t ldx, const float* wt, int64_t n, int64_t k,
+                 int64_t ldwt, float* y, int64_t ldy, ThreadPool* pool, Isa isa = active_isa());
+
 // F32 -> BF16 (round to nearest even) for n values.
 void f32_to_bf16_row(const float* x, int64_t n, uint16_t* out);
 

@@ -1,6 +1,8 @@
 // AVX-512 BF16 (vdpbf16ps) kernel for gemm_bf16. Runs only when cpu_isa() >= kAvx512Bf16.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include <cstdint>
 
 namespace moeserve {
@@ -74,6 +76,47 @@ void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w
     for (; i < m; ++i) {
       dot_rows_f32<1>(x + i * ldx, ldx, wr, k, out);
       y[i * ldy + j] = out[0];
+    }
+  }
+}
+
+void gemm_f32_kn_avx512_cols(const float* x, int64_t m, int64_t ldx, const float* wt, int64_t j0,
+                             int64_t j1, int64_t k, int64_t ldwt, float* y, int64_t ldy) {
+  for (int64_t j = j0; j < j1; j += 64) {
+    // Up to 4 zmm of output columns; the last may be partial (masked).
+    const int64_t width = std::min<int64_t>(64, j1 - j);
+    const int nv = int((width + 15) / 16);
+    __mmask16 mask[4];
+    for (int v = 0; v < 4; ++v) {
+      int64_t lanes = std::clamp<int64_t>(width - 16 * v, 0, 16);
+      mask[v] = (__mmask16)((1u << lanes) - 1);
+    }
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      __m512 acc[4][4];
+      for (int r = 0; r < 4; ++r)
+        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < k; ++c) {
+        __m512 w[4];
+        for (int v = 0; v < nv; ++v) w[v] = _mm512_maskz_loadu_ps(mask[v], wt + c * ldwt + j + 16 * v);
+        for (int r = 0; r < 4; ++r) {
+          __m512 xb = _mm512_set1_ps(x[(i + r) * ldx + c]);
+          for (int v = 0; v < nv; ++v) acc[r][v] = _mm512_fmadd_ps(xb, w[v], acc[r][v]);
+        }
+      }
+      for (int r = 0; r < 4; ++r)
+        for (int v = 0; v < nv; ++v) _mm512_mask_storeu_ps(y + (i + r) * ldy + j + 16 * v, mask[v], acc[r][v]);
+    }
+    for (; i < m; ++i) {
+      __m512 acc[4];
+      for (int v = 0; v < 4; ++v) acc[v] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < k; ++c) {
+        __m512 xb = _mm512_set1_ps(x[i * ldx + c]);
+        for (int v = 0; v < nv; ++v) {
+          acc[v] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(mask[v], wt + c * ldwt + j + 16 * v), acc[v]);
+        }
+      }
+      for (int v = 0; v < nv; ++v) _mm512_mask_storeu_ps(y + i * ldy + j + 16 * v, mask[v], acc[v]);
     }
   }
 }

@@ -114,22 +114,16 @@ void DeepseekModel::pack_weights() {
   std::vector<float> row(static_cast<size_t>(R));
   for (const LayerWeights& L : weights_.layers) {
     const AttentionWeights& A = L.attn;
-    // Per head: W_UK^T [R, dn] and W_UV [dv, R] in F32, from kv_b_proj's rows
-    // [h * (dn + dv), + dn) (keys) and [h * (dn + dv) + dn, + dv) (values).
+    // Per head, K-major for gemm_f32_kn: W_UK [dn, R] (kv_b_proj rows h * (dn + dv) + d, as
+    // they are) and W_UV^T [R, dv] (rows h * (dn + dv) + dn + j, transposed), in F32.
     AbsorbedWeights W;
-    W.uk_t.resize(size_t(nh * R * dn));
-    W.uv.resize(size_t(nh * dv * R));
+    W.uk.resize(size_t(nh * dn * R));
+    W.uv_t.resize(size_t(nh * R * dv));
     for (int64_t h = 0; h < nh; ++h) {
-      for (int64_t d = 0; d < dn + dv; ++d) {
-        A.kv_b.row_to_f32(h * (dn + dv) + d, row.data());
-        for (int64_t r = 0; r < R; ++r) {
-          float v = row[size_t(r)];
-          if (d < dn) {
-            W.uk_t[size_t((h * R + r) * dn + d)] = v;
-          } else {
-            W.uv[size_t((h * dv + d - dn) * R + r)] = v;
-          }
-        }
+      for (int64_t d = 0; d < dn; ++d) A.kv_b.row_to_f32(h * (dn + dv) + d, &W.uk[size_t((h * dn + d) * R)]);
+      for (int64_t j = 0; j < dv; ++j) {
+        A.kv_b.row_to_f32(h * (dn + dv) + dn + j, row.data());
+        for (int64_t r = 0; r < R; ++r) W.uv_t[size_t((h * R + r) * dv + j)] = row[size_t(r)];
       }
     }
     absorbed_.push_back(std::move(W));
@@ -296,8 +290,8 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
     for (int64_t i = 0; i < n; ++i) {
       std::copy_n(q + (i * nh + h) * dq + dn, dr, &qa[size_t((i * nh + h) * D + R)]);  // q_pe
     }
-    gemm_f32(q + h * dq, n, nh * dq, &W.uk_t[size_t(h * R * dn)], R, dn, dn, &qa[size_t(h * D)],
-             nh * D, pool_);  // q_lat [n, R] of head h = q_nope W_UK
+    gemm_f32_kn(q + h * dq, n, nh * dq, &W.uk[size_t(h * dn * R)], R, dn, R, &qa[size_t(h * D)],
+                nh * D, pool_);  // q_lat [n, R] of head h = q_nope W_UK
   }
 
   std::vector<float> o_lat(size_t(n * nh * R));  // [n, nh, R]
@@ -315,8 +309,8 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   }
 
   for (int64_t h = 0; h < nh; ++h) {  // o [n, dv] of head h = o_lat W_UV^T
-    gemm_f32(&o_lat[size_t(h * R)], n, nh * R, &W.uv[size_t(h * dv * R)], dv, R, R, o + h * dv,
-             nh * dv, pool_);
+    gemm_f32_kn(&o_lat[size_t(h * R)], n, nh * R, &W.uv_t[size_t(h * R * dv)], dv, R, dv,
+                o + h * dv, nh * dv, pool_);
   }
 }
 

@@ -90,8 +90,8 @@ class DeepseekModel {
   // of these small matrices moved logprobs by up to 0.3 on the test models: the scores
   // q_lat . c amplify it).
   struct AbsorbedWeights {
-    std::vector<float> uk_t;  // [nh][R][dn]: W_UK^T, maps q_nope into the latent space
-    std::vector<float> uv;    // [nh][dv][R]: W_UV, maps the attended latent to values
+    std::vector<float> uk;    // [nh][dn][R]: W_UK, maps q_nope into the latent space
+    std::vector<float> uv_t;  // [nh][R][dv]: W_UV^T, maps the attended latent to values
   };
   std::vector<AbsorbedWeights> absorbed_;  // per layer
   // Fast path: router weights in F32 (routing stays FP32-exact), keyed by checkpoint bytes.

@@ -79,3 +79,38 @@ TEST(GemmF32, EveryIsaMatchesScalar) {
 
 }  // namespace
 }  // namespace moeserve
+
+namespace moeserve {
+namespace {
+
+TEST(GemmF32Kn, EveryIsaMatchesScalar) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 3}, {6, 33, 17},
+                         {9, 160, 48}, {5, 512, 128}, {70, 40, 160}, {3, 200, 7}}) {
+    const int64_t ldx = k + 1, ldwt = n + 3, ldy = n + 2;
+    std::vector<float> x(size_t(m * ldx)), wt(size_t(k * ldwt));
+    for (auto& v : x) v = d(rng);
+    for (auto& v : wt) v = d(rng);
+    std::vector<float> want(size_t(m * ldy), -9.0f), got(size_t(m * ldy), -9.0f);
+    gemm_f32_kn(x.data(), m, ldx, wt.data(), n, k, ldwt, want.data(), ldy, nullptr, Isa::kScalar);
+    for (Isa isa : {Isa::kAvx512, Isa::kAvx512Bf16}) {
+      if (!isa_at_most(isa, cpu_isa())) continue;
+      ThreadPool pool(2);
+      gemm_f32_kn(x.data(), m, ldx, wt.data(), n, k, ldwt, got.data(), ldy, &pool, isa);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < ldy; ++j) {
+          float a = got[size_t(i * ldy + j)], b = want[size_t(i * ldy + j)];
+          if (j >= n) {
+            EXPECT_EQ(a, -9.0f) << "wrote past n";
+          } else {
+            EXPECT_NEAR(a, b, 1e-5f * std::sqrt(float(k)) * 4) << isa_name(isa) << " m=" << m;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moeserve
