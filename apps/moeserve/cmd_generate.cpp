@@ -13,6 +13,7 @@
 #include "cache/latent_cache.h"
 #include "commands.h"
 #include "core/thread_pool.h"
+#include "core/trace.h"
 #include "engine/generator.h"
 #include "ep/dispatcher.h"
 #include "ep/ep_group.h"
@@ -44,6 +45,7 @@ struct GenerateOptions {
   std::string attention = "absorbed";
   std::string kv_dtype = "bf16";
   std::string compute = "fast";
+  std::string trace;  // Chrome trace JSON output (per rank under EP: FILE.rank<r>.json)
   int64_t prefill_chunk = 0;
   // Expert parallelism (issue 7): on under mpirun or with --ep; every rank runs the same prompts
   // (no DP attention yet), rank 0 prints.
@@ -182,6 +184,12 @@ int run_generate(const GenerateOptions& o) {
                       o.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32);
   BlockAllocator blocks(n_blocks);
   Generator gen(model, cache, blocks);
+  const int rank = ep ? ep->comm->rank() : 0;
+  std::optional<Tracer> tracer;
+  if (!o.trace.empty()) {
+    tracer.emplace(rank);
+    model.set_tracer(&*tracer);
+  }
   double prepare_s = seconds_since(t0) - load_s;  // weight repacking for the fast path
 
   auto t1 = std::chrono::steady_clock::now();
@@ -191,8 +199,15 @@ int run_generate(const GenerateOptions& o) {
                results.status().message());
     return 1;
   }
-  if (!print) return 0;
   double gen_s = seconds_since(t1);
+  if (tracer) {
+    std::string path = ep ? fmt::format("{}.rank{}.json", o.trace, rank) : o.trace;
+    if (Status st = tracer->write(path); !st.ok()) {
+      fmt::print(stderr, "generate: {}\n", st.message());
+      return 1;
+    }
+  }
+  if (!print) return 0;
   int64_t n_gen = 0;
   for (size_t i = 0; i < results->size(); ++i) {
     const GenerateResult& r = (*results)[i];
@@ -253,6 +268,8 @@ Subcommand add_generate_command(CLI::App& parent) {
       ->check(CLI::IsMember({"absorbed", "naive"}))->capture_default_str();
   app->add_option("--kv-cache-dtype", o->kv_dtype, "f32 | bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  app->add_option("--trace", o->trace,
+                  "Write a Chrome trace (Perfetto, chrome://tracing) of every layer's stages");
   app->add_option("--compute", o->compute,
                   "fast (BF16 activations, SIMD kernels) | reference (FP32, scalar)")
       ->check(CLI::IsMember({"fast", "reference"}))->capture_default_str();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -197,17 +198,23 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache
   std::vector<float> h(size_t(n * H)), tmp(size_t(n * H));  // [n, H]
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_.layers[size_t(l)];
+    layer_ = l;
     rmsnorm_ref(x.data(), n, H, H, L.attn_norm.data(), float(c.rms_norm_eps), h.data(), H);
-    attention(l, batch, h.data(), n, cache, tmp.data());  // [n, H]
+    {
+      TraceSpan span(tracer_, "attention", l);
+      attention(l, batch, h.data(), n, cache, tmp.data());  // [n, H]
+    }
     add_into(x.data(), tmp.data(), n * H);
     rmsnorm_ref(x.data(), n, H, H, L.ffn_norm.data(), float(c.rms_norm_eps), h.data(), H);
     if (L.moe) {
       RETURN_IF_ERROR(moe(*L.moe, h.data(), n, tmp.data()));  // [n, H]
     } else {
+      TraceSpan span(tracer_, "mlp", l);
       mlp(*L.mlp, h.data(), n, tmp.data());  // [n, H]
     }
     add_into(x.data(), tmp.data(), n * H);
   }
+  TraceSpan head_span(tracer_, "lm_head");
 
   std::vector<float> last(size_t(n_out * H));  // [n_out, H] final-norm'd last tokens
   row = 0;
@@ -391,6 +398,7 @@ void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const 
 Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float* out) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+  std::optional<TraceSpan> gate_span(std::in_place, tracer_, "gate", layer_);
   std::vector<float> router(size_t(n * E));  // [n, E] router logits
   // The router in FP32 on both paths: routing is discrete, and a BF16 rounding of the input can
   // flip a near-tied expert choice (Hugging Face computes it in FP32 too).
@@ -404,7 +412,11 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   moe_gate_ref(router.data(), n, w.score_bias.empty() ? nullptr : w.score_bias.data(),
                gate_params(c), ids.data(), wts.data());
 
+  gate_span.reset();
+  std::optional<TraceSpan> comm_span(std::in_place, tracer_, "dispatch", layer_, TraceLane::kComm);
   ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(x, n, H, ids.data(), wts.data(), k));
+  comm_span.reset();
+  std::optional<TraceSpan> experts_span(std::in_place, tracer_, "experts", layer_);
   std::vector<float> expert_out(size_t(b.n_rows() * H));  // [rows, H]
   for (size_t s = 0; s < b.experts.size(); ++s) {
     const std::optional<MlpWeights>& ex = w.experts[size_t(b.experts[s])];
@@ -412,8 +424,12 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
     int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
     mlp(*ex, &b.x[size_t(r0 * H)], rows, &expert_out[size_t(r0 * H)]);
   }
+  experts_span.reset();
+  comm_span.emplace(tracer_, "combine", layer_, TraceLane::kComm);
   RETURN_IF_ERROR(dispatcher_.combine(b, expert_out.data(), out));  // [n, H]
+  comm_span.reset();
   if (w.shared) {
+    TraceSpan span(tracer_, "shared experts", layer_);
     std::vector<float> shared(size_t(n * H));  // [n, H]
     mlp(*w.shared, x, n, shared.data());
     add_into(out, shared.data(), n * H);

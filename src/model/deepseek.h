@@ -18,6 +18,7 @@
 #include "cache/latent_cache.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "core/trace.h"
 #include "ep/dispatcher.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/rope.h"
@@ -56,6 +57,9 @@ class DeepseekModel {
   AttentionMode attention_mode() const { return mode_; }
   void set_attention_mode(AttentionMode mode) { mode_ = mode; }
 
+  // Records per-layer stages (attention, gate, dispatch, experts, combine, ...) when non-null.
+  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+
   // logits: resized to [number of sequences with want_logits, vocab_size], in batch order.
   Status forward(std::span<const StepSequence> batch, LatentKvCache& cache,
                  std::vector<float>* logits);
@@ -82,6 +86,8 @@ class DeepseekModel {
   ThreadPool* pool_;
   AttentionMode mode_;
   ComputePath path_;
+  Tracer* tracer_ = nullptr;
+  int64_t layer_ = 0;  // the layer forward() is in (trace labels)
   RopeTable rope_;
   // Fast path: FP8 weights repacked for gemm_fp8, keyed by the checkpoint bytes they came from.
   std::unordered_map<const uint8_t*, PackedFp8Weight> packed_;

@@ -29,6 +29,16 @@ for r in batch:
 assert batch[1]["tokens"] == alone[0]["tokens"], (batch[1], alone[0])
 PY
 
+# --trace writes a Chrome trace with per-layer compute and communication events.
+"$bin" generate --model "$dir/m" --prompt-ids 3,4 --max-tokens 2 --trace "$dir/trace.json" > /dev/null 2>&1
+python3 - "$dir/trace.json" <<'PY' || fail "trace"
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+names = {e["name"].rsplit(" ", 1)[0] for e in ev}
+assert {"attention", "gate", "dispatch", "experts", "combine", "lm_head"} <= names, names
+assert {e["tid"] for e in ev} == {0, 1}
+PY
+
 # Bad input: clear message, non-zero exit, no crash.
 set +e
 "$bin" generate --model "$dir/nope" --prompt-ids 1 > /dev/null 2> "$dir/err"; rc=$?
