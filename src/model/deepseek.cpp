@@ -293,13 +293,17 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   const AbsorbedWeights& W = absorbed_[size_t(layer)];
 
   std::vector<float> qa(size_t(n * nh * D));  // [n, nh, R + dr] absorbed queries
-  for (int64_t h = 0; h < nh; ++h) {
-    for (int64_t i = 0; i < n; ++i) {
-      std::copy_n(q + (i * nh + h) * dq + dn, dr, &qa[size_t((i * nh + h) * D + R)]);  // q_pe
+  // Heads in parallel (one pool pass per projection, not one per head).
+  auto q_heads = [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(q + (i * nh + h) * dq + dn, dr, &qa[size_t((i * nh + h) * D + R)]);  // q_pe
+      }
+      gemm_f32_kn(q + h * dq, n, nh * dq, &W.uk[size_t(h * dn * R)], R, dn, R, &qa[size_t(h * D)],
+                  nh * D, nullptr);  // q_lat [n, R] of head h = q_nope W_UK
     }
-    gemm_f32_kn(q + h * dq, n, nh * dq, &W.uk[size_t(h * dn * R)], R, dn, R, &qa[size_t(h * D)],
-                nh * D, pool_);  // q_lat [n, R] of head h = q_nope W_UK
-  }
+  };
+  pool_ ? pool_->parallel_for(nh, q_heads) : q_heads(0, nh);
 
   std::vector<float> o_lat(size_t(n * nh * R));  // [n, nh, R]
   MlaShape shape{nh, R, dr, float(c.softmax_scale())};
@@ -315,10 +319,13 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
     row += len;
   }
 
-  for (int64_t h = 0; h < nh; ++h) {  // o [n, dv] of head h = o_lat W_UV^T
-    gemm_f32_kn(&o_lat[size_t(h * R)], n, nh * R, &W.uv_t[size_t(h * R * dv)], dv, R, dv,
-                o + h * dv, nh * dv, pool_);
-  }
+  auto o_heads = [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) {  // o [n, dv] of head h = o_lat W_UV^T
+      gemm_f32_kn(&o_lat[size_t(h * R)], n, nh * R, &W.uv_t[size_t(h * R * dv)], dv, R, dv,
+                  o + h * dv, nh * dv, nullptr);
+    }
+  };
+  pool_ ? pool_->parallel_for(nh, o_heads) : o_heads(0, nh);
 }
 
 void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const float* q,
@@ -418,11 +425,17 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   comm_span.reset();
   std::optional<TraceSpan> experts_span(std::in_place, tracer_, "experts", layer_);
   std::vector<float> expert_out(size_t(b.n_rows() * H));  // [rows, H]
-  for (size_t s = 0; s < b.experts.size(); ++s) {
-    const std::optional<MlpWeights>& ex = w.experts[size_t(b.experts[s])];
-    if (!ex) return Internal(fmt::format("expert {} was dispatched here but is not loaded", b.experts[s]));
-    int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
-    mlp(*ex, &b.x[size_t(r0 * H)], rows, &expert_out[size_t(r0 * H)]);
+  for (int32_t e : b.experts) {
+    if (!w.experts[size_t(e)]) return Internal(fmt::format("expert {} was dispatched here but is not loaded", e));
+  }
+  if (path_ == ComputePath::kFast && b.layout == ExpertLayout::kContiguous &&
+      w.experts[size_t(b.experts.empty() ? 0 : b.experts[0])]->gate.dtype == DType::kF8E4M3) {
+    experts_grouped(w, b, expert_out.data());
+  } else {
+    for (size_t s = 0; s < b.experts.size(); ++s) {
+      int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
+      mlp(*w.experts[size_t(b.experts[s])], &b.x[size_t(r0 * H)], rows, &expert_out[size_t(r0 * H)]);
+    }
   }
   experts_span.reset();
   comm_span.emplace(tracer_, "combine", layer_, TraceLane::kComm);
@@ -435,6 +448,33 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
     add_into(out, shared.data(), n * H);
   }
   return Status::Ok();
+}
+
+// All of a step's routed experts in three grouped GEMMs (DeepGEMM's contiguous layout: rows
+// sorted by expert) instead of three dense GEMMs per expert: one pass over the thread pool per
+// projection, however many experts the batch touches.
+void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, float* out) {
+  const int64_t H = b.hidden, rows = b.n_rows(), n_seg = int64_t(b.experts.size());
+  if (rows == 0) return;
+  const int64_t I = w.experts[size_t(b.experts[0])]->gate.rows;
+  const size_t segs = static_cast<size_t>(n_seg);
+  std::vector<const PackedFp8Weight*> gate(segs), up(segs), down(segs);
+  for (int64_t s = 0; s < n_seg; ++s) {
+    const MlpWeights& ex = *w.experts[size_t(b.experts[size_t(s)])];
+    gate[size_t(s)] = &packed_.at(ex.gate.data);
+    up[size_t(s)] = &packed_.at(ex.up.data);
+    down[size_t(s)] = &packed_.at(ex.down.data);
+  }
+  std::vector<uint16_t> xb(size_t(rows * std::max(H, I)));  // [rows, H] then [rows, I], BF16
+  for (int64_t r = 0; r < rows; ++r) f32_to_bf16_row(&b.x[size_t(r * H)], H, &xb[size_t(r * H)]);
+  std::vector<float> g(size_t(rows * I)), u(size_t(rows * I));  // [rows, I]
+  gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
+  gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
+  for (int64_t i = 0; i < rows * I; ++i) {
+    float a = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
+    xb[size_t(i)] = f32_to_bf16(a);  // [rows, I]
+  }
+  gemm_fp8_grouped_contiguous(xb.data(), I, b.offsets.data(), down.data(), n_seg, {out, DType::kF32, H}, pool_);
 }
 
 void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* out) {

@@ -76,6 +76,7 @@ class DeepseekModel {
                             int64_t n, const LatentKvCache& cache, float* o);
   Status moe(const MoeWeights& w, const float* x, int64_t n, float* out);
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out);
+  void experts_grouped(const MoeWeights& w, const ExpertBatch& b, float* out);
   // y[m, w.rows] = x[m, w.cols] W^T on the configured compute path.
   void linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy);
   void pack_weights();

@@ -7,6 +7,8 @@
 #include <condition_variable>
 #include <mutex>
 
+#include <fmt/format.h>
+
 #include "../model/test_models.h"
 
 namespace moeserve {
@@ -159,7 +161,7 @@ TEST(Engine, AdmissionLimit) {
   ASSERT_TRUE(e.ok());
   std::vector<size_t> accepted;
   for (size_t i = 0; i < cs.size(); ++i) {
-    Status s = (*e)->submit(request("r" + std::to_string(i), 5, int(i), 50), cs[i].callback());
+    Status s = (*e)->submit(request(fmt::format("r{}", i), 5, int(i), 50), cs[i].callback());
     if (s.ok()) {
       accepted.push_back(i);
     } else {
@@ -167,7 +169,7 @@ TEST(Engine, AdmissionLimit) {
     }
   }
   EXPECT_LT(accepted.size(), cs.size());
-  for (size_t i : accepted) (*e)->cancel("r" + std::to_string(i));
+  for (size_t i : accepted) (*e)->cancel(fmt::format("r{}", i));
   for (size_t i : accepted) cs[i].wait();
 }
 
