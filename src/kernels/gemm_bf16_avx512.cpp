@@ -18,30 +18,6 @@ float hsum(__m512 v) {
   return s;
 }
 
-// Dot products of up to 4 rows of x with one row of w, 32 k at a time; tail masked.
-template <int R>
-void dot_rows(const uint16_t* x, int64_t ldx, const uint16_t* wr, int64_t k, float* out) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  int64_t c = 0;
-  for (; c + 32 <= k; c += 32) {
-    __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + c);
-    for (int r = 0; r < R; ++r) {
-      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * ldx + c);
-      acc[r] = _mm512_dpbf16_ps(acc[r], xv, wv);
-    }
-  }
-  if (c < k) {
-    __mmask32 mask = (__mmask32)((1ull << (k - c)) - 1);
-    __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr + c);
-    for (int r = 0; r < R; ++r) {
-      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + r * ldx + c);
-      acc[r] = _mm512_dpbf16_ps(acc[r], xv, wv);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
-}
-
 template <int R>
 void dot_rows_f32(const float* x, int64_t ldx, const float* wr, int64_t k, float* out) {
   __m512 acc[R];
@@ -121,21 +97,53 @@ void gemm_f32_kn_avx512_cols(const float* x, int64_t m, int64_t ldx, const float
   }
 }
 
-void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
-                           int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy) {
-  float out[4];
-  for (int64_t j = n0; j < n1; ++j) {
-    const uint16_t* wr = w + j * ldw;
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      dot_rows<4>(x + i * ldx, ldx, wr, k, out);
-      for (int r = 0; r < 4; ++r) y[(i + r) * ldy + j] = out[r];
-    }
-    for (; i < m; ++i) {
-      dot_rows<1>(x + i * ldx, ldx, wr, k, out);
-      y[i * ldy + j] = out[0];
+namespace {
+
+// R rows of x against C rows of w: R x C dot products sharing every load (k in steps of 32).
+template <int R, int C>
+void dot_block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64_t k,
+               float* y, int64_t ldy) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    __m512bh wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * ldw + i);
+    for (int r = 0; r < R; ++r) {
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * ldx + i);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
     }
   }
+  if (i < k) {
+    __mmask32 mask = (__mmask32)((1ull << (k - i)) - 1);
+    __m512bh wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + c * ldw + i);
+    for (int r = 0; r < R; ++r) {
+      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + r * ldx + i);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = hsum(acc[r][c]);
+}
+
+template <int C>
+void rows_of_x(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t ldw,
+               int64_t k, float* y, int64_t ldy) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) dot_block<4, C>(x + i * ldx, ldx, w, ldw, k, y + i * ldy, ldy);
+  for (; i < m; ++i) dot_block<1, C>(x + i * ldx, ldx, w, ldw, k, y + i * ldy, ldy);
+}
+
+}  // namespace
+
+void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
+                           int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy) {
+  // 4 rows of w at a time: each x load feeds 4 dot products, each w load up to 4.
+  int64_t j = n0;
+  for (; j + 4 <= n1; j += 4) rows_of_x<4>(x, m, ldx, w + j * ldw, ldw, k, y + j, ldy);
+  for (; j < n1; ++j) rows_of_x<1>(x, m, ldx, w + j * ldw, ldw, k, y + j, ldy);
 }
 
 }  // namespace moeserve
