@@ -94,10 +94,10 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
       mode_(mode),
       path_(path),
       rope_(rope_params(config)) {
-  if (path_ == ComputePath::kFast) pack_weights();
+  if (path_ == ComputePath::kFast) prepare_fast_path();
 }
 
-void DeepseekModel::pack_weights() {
+void DeepseekModel::prepare_fast_path() {
   // Collect the FP8 projections first (map slots created here), then pack them in parallel.
   std::vector<std::pair<const WeightView*, PackedFp8Weight*>> jobs;
   auto pack = [&](const WeightView& w) {

@@ -79,7 +79,8 @@ class DeepseekModel {
   void experts_grouped(const MoeWeights& w, const ExpertBatch& b, float* out);
   // y[m, w.rows] = x[m, w.cols] W^T on the configured compute path.
   void linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy);
-  void pack_weights();
+  // Repacks FP8 projections, splits kv_b_proj per head and converts the router to F32.
+  void prepare_fast_path();
 
   const ModelConfig& config_;
   const ModelWeights& weights_;
