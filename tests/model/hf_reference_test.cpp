@@ -22,10 +22,12 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr float kLogprobTol = 2e-2f;      // reference path (FP32 activations)
-// The fast path (BF16 GEMM inputs, BF16 KV cache) is only measured against the fixtures, when
-// MOESERVE_HF_FAST=1 is set: on these small random models a 0.4% perturbation of one
-// activation can flip a near-tied MoE routing choice and move later logprobs by 0.1-3
-// (docs/hf-reference.md), so no tolerance would be honest.
+// The fast path (BF16 GEMM inputs, BF16 KV cache) runs against the fixtures when
+// MOESERVE_HF_FAST=1 is set. On these small random models a 0.4% perturbation of one
+// activation can flip a near-tied MoE routing choice and move later logprobs by 0.1-1.5
+// (docs/hf-reference.md), so it is held only to a bound that catches real bugs: a missing
+// YaRN term, mscale, bias or group limit moves logprobs by 4-15 on the same fixtures.
+constexpr float kFastBugBound = 2.0f;
 std::vector<ComputePath> compute_paths() {
   if (std::getenv("MOESERVE_HF_FAST")) return {ComputePath::kReference, ComputePath::kFast};
   return {ComputePath::kReference};
@@ -62,11 +64,11 @@ std::vector<Case> load_cases(const std::string& dir) {
   return cases;
 }
 
-// First step where the reference's top-2 are within `tie` (tokens may legitimately differ
+// First step where the reference's top-2 are within kNearTie (tokens may legitimately differ
 // from there on), plus one, or the number of steps.
-size_t comparable_steps(const Case& c, float tie = kNearTie) {
+size_t comparable_steps(const Case& c) {
   for (size_t s = 0; s < c.steps.size(); ++s) {
-    if (c.steps[s].top.size() >= 2 && c.steps[s].top[0].logprob - c.steps[s].top[1].logprob < tie) {
+    if (c.steps[s].top.size() >= 2 && c.steps[s].top[0].logprob - c.steps[s].top[1].logprob < kNearTie) {
       return s + 1;  // this step's logprobs are still comparable; its argmax is not
     }
   }
@@ -136,6 +138,9 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
             << name << " prompt len " << c.prompt.size() << " step " << s;
       }
     }
+  }
+  if (fast()) {
+    EXPECT_LE(worst, kFastBugBound) << name;
   }
   std::printf("[ fixture %s, %s, %s ] max |dlogprob| = %.2e\n", name.c_str(),
               mode == AttentionMode::kNaive ? "naive" : "absorbed",
