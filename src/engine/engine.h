@@ -79,6 +79,8 @@ class Engine {
   virtual EngineStats stats() const = 0;
   // False once the step thread has died or stopped.
   virtual bool healthy() const = 0;
+  // Why the step thread died (OK while it runs and after a clean stop).
+  virtual Status failure() const { return Status::Ok(); }
   virtual int64_t vocab_size() const = 0;
   virtual int64_t max_context() const = 0;
 };

@@ -1,7 +1,21 @@
 // make_engine: the concrete Engine (engine.h) over a DeepSeek checkpoint: one step thread
 // running Scheduler + DeepseekModel over a paged latent cache with prefix caching.
+//
+// Expert parallelism with data-parallel attention (docs/ep-serving.md): with an EngineParallel,
+// one engine runs on every rank of an EP group and the engines step together. Each rank keeps
+// its own requests, scheduler and KV cache (attention is data-parallel); every MoE layer joins
+// the group's dispatch/combine through the parallel Dispatcher, a rank without work included
+// (with an empty batch). Rank 0 is the front: submit() there assigns each request to the rank
+// with the fewest outstanding tokens (prompt + max_tokens - generated), and that rank's tokens
+// come back to rank 0's callbacks through one control exchange per step (rank_messages.h).
+// Other ranks are workers: nothing is submitted to them; they leave their step loop when rank 0
+// stops (healthy() turns false, failure() stays OK) or when the group breaks (failure() says
+// which rank went silent). While every rank is idle, rank 0 still runs a control exchange every
+// idle_heartbeat so that the workers' waits (CommOptions::timeout) tell a quiet group from a
+// dead one.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -9,6 +23,12 @@
 #include "core/dtype.h"
 #include "engine/engine.h"
 #include "model/deepseek.h"
+
+namespace moeserve {
+class Communicator;
+class Dispatcher;
+class Tracer;
+}  // namespace moeserve
 
 namespace moeserve {
 
@@ -26,8 +46,18 @@ struct EngineOptions {
   AttentionMode attention = AttentionMode::kAbsorbed;
   ComputePath compute = ComputePath::kFast;
   bool progress = false;         // loading progress on stderr
+  Tracer* tracer = nullptr;      // records each step's stages when set (borrowed)
 };
 
-Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& options);
+struct EngineParallel {
+  Communicator* comm = nullptr;      // the EP group; borrowed, outlives the engine
+  Dispatcher* dispatcher = nullptr;  // MoE dispatch/combine over comm; borrowed; its
+                                     // holds_expert() decides which experts this rank loads
+  std::chrono::milliseconds idle_heartbeat{200};  // must stay well below the comm timeout
+};
+
+// parallel == nullptr: one process holding every expert.
+Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& options,
+                                            const EngineParallel* parallel = nullptr);
 
 }  // namespace moeserve
