@@ -1,16 +1,23 @@
 // moeserve serve --model DIR [--host H --port P --api-key KEY --kv-cache-gb G ...]
 // The OpenAI-compatible HTTP server over the continuous-batching engine (docs/server.md).
+// Under `mpirun -np R` (or with --ep) every rank runs an engine over its own requests and KV
+// cache with 1/R of the routed experts (docs/ep-serving.md); rank 0 also serves HTTP.
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "core/trace.h"
 #include "engine/llm_engine.h"
+#include "ep/ep_group.h"
+#include "model/config.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_service.h"
@@ -31,7 +38,36 @@ struct ServeOptions {
   int64_t max_n = 8;
   int64_t max_top_logprobs = 20;
   double max_body_mb = 8;
+  std::string trace;  // Chrome trace JSON, written at exit (FILE.rank<r>.json under EP)
+  // Expert parallelism (issue 7): on under mpirun or with --ep.
+  bool ep = false;
+  std::string dispatch_dtype = "fp8";
+  std::string ep_mode = "normal";
+  double ep_timeout_s = 30;
 };
+
+// Ranks other than 0 serve the requests rank 0 hands them until rank 0 stops the group, the
+// group breaks, or (after SIGTERM) rank 0 has had its shutdown time and then some.
+int run_worker_rank(Engine& engine, int rank, const sigset_t& stop_signals, double shutdown_timeout_s) {
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  while (engine.healthy()) {
+    timespec tick{0, 100 * 1000 * 1000};
+    int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+    if (sig > 0 && !deadline) {
+      // mpirun passes SIGTERM to every rank: rank 0 drains and then stops the group.
+      deadline = std::chrono::steady_clock::now() +
+                 std::chrono::milliseconds(int64_t((shutdown_timeout_s + 10) * 1000));
+    }
+    if (deadline && std::chrono::steady_clock::now() > *deadline) break;
+  }
+  Status f = engine.failure();
+  if (!f.ok()) {
+    fmt::print(stderr, "serve (rank {}): {}\n", rank, f.message());
+    return 1;
+  }
+  fmt::print(stderr, "serve (rank {}): stopped\n", rank);
+  return 0;
+}
 
 int run_serve(ServeOptions o) {
   if (o.http.port < 1 || o.http.port > 65535) {
@@ -60,10 +96,61 @@ int run_serve(ServeOptions o) {
   }
   o.engine.kv_dtype = o.kv_dtype == "f32" ? DType::kF32 : DType::kBF16;
   o.engine.progress = true;
-  Result<std::unique_ptr<Engine>> engine = make_engine(o.engine);
+
+  std::optional<EpGroup> ep;
+  EngineParallel parallel;
+  if (o.ep || launched_by_mpirun()) {
+    auto config = load_model_config(o.engine.model_dir + "/config.json");
+    if (!config.ok()) {
+      fmt::print(stderr, "serve: {}\n", config.status().message());
+      return 1;
+    }
+    EpGroupOptions eo;
+    eo.dtype = *dispatch_dtype_from_name(o.dispatch_dtype);
+    eo.mode = *ep_mode_from_name(o.ep_mode);
+    eo.timeout = std::chrono::milliseconds(int64_t(o.ep_timeout_s * 1000));
+    eo.max_tokens_per_rank = o.engine.max_batch_tokens;
+    auto group = join_mpi_ep_group(eo, config->n_routed_experts, config->hidden_size,
+                                   config->num_experts_per_tok);
+    if (!group.ok()) {
+      fmt::print(stderr, "serve: {}\n", group.status().message());
+      return 1;
+    }
+    ep = std::move(*group);
+    parallel.comm = ep->comm.get();
+    parallel.dispatcher = ep->dispatcher.get();
+    // Heartbeats while idle: a few per timeout, so a quiet group is never taken for a dead one.
+    parallel.idle_heartbeat = std::min(std::chrono::milliseconds(200), eo.timeout / 4);
+    o.engine.progress = ep->comm->rank() == 0;
+  }
+  const int rank = ep ? ep->comm->rank() : 0;
+  std::optional<Tracer> tracer;
+  if (!o.trace.empty()) {
+    tracer.emplace(rank);
+    o.engine.tracer = &*tracer;
+  }
+  auto write_trace = [&]() -> int {
+    if (!tracer) return 0;
+    std::string path = ep && ep->comm->size() > 1 ? fmt::format("{}.rank{}.json", o.trace, rank) : o.trace;
+    if (Status st = tracer->write(path); !st.ok()) {
+      fmt::print(stderr, "serve: {}\n", st.message());
+      return 1;
+    }
+    return 0;
+  };
+  Result<std::unique_ptr<Engine>> engine = make_engine(o.engine, ep ? &parallel : nullptr);
   if (!engine.ok()) {
-    fmt::print(stderr, "serve: {}\n", engine.status().message());
+    fmt::print(stderr, "serve{}: {}\n", ep ? fmt::format(" (rank {})", rank) : "",
+               engine.status().message());
     return 1;
+  }
+  if (rank != 0) {
+    fmt::print(stderr, "serve (rank {} of {}): {} of {} routed experts here; serving rank 0's requests\n",
+               rank, ep->comm->size(), ep->dispatcher->placement().experts_on(rank).size(),
+               ep->dispatcher->placement().n_experts());
+    int rc = run_worker_rank(**engine, rank, stop_signals, o.http.shutdown_timeout_s);
+    engine->reset();  // joins the step thread before the trace is read
+    return std::max(rc, write_trace());
   }
   if (int64_t(tok->vocab_size()) > (*engine)->vocab_size()) {
     fmt::print(stderr, "serve: warning: the tokenizer has {} ids, the model {}\n",
@@ -80,24 +167,31 @@ int run_serve(ServeOptions o) {
   if (!o.api_key.empty()) o.http.api_key = o.api_key;
   o.http.max_body_bytes = size_t(o.max_body_mb * 1024 * 1024);
 
-  ServerMetrics metrics;
-  OpenAiService service(**engine, std::move(*tok), std::move(*tmpl), so, metrics);
-  HttpServer http(service, **engine, metrics, o.http);
-  if (Status s = http.start(); !s.ok()) {
-    fmt::print(stderr, "serve: {}\n", s.message());
-    return 1;
-  }
-  fmt::print(stderr, "serve: '{}' on http://{}:{} (context {} tokens{})\n", so.served_model_name,
-             o.http.host, http.port(), (*engine)->max_context(),
-             o.http.api_key ? ", API key required" : "");
+  {
+    ServerMetrics metrics;
+    OpenAiService service(**engine, std::move(*tok), std::move(*tmpl), so, metrics);
+    HttpServer http(service, **engine, metrics, o.http);
+    if (Status s = http.start(); !s.ok()) {
+      fmt::print(stderr, "serve: {}\n", s.message());
+      return 1;
+    }
+    fmt::print(stderr, "serve: '{}' on http://{}:{} (context {} tokens{}{})\n", so.served_model_name,
+               o.http.host, http.port(), (*engine)->max_context(),
+               o.http.api_key ? ", API key required" : "",
+               ep && ep->comm->size() > 1
+                   ? fmt::format(", {} ranks: attention data-parallel, experts {}-way parallel",
+                                 ep->comm->size(), ep->comm->size())
+                   : "");
 
-  int sig = 0;
-  sigwait(&stop_signals, &sig);
-  fmt::print(stderr, "serve: {} received; finishing requests in flight (up to {} s)\n",
-             sig == SIGTERM ? "SIGTERM" : "SIGINT", o.http.shutdown_timeout_s);
-  http.shutdown();
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    fmt::print(stderr, "serve: {} received; finishing requests in flight (up to {} s)\n",
+               sig == SIGTERM ? "SIGTERM" : "SIGINT", o.http.shutdown_timeout_s);
+    http.shutdown();
+  }  // the HTTP side is gone before the engine
+  engine->reset();  // under EP this also stops the other ranks
   fmt::print(stderr, "serve: stopped\n");
-  return 0;
+  return write_trace();
 }
 
 }  // namespace
@@ -153,6 +247,17 @@ Subcommand add_serve_command(CLI::App& parent) {
   app->add_option("--max-body-mb", o->max_body_mb, "Largest request body (MiB)")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 1024.0));
+  app->add_option("--trace", o->trace,
+                  "Write a Chrome trace (Perfetto, chrome://tracing) of every step's stages at exit "
+                  "(FILE.rank<r>.json per rank under EP)");
+  app->add_flag("--ep", o->ep, "Expert parallelism over MPI (default when started by mpirun)");
+  app->add_option("--dispatch-dtype", o->dispatch_dtype,
+                  "EP dispatch payload: fp8 | bf16 | f32 (lossless, for checking)")
+      ->check(CLI::IsMember({"fp8", "bf16", "f32"}))->capture_default_str();
+  app->add_option("--ep-mode", o->ep_mode, "EP exchange: normal | low-latency")
+      ->check(CLI::IsMember({"normal", "low-latency"}))->capture_default_str();
+  app->add_option("--ep-timeout", o->ep_timeout_s, "Seconds to wait for a silent EP peer")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   return {app, [o] { return run_serve(*o); }};
 }
 

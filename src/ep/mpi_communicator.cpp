@@ -131,7 +131,8 @@ class MpiCommunicator final : public Communicator {
   // i % size_ (or `peer` when given); on timeout the pending ones are cancelled and named.
   Status wait_all(std::vector<MPI_Request>& reqs, std::vector<MPI_Status>& statuses,
                   const std::string& what, std::optional<int> peer = std::nullopt) {
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    const auto started = std::chrono::steady_clock::now();
+    const auto deadline = started + options_.timeout;
     std::vector<int> done(reqs.size());
     std::vector<MPI_Status> got(reqs.size());
     for (MPI_Status& st : statuses) st.MPI_ERROR = MPI_SUCCESS;
@@ -179,7 +180,14 @@ class MpiCommunicator final : public Communicator {
                         "(dead or hung?)",
                         what, rank_, rank_list(missing), int64_t(options_.timeout.count()))));
       }
-      std::this_thread::yield();
+      // Yield for the first couple of milliseconds (an exchange inside a step completes in
+      // that time), then sleep in short naps: a rank waiting for an idle group's next heartbeat
+      // should not burn a core its peers on the same host could use.
+      if (idle < 4096 || std::chrono::steady_clock::now() - started < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
     }
     return Status::Ok();
   }

@@ -129,8 +129,11 @@ struct HttpServer::Impl {
     svr.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
       if (!admit(req, res, false)) return;
       if (!engine.healthy()) {
-        send_error(res,
-                   make_error(503, "the engine has stopped", "service_unavailable", "engine_dead"));
+        Status why = engine.failure();
+        send_error(res, make_error(503,
+                                   why.ok() ? std::string("the engine has stopped")
+                                            : "the engine has stopped: " + why.message(),
+                                   "service_unavailable", "engine_dead"));
       } else if (draining.load()) {
         send_error(res, make_error(503, "the server is shutting down", "service_unavailable",
                                    "shutting_down"));
