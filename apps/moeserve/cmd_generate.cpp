@@ -17,6 +17,8 @@
 #include "engine/generator.h"
 #include "ep/dispatcher.h"
 #include "ep/ep_group.h"
+#include "ep/expert_load_counter.h"
+#include "eplb/expert_loads.h"
 #include "model/checkpoint.h"
 #include "model/deepseek.h"
 #include "tokenizer/chat_messages_json.h"
@@ -53,7 +55,40 @@ struct GenerateOptions {
   std::string dispatch_dtype = "fp8";
   std::string ep_mode = "normal";
   double ep_timeout_s = 30;
+  // EPLB (issue 8; docs/eplb.md "Runtime").
+  std::string expert_stats_out;  // write the group's expert loads (stats format) here
+  std::string eplb_init;         // plan the placement from these loads
+  int32_t redundant_experts = 0;
+  int32_t eplb_groups = 0;  // 0: the model's n_group
+  int32_t eplb_nodes = 1;
+  int32_t eplb_window = 1000;
 };
+
+int32_t count_moe_layers(const ModelConfig& c) {
+  int32_t n = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) n += c.is_moe_layer(l);
+  return n;
+}
+
+// After generation on every rank (collective): the group's loads; rank 0 writes the stats file
+// and prints the balance per MoE layer.
+Status report_expert_loads(const GenerateOptions& o, EpGroup& ep) {
+  ExpertLoadCounter& counter = ep.balancer->counter();
+  counter.flush();
+  ASSIGN_OR_RETURN(GroupLoads loads, counter.gather(*ep.comm));
+  if (ep.comm->rank() != 0) return Status::Ok();
+  if (!o.expert_stats_out.empty()) RETURN_IF_ERROR(write_expert_stats(loads, o.expert_stats_out));
+  std::string per_layer;
+  for (int32_t l = 0; l < loads.rank_rows.num_layers; ++l) {
+    per_layer += fmt::format(" {:.3f}", rank_imbalance(loads.rank_rows, l));
+  }
+  fmt::print(stderr,
+             "eplb: {} steps, {} slots per MoE layer on {} ranks; max/mean rows per rank: mean "
+             "{:.3f}, per MoE layer{}\n",
+             loads.steps, ep.dispatcher->placement().n_slots(), ep.comm->size(),
+             mean_rank_imbalance(loads.rank_rows), per_layer);
+  return Status::Ok();
+}
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
@@ -142,6 +177,16 @@ int run_generate(const GenerateOptions& o) {
   LoadOptions load;
   load.progress = true;
   std::optional<EpGroup> ep;
+  const bool eplb = !o.expert_stats_out.empty() || !o.eplb_init.empty();
+  if (eplb && !o.ep && !launched_by_mpirun()) {
+    fmt::print(stderr, "generate: --expert-stats-out and --eplb-init need expert parallelism "
+                       "(--ep, or mpirun)\n");
+    return 2;
+  }
+  if (o.redundant_experts > 0 && o.eplb_init.empty()) {
+    fmt::print(stderr, "generate: --redundant-experts needs --eplb-init (the loads to plan from)\n");
+    return 2;
+  }
   if (o.ep || launched_by_mpirun()) {
     auto config = load_model_config(o.model + "/config.json");
     if (!config.ok()) {
@@ -149,6 +194,20 @@ int run_generate(const GenerateOptions& o) {
       return 1;
     }
     EpGroupOptions eo;
+    eo.count_loads = eplb;
+    eo.moe_layers = count_moe_layers(*config);
+    eo.eplb.redundant_experts = o.redundant_experts;
+    eo.eplb.groups = o.eplb_groups > 0 ? o.eplb_groups : int32_t(config->n_group);
+    eo.eplb.nodes = o.eplb_nodes;
+    eo.eplb.window_steps = o.eplb_window;
+    if (!o.eplb_init.empty()) {
+      auto file = eplb::read_load_file(o.eplb_init);
+      if (!file.ok()) {
+        fmt::print(stderr, "generate: --eplb-init: {}\n", file.status().message());
+        return 1;
+      }
+      eo.eplb_loads = std::move(file->loads);
+    }
     eo.dtype = *dispatch_dtype_from_name(o.dispatch_dtype);
     eo.mode = *ep_mode_from_name(o.ep_mode);
     eo.timeout = std::chrono::milliseconds(int64_t(o.ep_timeout_s * 1000));
@@ -161,7 +220,9 @@ int run_generate(const GenerateOptions& o) {
     }
     ep = std::move(*group);
     load.progress = ep->comm->rank() == 0;
-    load.holds_expert = [d = ep->dispatcher.get()](int32_t e) { return d->holds_expert(e); };
+    load.holds_layer_expert = [d = ep->dispatcher.get()](int64_t moe_layer, int32_t e) {
+      return d->holds_layer_expert(moe_layer, e);
+    };
   }
   const bool print = !ep || ep->comm->rank() == 0;
   auto ck = Checkpoint::open(o.model, load);
@@ -200,6 +261,12 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   double gen_s = seconds_since(t1);
+  if (ep && ep->balancer) {
+    if (Status st = report_expert_loads(o, *ep); !st.ok()) {
+      fmt::print(stderr, "generate: {}\n", st.message());
+      return 1;
+    }
+  }
   if (tracer) {
     std::string path = ep ? fmt::format("{}.rank{}.json", o.trace, rank) : o.trace;
     if (Status st = tracer->write(path); !st.ok()) {
@@ -281,6 +348,20 @@ Subcommand add_generate_command(CLI::App& parent) {
   app->add_option("--ep-mode", o->ep_mode, "EP exchange: normal | low-latency")
       ->check(CLI::IsMember({"normal", "low-latency"}))->capture_default_str();
   app->add_option("--ep-timeout", o->ep_timeout_s, "Seconds to wait for a silent EP peer")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--expert-stats-out", o->expert_stats_out,
+                  "Write the group's tokens per expert and MoE layer (input of `moeserve eplb "
+                  "--loads` and --eplb-init); needs --ep");
+  app->add_option("--eplb-init", o->eplb_init,
+                  "Place experts by the EPLB plan of these loads (stats file or JSON matrix)");
+  app->add_option("--redundant-experts", o->redundant_experts,
+                  "EPLB: extra expert slots per MoE layer (experts + N must divide by the ranks)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app->add_option("--eplb-groups", o->eplb_groups, "EPLB expert groups (default: n_group)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--eplb-nodes", o->eplb_nodes, "EPLB: nodes the ranks span")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--eplb-window", o->eplb_window, "EPLB: steps in the load moving window")
       ->check(CLI::PositiveNumber)->capture_default_str();
   return {app, [o] { return run_generate(*o); }};
 }

@@ -493,7 +493,9 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   LoadOptions load;
   load.progress = o.progress;
   if (par && par->dispatcher) {
-    load.holds_expert = [d = par->dispatcher](int32_t e) { return d->holds_expert(e); };
+    load.holds_layer_expert = [d = par->dispatcher](int64_t moe_layer, int32_t e) {
+      return d->holds_layer_expert(moe_layer, e);
+    };
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::open(o.model_dir, load));
   const ModelConfig& c = ck->config();

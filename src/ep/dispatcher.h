@@ -5,8 +5,10 @@
 //
 // Protocol, once per MoE layer on every rank of the group (a rank with no tokens still calls,
 // with n_tokens = 0, because dispatch and combine are collective):
-//   1. dispatch(x, topk) -> ExpertBatch: the rows this rank's experts must process, grouped by
-//      local expert in segments (grouped-contiguous layout, or masked in low-latency mode).
+//   1. dispatch(moe_layer, x, topk) -> ExpertBatch: the rows this rank's experts must process,
+//      grouped by local expert in segments (grouped-contiguous layout, or masked in low-latency
+//      mode). moe_layer counts MoE layers only (0 = the first); the placement of experts, and so
+//      the rows a rank receives, may differ per layer (EPLB, expert_placement.h).
 //   2. the caller runs each local expert on the rows in use of its segment
 //      [segment_begin(s), + segment_rows(s)), writing out rows [n_rows(), hidden]; rows of
 //      padding may be computed or not, they are ignored.
@@ -57,13 +59,21 @@ class Dispatcher {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Whether this rank holds routed expert e (it must then be loaded here).
+  // Whether this rank holds routed expert e in some MoE layer.
   virtual bool holds_expert(int32_t expert) const = 0;
+  // Whether this rank holds expert e in MoE layer moe_layer (its weights must then be loaded).
+  virtual bool holds_layer_expert(int64_t moe_layer, int32_t expert) const = 0;
 
   // x: [n_tokens, hidden]; topk_ids, topk_weights: [n_tokens, top_k].
-  virtual Result<ExpertBatch> dispatch(const float* x, int64_t n_tokens, int64_t hidden,
-                                       const int32_t* topk_ids, const float* topk_weights,
-                                       int64_t top_k) = 0;
+  virtual Result<ExpertBatch> dispatch(int64_t moe_layer, const float* x, int64_t n_tokens,
+                                       int64_t hidden, const int32_t* topk_ids,
+                                       const float* topk_weights, int64_t top_k) = 0;
+  // dispatch(0, ...): for callers (benches, unit tests) whose placement is the same in every
+  // layer.
+  Result<ExpertBatch> dispatch(const float* x, int64_t n_tokens, int64_t hidden,
+                               const int32_t* topk_ids, const float* topk_weights, int64_t top_k) {
+    return dispatch(0, x, n_tokens, hidden, topk_ids, topk_weights, top_k);
+  }
   // expert_out: [batch.n_rows(), hidden]; y: [n_tokens, hidden] (overwritten).
   virtual Status combine(const ExpertBatch& batch, const float* expert_out, float* y) = 0;
 };
@@ -76,7 +86,9 @@ class LocalDispatcher final : public Dispatcher {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   bool holds_expert(int32_t e) const override { return e >= 0 && e < n_experts_; }
-  Result<ExpertBatch> dispatch(const float* x, int64_t n_tokens, int64_t hidden,
+  bool holds_layer_expert(int64_t, int32_t e) const override { return holds_expert(e); }
+  using Dispatcher::dispatch;
+  Result<ExpertBatch> dispatch(int64_t moe_layer, const float* x, int64_t n_tokens, int64_t hidden,
                                const int32_t* topk_ids, const float* topk_weights,
                                int64_t top_k) override;
   Status combine(const ExpertBatch& batch, const float* expert_out, float* y) override;

@@ -88,9 +88,20 @@ EpDispatcher::EpDispatcher(Communicator& comm, ExpertPlacement placement, EpOpti
   combine_recv_.assign(bytes, 0);
 }
 
-Result<ExpertBatch> EpDispatcher::dispatch(const float* x, int64_t n_tokens, int64_t hidden,
-                                           const int32_t* topk_ids, const float* topk_weights,
-                                           int64_t top_k) {
+Status EpDispatcher::set_placement(ExpertPlacement placement) {
+  if (placement.n_ranks() != comm_.size() || placement.n_experts() != placement_.n_experts()) {
+    return InvalidArgument(fmt::format(
+        "EP placement of {} experts on {} ranks cannot replace one of {} experts on {}",
+        placement.n_experts(), placement.n_ranks(), placement_.n_experts(), comm_.size()));
+  }
+  placement_ = std::move(placement);
+  seq_.clear();
+  return Status::Ok();
+}
+
+Result<ExpertBatch> EpDispatcher::dispatch(int64_t moe_layer, const float* x, int64_t n_tokens,
+                                           int64_t hidden, const int32_t* topk_ids,
+                                           const float* topk_weights, int64_t top_k) {
   const bool low_latency = options_.mode == EpMode::kLowLatency;
   const int R = comm_.size();
   if (hidden <= 0 || top_k <= 0 || n_tokens < 0) {
@@ -114,20 +125,40 @@ Result<ExpertBatch> EpDispatcher::dispatch(const float* x, int64_t n_tokens, int
                                          placement_.n_experts()));
     }
   }
+  if (!placement_.valid_layer(moe_layer)) {
+    return InvalidArgument(fmt::format("dispatch: MoE layer {} outside the placement's {} layers",
+                                       moe_layer, placement_.layers()));
+  }
   const auto L = DispatchRecordLayout::make(hidden, top_k, options_.dtype);
 
-  // Layout: records (tokens) and entries (token, expert) per destination rank.
+  // Layout: the rank computing each (token, expert): one of the expert's replicas, the k-th
+  // token this rank sends to the expert in this layer going to route(..., k) (k counts across
+  // calls, so that decode steps of a token or two also spread over the replicas); then records
+  // (tokens) and entries (token, expert) per destination rank.
+  const int me = comm_.rank();
+  dest_.resize(size_t(n_tokens * top_k));
+  if (size_t(moe_layer) >= seq_.size()) seq_.resize(size_t(moe_layer) + 1);
+  std::vector<uint64_t>& seq = seq_[size_t(moe_layer)];
+  seq.resize(size_t(placement_.n_experts()), 0);
+  for (int64_t i = 0; i < n_tokens * top_k; ++i) {
+    const int32_t e = topk_ids[i];
+    dest_[size_t(i)] = int32_t(placement_.route(moe_layer, e, me, seq[size_t(e)]++));
+  }
+  if (counter_) {
+    counter_->on_dispatch(moe_layer, {topk_ids, size_t(n_tokens * top_k)},
+                          {dest_.data(), dest_.size()});
+  }
   std::vector<size_t> records(size_t(R), 0), entries(size_t(R), 0);
   std::vector<uint8_t> seen(size_t(R), 0);
   for (int64_t t = 0; t < n_tokens; ++t) {
+    const int32_t* dest = &dest_[size_t(t * top_k)];
     for (int64_t j = 0; j < top_k; ++j) {
-      int r = placement_.rank_of(topk_ids[t * top_k + j]);
+      int r = dest[j];
       ++entries[size_t(r)];
       if (!seen[size_t(r)]) ++records[size_t(r)];
       seen[size_t(r)] = 1;
     }
-    for (int64_t j = 0; j < top_k; ++j)
-      seen[size_t(placement_.rank_of(topk_ids[t * top_k + j]))] = 0;
+    for (int64_t j = 0; j < top_k; ++j) seen[size_t(dest[j])] = 0;
   }
   const size_t T = size_t(options_.max_tokens_per_rank);
   std::vector<size_t> rec_base = low_latency ? fixed_bases(size_t(R), T) : prefix_bases(records);
@@ -168,15 +199,16 @@ Result<ExpertBatch> EpDispatcher::dispatch(const float* x, int64_t n_tokens, int
   std::vector<size_t> rec_cursor(size_t(R), 0), entry_cursor(size_t(R), 0);
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int32_t* ids = topk_ids + t * top_k;
+    const int32_t* dest = &dest_[size_t(t * top_k)];
     for (int64_t j = 0; j < top_k; ++j) {
-      const int r = placement_.rank_of(ids[j]);
+      const int r = dest[j];
       if (seen[size_t(r)]) continue;  // this token's record to r is already written
       seen[size_t(r)] = 1;
       uint8_t* rec = &dispatch_send_[(rec_base[size_t(r)] + rec_cursor[size_t(r)]++) * L.bytes];
       std::memset(rec, 0, L.payload_offset);
       int32_t count = 0;
       for (int64_t jj = j; jj < top_k; ++jj) {  // slots on r, in slot order
-        if (placement_.rank_of(ids[jj]) != r) continue;
+        if (dest[jj] != r) continue;
         put<int32_t>(rec, L.ids_offset + 4 * size_t(count), ids[jj]);
         put<float>(rec, L.weights_offset + 4 * size_t(count), topk_weights[t * top_k + jj]);
         route.slot_row[size_t(t * top_k + jj)] =
@@ -194,7 +226,7 @@ Result<ExpertBatch> EpDispatcher::dispatch(const float* x, int64_t n_tokens, int
         std::memcpy(rec + L.payload_offset, x + t * hidden, size_t(hidden) * 4);
       }
     }
-    for (int64_t j = 0; j < top_k; ++j) seen[size_t(placement_.rank_of(ids[j]))] = 0;
+    for (int64_t j = 0; j < top_k; ++j) seen[size_t(dest[j])] = 0;
   }
 
   // Exchange.
@@ -238,16 +270,17 @@ Result<ExpertBatch> EpDispatcher::dispatch(const float* x, int64_t n_tokens, int
                                           recv.view())
                         .with_context("EP dispatch"));
   }
-  return unpack(L, dispatch_recv_.data(), recv_base, recv_records, n_tokens, std::move(route));
+  return unpack(moe_layer, L, dispatch_recv_.data(), recv_base, recv_records, n_tokens,
+                std::move(route));
 }
 
-Result<ExpertBatch> EpDispatcher::unpack(const DispatchRecordLayout& L, const uint8_t* recv,
-                                         const std::vector<size_t>& base,
+Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecordLayout& L,
+                                         const uint8_t* recv, const std::vector<size_t>& base,
                                          const std::vector<size_t>& records, int64_t n_tokens,
                                          EpRoute route) {
   const int R = comm_.size(), me = comm_.rank();
   const int64_t H = L.hidden;
-  const std::vector<int32_t>& mine = placement_.experts_on(me);
+  const std::vector<int32_t>& mine = placement_.experts_on(moe_layer, me);
   const bool masked = options_.mode == EpMode::kLowLatency;
 
   // Validate every record once and count rows per local expert and per source rank.
@@ -263,11 +296,12 @@ Result<ExpertBatch> EpDispatcher::unpack(const DispatchRecordLayout& L, const ui
       }
       for (int32_t c = 0; c < count; ++c) {
         int32_t e = get<int32_t>(rec, L.ids_offset + 4 * size_t(c));
-        if (e < 0 || e >= placement_.n_experts() || placement_.rank_of(e) != me) {
+        if (e < 0 || e >= placement_.n_experts() || !placement_.holds(moe_layer, me, e)) {
           return Corrupt(fmt::format(
-              "dispatch: rank {} sent expert {}, which rank {} does not hold", p, e, me));
+              "dispatch: rank {} sent expert {}, which rank {} does not hold in MoE layer {}", p, e,
+              me, moe_layer));
         }
-        ++per_expert[size_t(placement_.local_index(e))];
+        ++per_expert[size_t(placement_.local_index(moe_layer, me, e))];
       }
       route.send_rows[size_t(p)] += size_t(count);
     }
@@ -315,7 +349,7 @@ Result<ExpertBatch> EpDispatcher::unpack(const DispatchRecordLayout& L, const ui
       int64_t first_row = 0;  // the token's payload is decoded once, then copied
       for (int32_t c = 0; c < count; ++c) {
         int32_t e = get<int32_t>(rec, L.ids_offset + 4 * size_t(c));
-        size_t le = size_t(placement_.local_index(e));
+        size_t le = size_t(placement_.local_index(moe_layer, me, e));
         int64_t row = seg_start[le] + fill[le]++;
         float* xr = &b.x[size_t(row * H)];  // [H]
         if (c > 0) {

@@ -1,11 +1,12 @@
 // EpDispatcher: dispatch and combine across the ranks of an EP group, with DeepEP's semantics,
 // over a Communicator (docs/ep-wire-format.md).
 //
-//   layout    from the top-k ids: which ranks each token goes to (ExpertPlacement), how many
-//             records and (token, expert) entries per rank.
+//   layout    from the top-k ids: which rank computes each (token, expert) (ExpertPlacement of
+//             the MoE layer: with redundant experts, one of the expert's replicas, a copy on this
+//             rank first), how many records and (token, expert) entries per rank.
 //   dispatch  each token once per destination rank (not once per expert): its payload (FP8 e4m3
 //             with 1x128 scales, or BF16) plus its top-k ids and weights restricted to that rank.
-//             The receiver dequantizes and groups rows by local expert.
+//             The receiver dequantizes and groups rows by local (logical) expert.
 //   combine   each expert output row goes back to its token's rank as BF16; the source sums a
 //             token's rows with its gate weights in ascending expert id order (LocalDispatcher's
 //             order), so y does not depend on R or on the placement (bit for bit, given the same
@@ -19,9 +20,10 @@
 //                layout. For decode. More tokens than the capacity is an error.
 //
 // Collective: every rank of the group calls dispatch and combine the same number of times in the
-// same order, n_tokens = 0 included. Used by one thread at a time. The scratch buffers it owns
-// are free again when a call returns; all routing state lives in the ExpertBatch, so two batches
-// (micro-batches) may be between dispatch and combine at once.
+// same order, n_tokens = 0 included. Used by one thread at a time. An ExpertLoadCounter, when
+// attached, sees every dispatch (counts per expert and per destination rank; load counting). The
+// scratch buffers it owns are free again when a call returns; all routing state lives in the
+// ExpertBatch, so two batches (micro-batches) may be between dispatch and combine at once.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@
 
 #include "ep/communicator.h"
 #include "ep/dispatcher.h"
+#include "ep/expert_load_counter.h"
 #include "ep/expert_placement.h"
 #include "ep/wire_format.h"
 
@@ -73,12 +76,23 @@ class EpDispatcher final : public Dispatcher {
   int rank() const override { return comm_.rank(); }
   int world_size() const override { return comm_.size(); }
   bool holds_expert(int32_t e) const override {
-    return e >= 0 && e < placement_.n_experts() && placement_.rank_of(e) == comm_.rank();
+    return e >= 0 && e < placement_.n_experts() && placement_.holds_in_any_layer(comm_.rank(), e);
+  }
+  bool holds_layer_expert(int64_t moe_layer, int32_t e) const override {
+    return e >= 0 && e < placement_.n_experts() && placement_.valid_layer(moe_layer) &&
+           placement_.holds(moe_layer, comm_.rank(), e);
   }
   const ExpertPlacement& placement() const { return placement_; }
   const EpOptions& options() const { return options_; }
+  // Replaces the placement between two steps (no batch between dispatch and combine); every rank
+  // must switch before the same dispatch, and this rank must be able to compute the experts the
+  // new placement gives it. InvalidArgument if it is for another group size or expert count.
+  Status set_placement(ExpertPlacement placement);
+  // Counts every later dispatch into `counter` (borrowed; nullptr stops counting).
+  void set_load_counter(ExpertLoadCounter* counter) { counter_ = counter; }
 
-  Result<ExpertBatch> dispatch(const float* x, int64_t n_tokens, int64_t hidden,
+  using Dispatcher::dispatch;
+  Result<ExpertBatch> dispatch(int64_t moe_layer, const float* x, int64_t n_tokens, int64_t hidden,
                                const int32_t* topk_ids, const float* topk_weights,
                                int64_t top_k) override;
   Status combine(const ExpertBatch& batch, const float* expert_out, float* y) override;
@@ -87,13 +101,17 @@ class EpDispatcher final : public Dispatcher {
   EpDispatcher(Communicator& comm, ExpertPlacement placement, EpOptions options);
 
   // Turns the received records (from rank p: records[p] of them at recv + base[p]) into rows.
-  Result<ExpertBatch> unpack(const DispatchRecordLayout& L, const uint8_t* recv,
+  Result<ExpertBatch> unpack(int64_t moe_layer, const DispatchRecordLayout& L, const uint8_t* recv,
                              const std::vector<size_t>& base, const std::vector<size_t>& records,
                              int64_t n_tokens, EpRoute route);
 
   Communicator& comm_;
   ExpertPlacement placement_;
   EpOptions options_;
+  ExpertLoadCounter* counter_ = nullptr;
+  std::vector<int32_t> dest_;  // [n_tokens, top_k] rank computing each (token, expert)
+  // [moe layers][n_experts] tokens this rank sent to each expert so far (replica choice).
+  std::vector<std::vector<uint64_t>> seq_;
   // Scratch, reused across calls (fixed size in low-latency mode).
   std::vector<uint8_t> dispatch_send_, dispatch_recv_;
   std::vector<uint8_t> combine_send_, combine_recv_;  // rows of combine_row_bytes

@@ -4,12 +4,18 @@
 
 namespace moeserve {
 
-Result<EpGroup> join_mpi_ep_group(const EpGroupOptions& options, int64_t n_routed_experts,
-                                  int64_t hidden, int64_t top_k) {
+Result<EpGroup> make_ep_group(std::unique_ptr<Communicator> comm, const EpGroupOptions& options,
+                              int64_t n_routed_experts, int64_t hidden, int64_t top_k) {
   EpGroup g;
-  ASSIGN_OR_RETURN(g.comm, make_mpi_communicator(CommOptions{options.timeout}));
-  Result<ExpertPlacement> placement = ExpertPlacement::contiguous(n_routed_experts, g.comm->size());
+  g.comm = std::move(comm);
+  Result<ExpertPlacement> placement =
+      options.eplb_loads ? plan_placement(*options.eplb_loads, g.comm->size(), options.eplb)
+                         : ExpertPlacement::contiguous(n_routed_experts, g.comm->size());
   if (!placement.ok()) return placement.status().with_context("expert parallelism");
+  if (placement->n_experts() != n_routed_experts) {
+    return InvalidArgument(fmt::format("EPLB loads are for {} experts, the model has {}",
+                                       placement->n_experts(), n_routed_experts));
+  }
   EpOptions eo;
   eo.dtype = options.dtype;
   eo.mode = options.mode;
@@ -17,7 +23,18 @@ Result<EpGroup> join_mpi_ep_group(const EpGroupOptions& options, int64_t n_route
   eo.top_k = top_k;
   eo.max_tokens_per_rank = options.max_tokens_per_rank;
   ASSIGN_OR_RETURN(g.dispatcher, EpDispatcher::create(*g.comm, std::move(*placement), eo));
+  if (options.count_loads || options.eplb_loads) {
+    ASSIGN_OR_RETURN(g.balancer, ExpertBalancer::create(*g.comm, *g.dispatcher, options.moe_layers,
+                                                        options.eplb));
+  }
   return g;
+}
+
+Result<EpGroup> join_mpi_ep_group(const EpGroupOptions& options, int64_t n_routed_experts,
+                                  int64_t hidden, int64_t top_k) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                   make_mpi_communicator(CommOptions{options.timeout}));
+  return make_ep_group(std::move(comm), options, n_routed_experts, hidden, top_k);
 }
 
 }  // namespace moeserve

@@ -1,15 +1,20 @@
 // EpGroup: what a command (generate, later serve) needs to run a model expert-parallel: this
-// process's rank of the MPI world and the EpDispatcher over it, with the contiguous placement.
-// The dispatcher's holds_expert() is what LoadOptions::holds_expert takes, so a rank maps only its
-// own routed experts. Owned by the command; used by its step thread.
+// process's rank of the MPI world, the EpDispatcher over it, and optionally the EPLB runtime.
+// The placement is contiguous (one copy per expert), or, with EpGroupOptions::eplb_loads
+// (`--eplb-init FILE`), the EPLB plan of those loads with redundant experts, per MoE layer. The
+// dispatcher's holds_layer_expert() is what LoadOptions::holds_layer_expert takes, so a rank maps
+// only the experts of its own slots. Owned by the command; used by its step thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "ep/communicator.h"
 #include "ep/ep_dispatcher.h"
+#include "ep/expert_balancer.h"
+#include "eplb/expert_loads.h"
 
 namespace moeserve {
 
@@ -18,15 +23,27 @@ struct EpGroupOptions {
   EpMode mode = EpMode::kNormal;
   std::chrono::milliseconds timeout{30000};  // a silent peer fails the step after this
   int64_t max_tokens_per_rank = 0;           // low-latency capacity (most tokens in one step)
+  // EPLB: plan the initial placement from these loads ([moe layers][experts]) with
+  // eplb.redundant_experts extra slots; without them, the contiguous placement.
+  std::optional<eplb::ExpertLoads> eplb_loads;
+  BalancerOptions eplb;
+  // Count expert loads (an ExpertBalancer with eplb's window and interval); implied by eplb_loads.
+  bool count_loads = false;
+  int32_t moe_layers = 0;  // needed when counting or planning
 };
 
 struct EpGroup {
   std::unique_ptr<Communicator> comm;
-  std::unique_ptr<EpDispatcher> dispatcher;  // borrows *comm; destroyed first
+  std::unique_ptr<EpDispatcher> dispatcher;  // borrows *comm; destroyed before it
+  std::unique_ptr<ExpertBalancer> balancer;  // borrows both; destroyed first; may be null
 };
 
 // Joins the MPI world (one rank of `mpirun -np R`, or a world of one without mpirun).
 Result<EpGroup> join_mpi_ep_group(const EpGroupOptions& options, int64_t n_routed_experts,
                                   int64_t hidden, int64_t top_k);
+
+// The same on a given communicator (in-process groups in tests; takes ownership).
+Result<EpGroup> make_ep_group(std::unique_ptr<Communicator> comm, const EpGroupOptions& options,
+                              int64_t n_routed_experts, int64_t hidden, int64_t top_k);
 
 }  // namespace moeserve

@@ -4,7 +4,8 @@
 
 namespace moeserve {
 
-Result<ExpertBatch> LocalDispatcher::dispatch(const float* x, int64_t n_tokens, int64_t hidden,
+Result<ExpertBatch> LocalDispatcher::dispatch(int64_t /*moe_layer*/, const float* x,
+                                              int64_t n_tokens, int64_t hidden,
                                               const int32_t* topk_ids, const float* topk_weights,
                                               int64_t top_k) {
   // Count rows per expert, then place each (token, slot) in its expert's segment, keeping

@@ -252,6 +252,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
   const int64_t H = c.hidden_size, nh = c.num_attention_heads;
   ASSIGN_OR_RETURN(w.embed, b.matrix("model.embed_tokens.weight", c.vocab_size, H));
   w.layers.resize(size_t(c.num_hidden_layers));
+  int64_t moe_layer = 0;  // index among MoE layers
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     std::string p = fmt::format("model.layers.{}.", l);
     LayerWeights& L = w.layers[size_t(l)];
@@ -284,7 +285,10 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
     m.experts.resize(size_t(c.n_routed_experts));
     for (int32_t e = 0; e < int32_t(c.n_routed_experts); ++e) {
       std::string ep = fmt::format("{}mlp.experts.{}", p, e);
-      if (options.holds_expert && !options.holds_expert(e)) {
+      const bool held = options.holds_layer_expert ? options.holds_layer_expert(moe_layer, e)
+                        : options.holds_expert      ? options.holds_expert(e)
+                                                    : true;
+      if (!held) {
         b.skip_prefix(ep + ".");
         continue;
       }
@@ -295,6 +299,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
                                        c.moe_intermediate_size * c.n_shared_experts));
     }
     L.moe = std::move(m);
+    ++moe_layer;
   }
   ASSIGN_OR_RETURN(w.norm, b.vector("model.norm.weight", H));
   if (c.tie_word_embeddings && !b.has("lm_head.weight")) {

@@ -62,6 +62,9 @@ struct ModelWeights {
 struct LoadOptions {
   // Which routed experts to map; default all (single process).
   std::function<bool(int32_t expert)> holds_expert;
+  // Per MoE layer (moe_layer counts MoE layers only, 0 = the first), for placements that differ
+  // per layer (EPLB); when set it decides instead of holds_expert.
+  std::function<bool(int64_t moe_layer, int32_t expert)> holds_layer_expert;
   bool progress = false;  // a progress line on stderr
 };
 

@@ -421,15 +421,21 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
 
   gate_span.reset();
   std::optional<TraceSpan> comm_span(std::in_place, tracer_, "dispatch", layer_, TraceLane::kComm);
-  ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(x, n, H, ids.data(), wts.data(), k));
+  // The dispatcher places experts per MoE layer (EPLB), so it needs this layer's index among
+  // the MoE layers.
+  int64_t moe_layer = 0;
+  for (int64_t l = 0; l < layer_; ++l) moe_layer += c.is_moe_layer(l);
+  ASSIGN_OR_RETURN(ExpertBatch b,
+                   dispatcher_.dispatch(moe_layer, x, n, H, ids.data(), wts.data(), k));
   comm_span.reset();
   std::optional<TraceSpan> experts_span(std::in_place, tracer_, "experts", layer_);
   std::vector<float> expert_out(size_t(b.n_rows() * H));  // [rows, H]
   for (int32_t e : b.experts) {
     if (!w.experts[size_t(e)]) return Internal(fmt::format("expert {} was dispatched here but is not loaded", e));
   }
+  // (A rank may receive no rows; then expert 0 need not be loaded here.)
   if (path_ == ComputePath::kFast && b.layout == ExpertLayout::kContiguous &&
-      w.experts[size_t(b.experts.empty() ? 0 : b.experts[0])]->gate.dtype == DType::kF8E4M3) {
+      !b.experts.empty() && w.experts[size_t(b.experts[0])]->gate.dtype == DType::kF8E4M3) {
     experts_grouped(w, b, expert_out.data());
   } else {
     for (size_t s = 0; s < b.experts.size(); ++s) {

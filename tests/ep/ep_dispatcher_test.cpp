@@ -293,14 +293,19 @@ TEST(ExpertPlacement, ContiguousAndTable) {
   EXPECT_EQ(p->rank_of(0), 0);
   EXPECT_EQ(p->rank_of(5), 1);
   EXPECT_EQ(p->rank_of(15), 3);
-  EXPECT_EQ(p->local_index(6), 2);
-  EXPECT_EQ(p->experts_on(2), (std::vector<int32_t>{8, 9, 10, 11}));
+  EXPECT_EQ(p->local_index(0, 1, 6), 2);
+  EXPECT_EQ(p->experts_on(0, 2), (std::vector<int32_t>{8, 9, 10, 11}));
+  EXPECT_EQ(p->experts_on(7, 2), p->experts_on(0, 2)) << "one table serves every layer";
+  EXPECT_FALSE(p->per_layer());
+  EXPECT_TRUE(p->holds(3, 2, 9));
+  EXPECT_FALSE(p->holds(3, 2, 12));
+  EXPECT_EQ(p->route(0, 9, 0, 5), 2);
   EXPECT_EQ(ExpertPlacement::contiguous(16, 3).status().code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(ExpertPlacement::from_table({0, 2}, 2).ok());
   auto t = ExpertPlacement::from_table({1, 0, 1}, 2);
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->experts_on(1), (std::vector<int32_t>{0, 2}));
-  EXPECT_EQ(t->local_index(2), 1);
+  EXPECT_EQ(t->experts_on(0, 1), (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(t->local_index(0, 1, 2), 1);
 }
 
 TEST(WireFormat, DeepSeekV3RecordBytes) {
