@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -27,6 +28,8 @@
 namespace moeserve::cli {
 
 namespace {
+
+constexpr int kDeadEngineGraceS = 3;
 
 struct ServeOptions {
   EngineOptions engine;
@@ -146,7 +149,7 @@ int run_serve(ServeOptions o) {
   }
   if (rank != 0) {
     fmt::print(stderr, "serve (rank {} of {}): {} of {} routed experts here; serving rank 0's requests\n",
-               rank, ep->comm->size(), ep->dispatcher->placement().experts_on(rank).size(),
+               rank, ep->comm->size(), ep->dispatcher->placement().experts_on(0, rank).size(),
                ep->dispatcher->placement().n_experts());
     int rc = run_worker_rank(**engine, rank, stop_signals, o.http.shutdown_timeout_s);
     engine->reset();  // joins the step thread before the trace is read
@@ -183,8 +186,22 @@ int run_serve(ServeOptions o) {
                                  ep->comm->size(), ep->comm->size())
                    : "");
 
+    // Until a signal, or until the engine dies (e.g. an EP peer went silent): then the API
+    // answers 503 for a few seconds (clients see why) and the process exits non-zero so a
+    // supervisor restarts it.
     int sig = 0;
-    sigwait(&stop_signals, &sig);
+    while (sig <= 0) {
+      timespec tick{0, 100 * 1000 * 1000};
+      sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (sig > 0) break;
+      if (Status f = (*engine)->failure(); !f.ok()) {
+        fmt::print(stderr, "serve: {}; answering 503 for {} s, then exiting\n", f.message(),
+                   kDeadEngineGraceS);
+        std::this_thread::sleep_for(std::chrono::seconds(kDeadEngineGraceS));
+        http.shutdown();
+        return 1;
+      }
+    }
     fmt::print(stderr, "serve: {} received; finishing requests in flight (up to {} s)\n",
                sig == SIGTERM ? "SIGTERM" : "SIGINT", o.http.shutdown_timeout_s);
     http.shutdown();
