@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "core/dtype.h"
+#include "kernels/convert.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/quant.h"
 
 namespace moeserve {
@@ -181,7 +183,7 @@ Result<ExpertBatch> EpDispatcher::dispatch(int64_t moe_layer, const float* x, in
   // Payload: each token converted once, whatever the number of ranks it goes to.
   if (L.dtype != DispatchDType::kF32) {
     x_bf16_.resize(size_t(n_tokens * hidden));  // [n_tokens, hidden]
-    for (int64_t i = 0; i < n_tokens * hidden; ++i) x_bf16_[size_t(i)] = f32_to_bf16(x[i]);
+    f32_to_bf16_row(x, n_tokens * hidden, x_bf16_.data());
   }
   if (L.dtype == DispatchDType::kFp8 && n_tokens > 0) {
     x_fp8_.resize(size_t(n_tokens * hidden));         // [n_tokens, hidden]
@@ -356,18 +358,14 @@ Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecord
           std::memcpy(xr, &b.x[size_t(first_row * H)], size_t(H) * sizeof(float));
         } else if (L.dtype == DispatchDType::kFp8) {
           first_row = row;
-          const uint8_t* q = rec + L.payload_offset;
-          for (int64_t g = 0; g < L.n_scales; ++g) {
-            float s = get<float>(rec, L.scales_offset + 4 * size_t(g));
-            int64_t end = std::min(H, (g + 1) * kDispatchScaleGroup);
-            for (int64_t k = g * kDispatchScaleGroup; k < end; ++k)
-              xr[k] = fp8e4m3_to_f32(q[k]) * s;
-          }
+          scales_tmp_.resize(size_t(L.n_scales));
+          std::memcpy(scales_tmp_.data(), rec + L.scales_offset, size_t(L.n_scales) * 4);
+          fp8_1x128_to_f32_row(rec + L.payload_offset, scales_tmp_.data(), H, xr);
         } else if (L.dtype == DispatchDType::kBf16) {
           first_row = row;
-          for (int64_t k = 0; k < H; ++k) {
-            xr[k] = bf16_to_f32(get<uint16_t>(rec, L.payload_offset + 2 * size_t(k)));
-          }
+          row_tmp_.resize(size_t(H));
+          std::memcpy(row_tmp_.data(), rec + L.payload_offset, size_t(H) * 2);
+          bf16_to_f32_row(row_tmp_.data(), H, xr);
         } else {
           first_row = row;
           std::memcpy(xr, rec + L.payload_offset, size_t(H) * 4);
@@ -409,7 +407,9 @@ Status EpDispatcher::combine(const ExpertBatch& b, const float* expert_out, floa
         std::memcpy(dst, o, rb);
         continue;
       }
-      for (int64_t c = 0; c < H; ++c) put<uint16_t>(dst, 2 * size_t(c), f32_to_bf16(o[c]));
+      row_tmp_.resize(size_t(H));
+      f32_to_bf16_row(o, H, row_tmp_.data());
+      std::memcpy(dst, row_tmp_.data(), size_t(H) * 2);
     }
   }
   // Both sides know every size: no round trip in either mode.
@@ -420,6 +420,8 @@ Status EpDispatcher::combine(const ExpertBatch& b, const float* expert_out, floa
           .with_context("EP combine"));
 
   // Source side: y[t] = sum over slots j, by ascending expert id, of w[t, j] * row(t, j).
+  std::vector<float>& rowf = combine_row_f32_;
+  rowf.resize(size_t(H));
   for (int64_t t = 0; t < b.n_tokens; ++t) {
     float* yt = y + t * H;  // [H]
     std::fill(yt, yt + H, 0.0f);
@@ -428,9 +430,12 @@ Status EpDispatcher::combine(const ExpertBatch& b, const float* expert_out, floa
       const float w = route.weights[size_t(t * k + j)];
       const uint8_t* row = &combine_recv_[size_t(route.slot_row[size_t(t * k + j)]) * rb];
       if (f32) {
-        for (int64_t c = 0; c < H; ++c) yt[c] += w * get<float>(row, 4 * size_t(c));
+        std::memcpy(rowf.data(), row, size_t(H) * 4);
+        for (int64_t c = 0; c < H; ++c) yt[c] += w * rowf[size_t(c)];
       } else {
-        for (int64_t c = 0; c < H; ++c) yt[c] += w * bf16_to_f32(get<uint16_t>(row, 2 * size_t(c)));
+        row_tmp_.resize(size_t(H));
+        std::memcpy(row_tmp_.data(), row, size_t(H) * 2);  // the receive buffer is bytes
+        bf16_axpy_row(w, row_tmp_.data(), H, yt);
       }
     }
   }

@@ -118,6 +118,9 @@ class EpDispatcher final : public Dispatcher {
   std::vector<uint16_t> x_bf16_;                      // [n_tokens, hidden]
   std::vector<uint8_t> x_fp8_;                        // [n_tokens, hidden]
   std::vector<float> x_scales_;                       // [n_tokens, n_scales]
+  std::vector<float> scales_tmp_;                     // [n_scales] of one received record
+  std::vector<uint16_t> row_tmp_;                     // [hidden] one BF16 row
+  std::vector<float> combine_row_f32_;                // [hidden] one combine row as F32
 };
 
 }  // namespace moeserve

@@ -1,5 +1,7 @@
 #include "kernels/gemm_bf16.h"
 
+#include "kernels/convert.h"
+
 #include <algorithm>
 
 #include "core/dtype.h"
@@ -96,7 +98,7 @@ void gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int
 }
 
 void f32_to_bf16_row(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+  f32_to_bf16_row_isa(x, n, out);
 }
 
 }  // namespace moeserve
