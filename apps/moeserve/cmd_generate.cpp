@@ -1,6 +1,8 @@
 // moeserve generate --model DIR --prompt-ids 0,5,9 [--prompt-ids ...] [--max-tokens N] ...
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -21,6 +23,7 @@
 #include "eplb/expert_loads.h"
 #include "model/checkpoint.h"
 #include "model/deepseek.h"
+#include "model/expert_store.h"
 #include "tokenizer/chat_messages_json.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -55,6 +58,7 @@ struct GenerateOptions {
   std::string dispatch_dtype = "fp8";
   std::string ep_mode = "normal";
   double ep_timeout_s = 30;
+  bool no_overlap = false;  // one batch per step instead of two overlapped micro-batches
   // EPLB (issue 8; docs/eplb.md "Runtime").
   std::string expert_stats_out;  // write the group's expert loads (stats format) here
   std::string eplb_init;         // plan the placement from these loads
@@ -62,6 +66,8 @@ struct GenerateOptions {
   int32_t eplb_groups = 0;  // 0: the model's n_group
   int32_t eplb_nodes = 1;
   int32_t eplb_window = 1000;
+  int64_t eplb_interval = 0;       // online rebalancing every this many steps (0: off)
+  double eplb_migrate_mb = 16;     // expert bytes each rank sends per step while migrating
 };
 
 int32_t count_moe_layers(const ModelConfig& c) {
@@ -88,6 +94,34 @@ Status report_expert_loads(const GenerateOptions& o, EpGroup& ep) {
              loads.steps, ep.dispatcher->placement().n_slots(), ep.comm->size(),
              mean_rank_imbalance(loads.rank_rows), per_layer);
   return Status::Ok();
+}
+
+// Rank 0, --eplb-interval: median step time against the slowest step that moved weights.
+void print_step_times(std::vector<double> ms, const std::vector<bool>& migrating) {
+  if (ms.empty()) return;
+  double worst = 0, worst_other = 0;
+  int64_t n_mig = 0;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    if (!migrating[i]) {
+      if (i > 0) worst_other = std::max(worst_other, ms[i]);  // step 0 is the prefill
+      continue;
+    }
+    worst = std::max(worst, ms[i]);
+    ++n_mig;
+  }
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  fmt::print(stderr,
+             "eplb: {} steps, median {:.1f} ms; {} steps moved expert weights, the slowest "
+             "{:.1f} ms ({:.2f}x the median); slowest other decode step {:.1f} ms ({:.2f}x)\n",
+             ms.size(), median, n_mig, worst, median > 0 ? worst / median : 0.0, worst_other,
+             median > 0 ? worst_other / median : 0.0);
+  if (std::getenv("MOESERVE_EPLB_STEP_TIMES")) {  // every step, for the figures of docs/eplb.md
+    std::string all;
+    for (size_t i = 0; i < ms.size(); ++i) all += fmt::format(" {:.0f}{}", ms[i], migrating[i] ? "*" : "");
+    fmt::print(stderr, "eplb: step ms (* = moved weights):{}\n", all);
+  }
 }
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -177,14 +211,15 @@ int run_generate(const GenerateOptions& o) {
   LoadOptions load;
   load.progress = true;
   std::optional<EpGroup> ep;
-  const bool eplb = !o.expert_stats_out.empty() || !o.eplb_init.empty();
+  const bool eplb = !o.expert_stats_out.empty() || !o.eplb_init.empty() || o.eplb_interval > 0;
   if (eplb && !o.ep && !launched_by_mpirun()) {
-    fmt::print(stderr, "generate: --expert-stats-out and --eplb-init need expert parallelism "
-                       "(--ep, or mpirun)\n");
+    fmt::print(stderr, "generate: --expert-stats-out, --eplb-init and --eplb-interval need expert "
+                       "parallelism (--ep, or mpirun)\n");
     return 2;
   }
-  if (o.redundant_experts > 0 && o.eplb_init.empty()) {
-    fmt::print(stderr, "generate: --redundant-experts needs --eplb-init (the loads to plan from)\n");
+  if (o.redundant_experts > 0 && o.eplb_init.empty() && o.eplb_interval == 0) {
+    fmt::print(stderr, "generate: --redundant-experts needs --eplb-init or --eplb-interval (the "
+                       "loads to plan from)\n");
     return 2;
   }
   if (o.ep || launched_by_mpirun()) {
@@ -200,6 +235,9 @@ int run_generate(const GenerateOptions& o) {
     eo.eplb.groups = o.eplb_groups > 0 ? o.eplb_groups : int32_t(config->n_group);
     eo.eplb.nodes = o.eplb_nodes;
     eo.eplb.window_steps = o.eplb_window;
+    eo.eplb.interval_steps = o.eplb_interval;
+    eo.eplb.migrate_bytes_per_step = std::max<int64_t>(1, int64_t(o.eplb_migrate_mb * (1 << 20)));
+    eo.eplb.log_migrations = true;
     if (!o.eplb_init.empty()) {
       auto file = eplb::read_load_file(o.eplb_init);
       if (!file.ok()) {
@@ -239,6 +277,7 @@ int run_generate(const GenerateOptions& o) {
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
                       o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
                       o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast);
+  model.set_overlap(!o.no_overlap);
   int32_t n_blocks = 0;
   for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
   LatentKvCache cache(c.num_hidden_layers, c.kv_cache_dim(), n_blocks,
@@ -252,8 +291,25 @@ int run_generate(const GenerateOptions& o) {
     model.set_tracer(&*tracer);
   }
   double prepare_s = seconds_since(t0) - load_s;  // weight repacking for the fast path
+  // Online EPLB: the balancer moves weights through the model after every step; the step
+  // times (forward + balancer) show what a migration costs.
+  std::vector<double> step_ms;
+  std::vector<bool> step_migrating;
+  auto step_t0 = std::chrono::steady_clock::now();
+  if (ep && ep->balancer) {
+    if (o.eplb_interval > 0) ep->balancer->set_expert_host(std::make_unique<ModelExpertHost>(model));
+    gen.set_after_step([&]() -> Status {
+      const bool started = ep->balancer->migrating();
+      Result<bool> r = ep->balancer->end_step();
+      step_migrating.push_back(started || ep->balancer->migrating());
+      step_ms.push_back(seconds_since(step_t0) * 1000);
+      step_t0 = std::chrono::steady_clock::now();
+      return r.status();
+    });
+  }
 
   auto t1 = std::chrono::steady_clock::now();
+  step_t0 = t1;
   auto results = gen.generate(requests, o.prefill_chunk);
   if (!results.ok()) {
     fmt::print(stderr, "generate{}: {}\n", ep ? fmt::format(" (rank {})", ep->comm->rank()) : "",
@@ -261,6 +317,7 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   double gen_s = seconds_since(t1);
+  if (ep && ep->balancer && o.eplb_interval > 0 && print) print_step_times(step_ms, step_migrating);
   if (ep && ep->balancer) {
     if (Status st = report_expert_loads(o, *ep); !st.ok()) {
       fmt::print(stderr, "generate: {}\n", st.message());
@@ -342,6 +399,9 @@ Subcommand add_generate_command(CLI::App& parent) {
       ->check(CLI::IsMember({"fast", "reference"}))->capture_default_str();
   app->add_option("--prefill-chunk", o->prefill_chunk, "Max prompt tokens per step (0 = all)");
   app->add_flag("--ep", o->ep, "Expert parallelism over MPI (default when started by mpirun)");
+  app->add_flag("--no-overlap", o->no_overlap,
+                "Expert parallelism: one batch per step, no dual micro-batch overlap of "
+                "communication and compute (same flag on every rank)");
   app->add_option("--dispatch-dtype", o->dispatch_dtype,
                   "EP dispatch payload: fp8 | bf16 | f32 (lossless, for checking)")
       ->check(CLI::IsMember({"fp8", "bf16", "f32"}))->capture_default_str();
@@ -362,6 +422,13 @@ Subcommand add_generate_command(CLI::App& parent) {
   app->add_option("--eplb-nodes", o->eplb_nodes, "EPLB: nodes the ranks span")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app->add_option("--eplb-window", o->eplb_window, "EPLB: steps in the load moving window")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--eplb-interval", o->eplb_interval,
+                  "EPLB: re-plan from the load window every N steps and migrate the changed "
+                  "experts' weights between ranks in the background (0 = never)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app->add_option("--eplb-migrate-mb", o->eplb_migrate_mb,
+                  "EPLB: MiB of expert weights each rank sends per step while migrating")
       ->check(CLI::PositiveNumber)->capture_default_str();
   return {app, [o] { return run_generate(*o); }};
 }

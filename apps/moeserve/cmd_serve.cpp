@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "core/trace.h"
 #include "engine/llm_engine.h"
 #include "ep/ep_group.h"
+#include "eplb/expert_loads.h"
 #include "model/config.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
@@ -47,6 +49,12 @@ struct ServeOptions {
   std::string dispatch_dtype = "fp8";
   std::string ep_mode = "normal";
   double ep_timeout_s = 30;
+  // EPLB (docs/eplb.md): initial plan and online rebalancing.
+  std::string eplb_init;
+  int32_t redundant_experts = 0;
+  int32_t eplb_window = 1000;
+  int64_t eplb_interval = 0;
+  double eplb_migrate_mb = 16;
 };
 
 // Ranks other than 0 serve the requests rank 0 hands them until rank 0 stops the group, the
@@ -113,6 +121,22 @@ int run_serve(ServeOptions o) {
     eo.mode = *ep_mode_from_name(o.ep_mode);
     eo.timeout = std::chrono::milliseconds(int64_t(o.ep_timeout_s * 1000));
     eo.max_tokens_per_rank = o.engine.max_batch_tokens;
+    eo.moe_layers = 0;
+    for (int64_t l = 0; l < config->num_hidden_layers; ++l) eo.moe_layers += config->is_moe_layer(l);
+    eo.eplb.redundant_experts = o.redundant_experts;
+    eo.eplb.groups = int32_t(config->n_group);
+    eo.eplb.window_steps = o.eplb_window;
+    eo.eplb.interval_steps = o.eplb_interval;
+    eo.eplb.migrate_bytes_per_step = std::max<int64_t>(1, int64_t(o.eplb_migrate_mb * (1 << 20)));
+    eo.eplb.log_migrations = true;
+    if (!o.eplb_init.empty()) {
+      auto file = eplb::read_load_file(o.eplb_init);
+      if (!file.ok()) {
+        fmt::print(stderr, "serve: --eplb-init: {}\n", file.status().message());
+        return 1;
+      }
+      eo.eplb_loads = std::move(file->loads);
+    }
     auto group = join_mpi_ep_group(eo, config->n_routed_experts, config->hidden_size,
                                    config->num_experts_per_tok);
     if (!group.ok()) {
@@ -122,6 +146,7 @@ int run_serve(ServeOptions o) {
     ep = std::move(*group);
     parallel.comm = ep->comm.get();
     parallel.dispatcher = ep->dispatcher.get();
+    parallel.balancer = o.eplb_interval > 0 ? ep->balancer.get() : nullptr;
     // Heartbeats while idle: a few per timeout, so a quiet group is never taken for a dead one.
     parallel.idle_heartbeat = std::min(std::chrono::milliseconds(200), eo.timeout / 4);
     o.engine.progress = ep->comm->rank() == 0;
@@ -268,12 +293,29 @@ Subcommand add_serve_command(CLI::App& parent) {
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every step's stages at exit "
                   "(FILE.rank<r>.json per rank under EP)");
   app->add_flag("--ep", o->ep, "Expert parallelism over MPI (default when started by mpirun)");
+  app->add_flag("--no-overlap{false}", o->engine.overlap,
+                "Expert parallelism: one batch per step, no dual micro-batch overlap of "
+                "communication and compute (same flag on every rank)");
   app->add_option("--dispatch-dtype", o->dispatch_dtype,
                   "EP dispatch payload: fp8 | bf16 | f32 (lossless, for checking)")
       ->check(CLI::IsMember({"fp8", "bf16", "f32"}))->capture_default_str();
   app->add_option("--ep-mode", o->ep_mode, "EP exchange: normal | low-latency")
       ->check(CLI::IsMember({"normal", "low-latency"}))->capture_default_str();
   app->add_option("--ep-timeout", o->ep_timeout_s, "Seconds to wait for a silent EP peer")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--eplb-init", o->eplb_init,
+                  "Place experts by the EPLB plan of these loads (stats file or JSON matrix)");
+  app->add_option("--redundant-experts", o->redundant_experts,
+                  "EPLB: extra expert slots per MoE layer (experts + N must divide by the ranks)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app->add_option("--eplb-window", o->eplb_window, "EPLB: steps in the load moving window")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--eplb-interval", o->eplb_interval,
+                  "EPLB: re-plan every N steps and migrate changed experts between ranks in the "
+                  "background (0 = never)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app->add_option("--eplb-migrate-mb", o->eplb_migrate_mb,
+                  "EPLB: MiB of expert weights each rank sends per step while migrating")
       ->check(CLI::PositiveNumber)->capture_default_str();
   return {app, [o] { return run_serve(*o); }};
 }

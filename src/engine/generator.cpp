@@ -97,6 +97,12 @@ Result<std::vector<GenerateResult>> Generator::generate(const std::vector<Genera
         s.done = true;
       }
     }
+    if (after_step_) {
+      if (Status a = after_step_(); !a.ok()) {
+        release();
+        return a;
+      }
+    }
   }
   release();
   std::vector<GenerateResult> out;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,11 +43,15 @@ class Generator {
   // Prompts longer than `prefill_chunk` tokens are prefilled in several steps (0: one step).
   Result<std::vector<GenerateResult>> generate(const std::vector<GenerateRequest>& requests,
                                                int64_t prefill_chunk = 0);
+  // Called after every step (e.g. ExpertBalancer::end_step on every rank of an EP group); an
+  // error ends generate() with it.
+  void set_after_step(std::function<Status()> f) { after_step_ = std::move(f); }
 
  private:
   DeepseekModel& model_;
   LatentKvCache& cache_;
   BlockAllocator& blocks_;
+  std::function<Status()> after_step_;
 };
 
 // Blocks needed to hold n tokens.

@@ -18,7 +18,9 @@
 #include "engine/rank_messages.h"
 #include "ep/communicator.h"
 #include "ep/dispatcher.h"
+#include "ep/expert_balancer.h"
 #include "model/checkpoint.h"
+#include "model/expert_store.h"
 
 namespace moeserve {
 
@@ -35,11 +37,12 @@ class LlmEngine final : public Engine {
         rank_(comm_ ? comm_->rank() : 0),
         n_ranks_(comm_ ? comm_->size() : 1),
         heartbeat_(par ? par->idle_heartbeat : std::chrono::milliseconds(200)),
+        balancer_(par ? par->balancer : nullptr),
         pool_(o.threads),
         local_dispatcher_(config_.n_routed_experts),
         model_(config_, ck_->weights(),
                par && par->dispatcher ? *par->dispatcher : local_dispatcher_, &pool_, o.attention,
-               o.compute),
+               o.compute, o.overlap, o.progress),
         cache_(config_.num_hidden_layers, config_.kv_cache_dim(), num_blocks, o.kv_dtype),
         blocks_(num_blocks),
         scheduler_({o.max_num_seqs, o.max_batch_tokens}, blocks_),
@@ -141,11 +144,13 @@ class LlmEngine final : public Engine {
 
   void loop() {
     Status failed;
+    if (balancer_) balancer_->set_expert_host(std::make_unique<ModelExpertHost>(model_));
     try {
       failed = run();
     } catch (const std::exception& e) {
       failed = Internal(std::string("engine step failed: ") + e.what());
     }
+    if (balancer_) balancer_->set_expert_host(nullptr);
     if (!failed.ok()) fail_all(failed);
     std::vector<Submission> never_started;
     {
@@ -364,6 +369,8 @@ class LlmEngine final : public Engine {
         }
       }
       ++steps_;
+      // EPLB: collective on every rank after every step; moves expert weights in the background.
+      if (balancer_) RETURN_IF_ERROR(balancer_->end_step().status());
       publish_stats();
     }
     // Stopping: whatever is still live ends as cancelled (rank 0 also ends the requests it had
@@ -451,6 +458,7 @@ class LlmEngine final : public Engine {
   Communicator* const comm_;  // null: a single process
   const int rank_, n_ranks_;
   const std::chrono::milliseconds heartbeat_;
+  ExpertBalancer* const balancer_;  // EPLB (may be null); used by the step thread
   ThreadPool pool_;
   LocalDispatcher local_dispatcher_;
   DeepseekModel model_;

@@ -27,6 +27,7 @@
 namespace moeserve {
 class Communicator;
 class Dispatcher;
+class ExpertBalancer;
 class Tracer;
 }  // namespace moeserve
 
@@ -47,6 +48,7 @@ struct EngineOptions {
   ComputePath compute = ComputePath::kFast;
   bool progress = false;         // loading progress on stderr
   Tracer* tracer = nullptr;      // records each step's stages when set (borrowed)
+  bool overlap = true;           // EP: dual micro-batch overlap (DeepseekModel::set_overlap)
 };
 
 struct EngineParallel {
@@ -54,6 +56,9 @@ struct EngineParallel {
   Dispatcher* dispatcher = nullptr;  // MoE dispatch/combine over comm; borrowed; its
                                      // holds_expert() decides which experts this rank loads
   std::chrono::milliseconds idle_heartbeat{200};  // must stay well below the comm timeout
+  // EPLB on dispatcher (borrowed; may be null): the engine gives it the model as ExpertHost and
+  // calls its end_step() after every step on every rank (online rebalancing, docs/eplb.md).
+  ExpertBalancer* balancer = nullptr;
 };
 
 // parallel == nullptr: one process holding every expert.

@@ -23,7 +23,7 @@ Result<EpGroup> make_ep_group(std::unique_ptr<Communicator> comm, const EpGroupO
   eo.top_k = top_k;
   eo.max_tokens_per_rank = options.max_tokens_per_rank;
   ASSIGN_OR_RETURN(g.dispatcher, EpDispatcher::create(*g.comm, std::move(*placement), eo));
-  if (options.count_loads || options.eplb_loads) {
+  if (options.count_loads || options.eplb_loads || options.eplb.interval_steps > 0) {
     ASSIGN_OR_RETURN(g.balancer, ExpertBalancer::create(*g.comm, *g.dispatcher, options.moe_layers,
                                                         options.eplb));
   }

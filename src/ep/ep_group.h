@@ -27,7 +27,9 @@ struct EpGroupOptions {
   // eplb.redundant_experts extra slots; without them, the contiguous placement.
   std::optional<eplb::ExpertLoads> eplb_loads;
   BalancerOptions eplb;
-  // Count expert loads (an ExpertBalancer with eplb's window and interval); implied by eplb_loads.
+  // Count expert loads (an ExpertBalancer with eplb's window and interval); implied by eplb_loads
+  // and by eplb.interval_steps > 0 (online rebalancing: the model's ExpertHost is attached later,
+  // ExpertBalancer::set_expert_host).
   bool count_loads = false;
   int32_t moe_layers = 0;  // needed when counting or planning
 };

@@ -51,6 +51,7 @@ ExpertBalancer::ExpertBalancer(Communicator& comm, EpDispatcher& dispatcher, int
       dispatcher_(dispatcher),
       options_(options),
       source_(std::move(source)),
+      moe_layers_(moe_layers),
       counter_(moe_layers, int32_t(dispatcher.placement().n_experts()), comm.size(),
                options.window_steps) {
   dispatcher_.set_load_counter(&counter_);
@@ -60,21 +61,82 @@ ExpertBalancer::~ExpertBalancer() {
   dispatcher_.set_load_counter(nullptr);
 }
 
+void ExpertBalancer::set_expert_host(std::unique_ptr<ExpertHost> host) {
+  if (migration_) {
+    migration_->cancel();
+    reports_.push_back(migration_->report());
+    migration_.reset();
+    pending_.reset();
+  }
+  host_ = std::move(host);
+}
+
 Result<bool> ExpertBalancer::end_step() {
   counter_.end_step();
   ++steps_;
-  if (options_.interval_steps == 0 || steps_ % options_.interval_steps != 0) return false;
-  RETURN_IF_ERROR(rebalance());
-  return true;
+  const int64_t before = rebalances_;
+  if (migration_) {
+    RETURN_IF_ERROR(advance_migration());
+  } else if (options_.interval_steps > 0 && steps_ % options_.interval_steps == 0) {
+    RETURN_IF_ERROR(rebalance());
+  }
+  return rebalances_ != before;
 }
 
 Status ExpertBalancer::rebalance() {
+  if (migration_) return InvalidArgument("EPLB: a migration is already in flight");
   counter_.flush();
   ASSIGN_OR_RETURN(GroupLoads loads, counter_.gather(comm_));
   ASSIGN_OR_RETURN(ExpertPlacement next, plan_placement(loads.tokens, comm_.size(), options_));
-  if (source_) RETURN_IF_ERROR(source_(next).with_context("EPLB rebalance"));
-  RETURN_IF_ERROR(dispatcher_.set_placement(std::move(next)));
+  if (!host_) {
+    if (source_) RETURN_IF_ERROR(source_(next).with_context("EPLB rebalance"));
+    RETURN_IF_ERROR(dispatcher_.set_placement(std::move(next)));
+    ++rebalances_;
+    return Status::Ok();
+  }
+  MigrationPlan mp = plan_migration(dispatcher_.placement(), next, moe_layers_);
+  ASSIGN_OR_RETURN(migration_, ExpertMigration::start(comm_, *host_, std::move(mp),
+                                                      options_.migrate_bytes_per_step));
+  pending_ = std::move(next);
+  planned_at_ = steps_;
+  if (migration_->steps() == 0) return switch_to_pending();
+  return Status::Ok();
+}
+
+Status ExpertBalancer::advance_migration() {
+  ASSIGN_OR_RETURN(ExpertMigration::Progress progress, migration_->advance());
+  if (progress == ExpertMigration::Progress::kInFlight) return Status::Ok();
+  if (progress == ExpertMigration::Progress::kFailed) {  // every rank keeps the old placement
+    reports_.push_back(migration_->report());
+    if (options_.log_migrations && comm_.rank() == 0) {
+      fmt::print(stderr, "eplb: migration failed on some rank; the placement stays\n");
+    }
+    migration_.reset();
+    pending_.reset();
+    return Status::Ok();
+  }
+  return switch_to_pending();
+}
+
+Status ExpertBalancer::switch_to_pending() {
+  RETURN_IF_ERROR(dispatcher_.set_placement(std::move(*pending_)));
+  pending_.reset();
+  migration_->finish();
+  MigrationReport r = migration_->report();
+  r.planned_at_step = planned_at_;
+  r.switched_at_step = steps_;
+  reports_.push_back(r);
+  migration_.reset();
   ++rebalances_;
+  if (options_.log_migrations && comm_.rank() == 0) {
+    fmt::print(stderr,
+               "eplb: new placement after step {} (planned after step {}): {} experts moved, "
+               "{:.2f} MiB in the group over {} steps; rank 0 sent {:.2f} MiB, received {:.2f} "
+               "MiB, spent {:.1f} ms (longest step {:.1f} ms)\n",
+               r.switched_at_step, r.planned_at_step, r.transfers, double(r.group_bytes) / (1 << 20),
+               r.steps, double(r.bytes_sent) / (1 << 20), double(r.bytes_received) / (1 << 20),
+               r.seconds * 1e3, r.max_step_seconds * 1e3);
+  }
   return Status::Ok();
 }
 

@@ -144,8 +144,13 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt) {
   std::vector<float> part_o(size_t(scratch_rows * R));             // [scratch rows, R]
   std::vector<float> part_lse(static_cast<size_t>(scratch_rows));  // [scratch rows]
 
-  const mla_detail::Ctx ctx{static_cast<const uint16_t*>(b.cache.blocks), H, R, b.shape.dim(),
-                            b.shape.softmax_scale};
+  const mla_detail::Ctx ctx{static_cast<const uint16_t*>(b.cache.blocks),
+                            H,
+                            R,
+                            b.shape.dim(),
+                            b.shape.softmax_scale,
+                            b.q_dtype == DType::kF32,
+                            opt.split_p};
   const size_t q_esize = b.q_dtype == DType::kBF16 ? 2 : 4;
   auto run_piece = [&](const PieceRef& p) {
     const Group& g = groups[size_t(p.group)];

@@ -19,8 +19,13 @@
 // (and for up to ~128 query rows of a prefill chunk): scores = Q[rows x dim] K^T per 64-token
 // block, online softmax in FP32, then O += P V with BF16 products and FP32 accumulation. Long
 // contexts are split over the KV length among threads; each split writes a partial o and lse
-// and a combine step merges them (FlashMLA's split-KV). Queries are rounded to BF16 (as
-// FlashMLA takes them) and so are the softmax weights P before P V; everything else is FP32.
+// and a combine step merges them (FlashMLA's split-KV). Numerics: BF16 queries are used as
+// given (FlashMLA's contract); F32 queries are carried as BF16 hi + lo pairs (q = hi + lo to
+// ~16 significant bits, two score dot products: ~1.5x the kernel's time), because rounding q
+// to BF16 perturbs every score by ~2^-9 |q||c| and that alone moved the HF fixtures' logprobs
+// by up to 1.4 (docs/kernels-mla.md). The softmax weights P are rounded to BF16 before P V
+// unless MlaOptions::split_p carries them as hi + lo too (then the kernel agrees with the FP32
+// reference to ~1e-5, at ~2x the BF16 kernel's time). Everything else is FP32.
 // The reference (mla_decode_ref) is plain FP32 on the queries as given.
 //
 // Levels: Isa::kAvx512Bf16 runs the fast kernel when the cache is BF16, kv_lora_rank is a
@@ -78,6 +83,10 @@ struct MlaOptions {
   // Shares the work is cut into (each share may split a sequence's KV range); 0 = the pool's
   // thread count. Results do not depend on it beyond rounding; tests vary it to force splits.
   int64_t parts = 0;
+  // Carry the softmax weights into P V as BF16 hi + lo instead of rounding them to BF16: with
+  // F32 queries the fast level then matches the FP32 reference to ~1e-5 (the BF16 latent cache
+  // itself rounds V by 2^-9, so the served path leaves this off: docs/kernels-mla.md).
+  bool split_p = false;
 };
 
 // Fills o and lse for every query row of the batch.

@@ -73,16 +73,18 @@ thread_local Scratch t_scratch;
 struct Work {
   int64_t M, Mz, R, D, Dp;
   int64_t ldv;     // row stride of vp: R + 16, so its 32 rows do not crowd a few L1 sets
-  uint32_t* qp;    // [Dp][M] BF16 pairs of Q
+  uint32_t* qp;    // [Dp][M] BF16 pairs of Q (its BF16 rounding: the hi part)
+  uint32_t* qlo;   // [Dp][M] BF16 pairs of Q - hi (q_split only)
   float* s;        // [kTile][M] scores, then base-2 logits
   uint32_t* pp;    // [kTile / 2][M] BF16 pairs of P (tokens 2i, 2i+1)
+  uint32_t* pplo;  // [kTile / 2][M] BF16 pairs of P - hi (p_split only)
   uint32_t* vp;    // [kTile / 2][ldv] BF16 token pairs of V, 32-value chunks as unpack lays them
   float* o;        // [M][R] unnormalised output, chunk order as vp
   float* m;        // [M] running max (base-2 logits)
   float* l;        // [M] running sum of P
   float* alpha;    // [M] rescale of O for the current tile
   int32_t* lim;    // [M] tokens visible to each row (0 for padding rows)
-  uint16_t* qrow;  // [D] one query row converted to BF16
+  uint16_t* qrow;  // [2][D] one query row converted to BF16: hi, then lo
 };
 
 Work carve(int64_t M, int64_t R, int64_t D) {
@@ -94,8 +96,10 @@ Work carve(int64_t M, int64_t R, int64_t D) {
   w.Dp = D / 2;
   w.ldv = R + 16;
   auto al = [](size_t b) { return (b + 63) / 64 * 64; };
-  size_t sz[10] = {al(size_t(w.Dp * M) * 4),
+  size_t sz[12] = {al(size_t(w.Dp * M) * 4),
+                   al(size_t(w.Dp * M) * 4),
                    al(size_t(kTile * M) * 4),
+                   al(size_t(kTile / 2 * M) * 4),
                    al(size_t(kTile / 2 * M) * 4),
                    al(size_t(kTile / 2 * w.ldv) * 4),
                    al(size_t(M * R) * 4),
@@ -103,19 +107,21 @@ Work carve(int64_t M, int64_t R, int64_t D) {
                    al(size_t(M) * 4),
                    al(size_t(M) * 4),
                    al(size_t(M) * 4),
-                   al(size_t(D) * 2 + 64)};
+                   al(size_t(D) * 4 + 64)};
   size_t total = 0;
   for (size_t b : sz) total += b;
   char* p = t_scratch.get(total);
   w.qp = reinterpret_cast<uint32_t*>(p), p += sz[0];
-  w.s = reinterpret_cast<float*>(p), p += sz[1];
-  w.pp = reinterpret_cast<uint32_t*>(p), p += sz[2];
-  w.vp = reinterpret_cast<uint32_t*>(p), p += sz[3];
-  w.o = reinterpret_cast<float*>(p), p += sz[4];
-  w.m = reinterpret_cast<float*>(p), p += sz[5];
-  w.l = reinterpret_cast<float*>(p), p += sz[6];
-  w.alpha = reinterpret_cast<float*>(p), p += sz[7];
-  w.lim = reinterpret_cast<int32_t*>(p), p += sz[8];
+  w.qlo = reinterpret_cast<uint32_t*>(p), p += sz[1];
+  w.s = reinterpret_cast<float*>(p), p += sz[2];
+  w.pp = reinterpret_cast<uint32_t*>(p), p += sz[3];
+  w.pplo = reinterpret_cast<uint32_t*>(p), p += sz[4];
+  w.vp = reinterpret_cast<uint32_t*>(p), p += sz[5];
+  w.o = reinterpret_cast<float*>(p), p += sz[6];
+  w.m = reinterpret_cast<float*>(p), p += sz[7];
+  w.l = reinterpret_cast<float*>(p), p += sz[8];
+  w.alpha = reinterpret_cast<float*>(p), p += sz[9];
+  w.lim = reinterpret_cast<int32_t*>(p), p += sz[10];
   w.qrow = reinterpret_cast<uint16_t*>(p);
   return w;
 }
@@ -134,28 +140,54 @@ void f32_row_to_bf16(const float* src, int64_t n, uint16_t* dst) {
   }
 }
 
-// Q rows -> qp [Dp][M] (pairs along dim, rows along the lanes), padding rows zero.
-void pack_q(const Piece& pc, const Ctx& c, int64_t rows, Work& w) {
+// One F32 row of n values to BF16 hi = bf16(x) and lo = bf16(x - hi), n even: hi + lo carries
+// 16 significant bits of x (x - hi is exact in F32; lo rounds it to 8 bits).
+void f32_row_split_bf16(const float* src, int64_t n, uint16_t* hi, uint16_t* lo) {
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 k = __mmask16((1u << imin(16, n - i)) - 1);
+    __m512 x = _mm512_maskz_loadu_ps(k, src + i);
+    __m256bh h = _mm512_cvtneps_pbh(x);
+    __m512 hf = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i&>(h)), 16));
+    __m256bh l = _mm512_cvtneps_pbh(_mm512_sub_ps(x, hf));
+    _mm256_mask_storeu_epi16(hi + i, k, reinterpret_cast<__m256i&>(h));
+    _mm256_mask_storeu_epi16(lo + i, k, reinterpret_cast<__m256i&>(l));
+  }
+}
+
+// Q rows -> qp [Dp][M] (pairs along dim, rows along the lanes), and with q_split the residuals
+// -> qlo [Dp][M]; padding rows zero.
+void pack_q(const Piece& pc, const Ctx& c, int64_t rows, bool split, Work& w) {
   for (int64_t r = 0; r < rows; ++r) {
     const uint32_t* src;
+    const uint32_t* src_lo = nullptr;
     if (pc.q_bf16) {
       src = reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(pc.q) + r * c.dim);
+    } else if (split) {
+      f32_row_split_bf16(static_cast<const float*>(pc.q) + r * c.dim, c.dim, w.qrow,
+                         w.qrow + c.dim);
+      src = reinterpret_cast<const uint32_t*>(w.qrow);
+      src_lo = reinterpret_cast<const uint32_t*>(w.qrow + c.dim);
     } else {
       f32_row_to_bf16(static_cast<const float*>(pc.q) + r * c.dim, c.dim, w.qrow);
       src = reinterpret_cast<const uint32_t*>(w.qrow);
     }
-    uint32_t* dst = w.qp + r;
-    for (int64_t dp = 0; dp < w.Dp; ++dp) dst[dp * w.M] = src[dp];
+    for (int64_t dp = 0; dp < w.Dp; ++dp) w.qp[dp * w.M + r] = src[dp];
+    if (src_lo) {
+      for (int64_t dp = 0; dp < w.Dp; ++dp) w.qlo[dp * w.M + r] = src_lo[dp];
+    }
   }
-  if (rows < w.M) {
-    for (int64_t dp = 0; dp < w.Dp; ++dp) {
-      for (int64_t r = rows; r < w.M; ++r) w.qp[dp * w.M + r] = 0;
+  for (int64_t dp = 0; dp < w.Dp; ++dp) {
+    for (int64_t r = rows; r < w.M; ++r) w.qp[dp * w.M + r] = 0;
+    if (split) {
+      for (int64_t r = rows; r < w.M; ++r) w.qlo[dp * w.M + r] = 0;
     }
   }
 }
 
-// S[t][z*16..] for tokens [0, nt16) and row vectors [z0, z0 + MB), TB tokens at a time.
-template <int MB, int TB>
+// S[t][z*16..] for tokens [0, nt16) and row vectors [z0, z0 + MB), TB tokens at a time. SPLIT
+// adds the residual queries' dot products into the same accumulators.
+template <int MB, int TB, bool SPLIT>
 void qk(const Work& w, const uint16_t* kblk, int64_t nt16, int64_t z0) {
   const int64_t Dp = w.Dp, M = w.M;
   const uint32_t* kp = reinterpret_cast<const uint32_t*>(kblk);
@@ -165,12 +197,19 @@ void qk(const Work& w, const uint16_t* kblk, int64_t nt16, int64_t z0) {
       for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
     const uint32_t* krow = kp + t * Dp;
     const uint32_t* q = w.qp + z0 * 16;
+    const uint32_t* ql = w.qlo + z0 * 16;
     for (int64_t dp = 0; dp < Dp; ++dp) {
-      __m512bh qv[MB];
+      __m512bh qv[MB], qlv[MB];
       for (int j = 0; j < MB; ++j) qv[j] = as_bh(_mm512_load_si512(q + dp * M + 16 * j));
+      if (SPLIT) {
+        for (int j = 0; j < MB; ++j) qlv[j] = as_bh(_mm512_load_si512(ql + dp * M + 16 * j));
+      }
       for (int i = 0; i < TB; ++i) {
         __m512bh kb = as_bh(_mm512_set1_epi32(int(krow[i * Dp + dp])));
         for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], qv[j], kb);
+        if (SPLIT) {
+          for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], qlv[j], kb);
+        }
       }
     }
     for (int i = 0; i < TB; ++i)
@@ -180,7 +219,7 @@ void qk(const Work& w, const uint16_t* kblk, int64_t nt16, int64_t z0) {
 
 // Masks, rescales and exponentiates the tile's scores; updates m, l, alpha; writes P pairs.
 // Tokens [nt, 2 * ntp) are past the end of the sequence (their lim mask drops them).
-void softmax_tile(Work& w, int64_t t0, int64_t ntp, float scale_log2) {
+void softmax_tile(Work& w, int64_t t0, int64_t ntp, float scale_log2, bool split) {
   const __m512 sc = _mm512_set1_ps(scale_log2);
   const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
   const int64_t M = w.M;
@@ -211,8 +250,20 @@ void softmax_tile(Work& w, int64_t t0, int64_t ntp, float scale_log2) {
       __m512i e1 = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i&>(b1));
       _mm512_store_si512(w.pp + tp * M + z * 16, _mm512_or_si512(e0, _mm512_slli_epi32(e1, 16)));
       // l sums the rounded weights, so o is exactly normalised by the weights P V used.
-      lsum = _mm512_add_ps(lsum, _mm512_castsi512_ps(_mm512_slli_epi32(e0, 16)));
-      lsum = _mm512_add_ps(lsum, _mm512_castsi512_ps(_mm512_slli_epi32(e1, 16)));
+      const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(e0, 16));
+      const __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(e1, 16));
+      lsum = _mm512_add_ps(lsum, h0);
+      lsum = _mm512_add_ps(lsum, h1);
+      if (split) {
+        __m256bh c0 = _mm512_cvtneps_pbh(_mm512_sub_ps(p0, h0));
+        __m256bh c1 = _mm512_cvtneps_pbh(_mm512_sub_ps(p1, h1));
+        __m512i f0 = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i&>(c0));
+        __m512i f1 = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i&>(c1));
+        _mm512_store_si512(w.pplo + tp * M + z * 16,
+                           _mm512_or_si512(f0, _mm512_slli_epi32(f1, 16)));
+        lsum = _mm512_add_ps(lsum, _mm512_castsi512_ps(_mm512_slli_epi32(f0, 16)));
+        lsum = _mm512_add_ps(lsum, _mm512_castsi512_ps(_mm512_slli_epi32(f1, 16)));
+      }
     }
     const __m512 l_old = _mm512_load_ps(w.l + z * 16);
     _mm512_store_ps(w.l + z * 16, _mm512_fmadd_ps(l_old, alpha, lsum));
@@ -238,8 +289,9 @@ void build_vp(Work& w, const uint16_t* kblk, int64_t nt, int64_t ntp) {
   }
 }
 
-// O[r0..r0+RB)[c0*16 .. (c0+CB)*16) = alpha * O + sum_tp P[tp][r] V[tp].
-template <int RB, int CB>
+// O[r0..r0+RB)[c0*16 .. (c0+CB)*16) = alpha * O + sum_tp P[tp][r] V[tp]; SPLIT adds the
+// residual weights' products.
+template <int RB, int CB, bool SPLIT>
 void pv(Work& w, int64_t r0, int64_t c0, int64_t ntp, bool first) {
   const int64_t R = w.R, M = w.M;
   __m512 acc[RB][CB];
@@ -254,12 +306,17 @@ void pv(Work& w, int64_t r0, int64_t c0, int64_t ntp, bool first) {
   }
   const uint32_t* v = w.vp + c0 * 16;
   const uint32_t* p = w.pp + r0;
+  const uint32_t* pl = w.pplo + r0;
   for (int64_t tp = 0; tp < ntp; ++tp) {
     __m512bh vv[CB];
     for (int j = 0; j < CB; ++j) vv[j] = as_bh(_mm512_load_si512(v + tp * w.ldv + 16 * j));
     for (int i = 0; i < RB; ++i) {
       __m512bh pb = as_bh(_mm512_set1_epi32(int(p[tp * M + i])));
       for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], vv[j], pb);
+      if (SPLIT) {
+        __m512bh plb = as_bh(_mm512_set1_epi32(int(pl[tp * M + i])));
+        for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], vv[j], plb);
+      }
     }
   }
   for (int i = 0; i < RB; ++i) {
@@ -268,30 +325,45 @@ void pv(Work& w, int64_t r0, int64_t c0, int64_t ntp, bool first) {
   }
 }
 
-template <int CB>
+template <int CB, bool SPLIT>
 void pv_rows(Work& w, int64_t c0, int64_t ntp, bool first) {
   constexpr int kRB = 6;
   int64_t r0 = 0;
-  for (; r0 + kRB <= w.M; r0 += kRB) pv<kRB, CB>(w, r0, c0, ntp, first);
+  for (; r0 + kRB <= w.M; r0 += kRB) pv<kRB, CB, SPLIT>(w, r0, c0, ntp, first);
   switch (w.M - r0) {
     case 5:
-      pv<5, CB>(w, r0, c0, ntp, first);
+      pv<5, CB, SPLIT>(w, r0, c0, ntp, first);
       break;
     case 4:
-      pv<4, CB>(w, r0, c0, ntp, first);
+      pv<4, CB, SPLIT>(w, r0, c0, ntp, first);
       break;
     case 3:
-      pv<3, CB>(w, r0, c0, ntp, first);
+      pv<3, CB, SPLIT>(w, r0, c0, ntp, first);
       break;
     case 2:
-      pv<2, CB>(w, r0, c0, ntp, first);
+      pv<2, CB, SPLIT>(w, r0, c0, ntp, first);
       break;
     case 1:
-      pv<1, CB>(w, r0, c0, ntp, first);
+      pv<1, CB, SPLIT>(w, r0, c0, ntp, first);
       break;
     default:
       break;
   }
+}
+
+template <bool SPLIT>
+void pv_all(Work& w, int64_t ntp, bool first) {
+  int64_t c0 = 0;
+  for (; c0 + 4 <= w.R / 16; c0 += 4) pv_rows<4, SPLIT>(w, c0, ntp, first);
+  if (w.R / 16 - c0 == 2) pv_rows<2, SPLIT>(w, c0, ntp, first);
+}
+
+template <bool SPLIT>
+void qk_all(const Work& w, const uint16_t* kblk, int64_t nt16) {
+  int64_t z = 0;
+  for (; z + 3 <= w.Mz; z += 3) qk<3, 8, SPLIT>(w, kblk, nt16, z);
+  if (w.Mz - z == 2) qk<2, 8, SPLIT>(w, kblk, nt16, z);
+  if (w.Mz - z == 1) qk<1, 16, SPLIT>(w, kblk, nt16, z);
 }
 
 // Writes o = O / l in natural order and lse for the piece's real rows.
@@ -324,7 +396,8 @@ void piece_avx512bf16(const Ctx& c, const Piece& pc) {
   const int64_t rows = pc.n_q * c.heads;
   const int64_t M = round_up(rows, 16);
   Work w = carve(M, c.kv_lora_rank, c.dim);
-  pack_q(pc, c, rows, w);
+  const bool q_split = c.q_split && !pc.q_bf16;
+  pack_q(pc, c, rows, q_split, w);
   for (int64_t r = 0; r < M; ++r) {
     w.lim[r] = r < rows ? int32_t(pc.first_pos + r / c.heads + 1) : 0;
     w.m[r] = -__builtin_inff();
@@ -337,16 +410,11 @@ void piece_avx512bf16(const Ctx& c, const Piece& pc) {
     const int64_t nt = imin(kTile, pc.context_len - t0);
     const int64_t nt16 = round_up(nt, 16), ntp = (nt + 1) / 2;
     const uint16_t* kblk = c.blocks + int64_t(pc.block_table[b]) * block_elems;
-    int64_t z = 0;
-    for (; z + 3 <= w.Mz; z += 3) qk<3, 8>(w, kblk, nt16, z);
-    if (w.Mz - z == 2) qk<2, 8>(w, kblk, nt16, z);
-    if (w.Mz - z == 1) qk<1, 16>(w, kblk, nt16, z);
-    softmax_tile(w, t0, ntp, scale_log2);
+    q_split ? qk_all<true>(w, kblk, nt16) : qk_all<false>(w, kblk, nt16);
+    softmax_tile(w, t0, ntp, scale_log2, c.p_split);
     build_vp(w, kblk, nt, ntp);
     const bool first = b == pc.b0;
-    int64_t c0 = 0;
-    for (; c0 + 4 <= w.R / 16; c0 += 4) pv_rows<4>(w, c0, ntp, first);
-    if (w.R / 16 - c0 == 2) pv_rows<2>(w, c0, ntp, first);
+    c.p_split ? pv_all<true>(w, ntp, first) : pv_all<false>(w, ntp, first);
   }
   finish(w, pc, rows);
 }

@@ -10,6 +10,8 @@ struct Ctx {
   const uint16_t* blocks;  // BF16 pool [num_blocks][64][dim]
   int64_t heads, kv_lora_rank, dim;
   float softmax_scale;
+  bool q_split;  // F32 queries as BF16 hi + lo: two score dot products (~16 mantissa bits)
+  bool p_split;  // softmax weights as BF16 hi + lo: two P V products
 };
 
 // A group of consecutive query rows of one sequence (n_q queries x heads rows) attending to the

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
@@ -86,18 +87,19 @@ float dot(const float* a, const float* b, int64_t n) {
 
 DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weights,
                              Dispatcher& dispatcher, ThreadPool* pool, AttentionMode mode,
-                             ComputePath path)
+                             ComputePath path, bool overlap, bool progress)
     : config_(config),
       weights_(weights),
       dispatcher_(dispatcher),
       pool_(pool),
       mode_(mode),
       path_(path),
+      overlap_(overlap),
       rope_(rope_params(config)) {
-  if (path_ == ComputePath::kFast) prepare_fast_path();
+  if (path_ == ComputePath::kFast) prepare_fast_path(progress);
 }
 
-void DeepseekModel::prepare_fast_path() {
+void DeepseekModel::prepare_fast_path(bool progress) {
   // Collect the FP8 projections first (map slots created here), then pack them in parallel.
   std::vector<std::pair<const WeightView*, PackedFp8Weight*>> jobs;
   auto pack = [&](const WeightView& w) {
@@ -148,7 +150,29 @@ void DeepseekModel::prepare_fast_path() {
       *jobs[size_t(i)].second = pack_fp8_weight(w.data, w.scale_inv, w.rows, w.cols);
     }
   };
-  pool_ ? pool_->parallel_for(int64_t(jobs.size()), run) : run(0, int64_t(jobs.size()));
+  auto run_all = [&](int64_t b, int64_t e) {
+    pool_ ? pool_->parallel_for(e - b, [&](int64_t i, int64_t j) { run(b + i, b + j); }) : run(b, e);
+  };
+  if (!progress) {
+    run_all(0, int64_t(jobs.size()));
+    return;
+  }
+  // With progress: rounds of ~1% of the bytes each, a line rewritten in place after each.
+  auto bytes = [&](size_t i) { return double(jobs[i].first->rows) * double(jobs[i].first->cols); };
+  double total = 0, done = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) total += bytes(i);
+  for (size_t b = 0; b < jobs.size();) {
+    size_t e = b;
+    double round = 0;
+    while (e < jobs.size() && (e == b || round < total / 100)) round += bytes(e++);
+    run_all(int64_t(b), int64_t(e));
+    done += round;
+    b = e;
+    fmt::print(stderr, "\rpreparing weights: {:.0f}% ({:.1f} of {:.1f} GB)", 100 * done / total,
+               done / 1e9, total / 1e9);
+    std::fflush(stderr);
+  }
+  if (!jobs.empty()) fmt::print(stderr, "\n");
 }
 
 void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
@@ -195,8 +219,11 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache
     for (int32_t t : s.tokens) weights_.embed.row_to_f32(t, &x[size_t(row++ * H)]);
   }
 
+  // Expert parallelism with overlap: two micro-batches interleaved (microbatch.cpp).
+  const bool overlapped = overlap_ && dispatcher_.world_size() > 1;
+  if (overlapped) RETURN_IF_ERROR(layers_overlapped(batch, cache, x));
   std::vector<float> h(size_t(n * H)), tmp(size_t(n * H));  // [n, H]
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (int64_t l = 0; !overlapped && l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_.layers[size_t(l)];
     layer_ = l;
     rmsnorm_ref(x.data(), n, H, H, L.attn_norm.data(), float(c.rms_norm_eps), h.data(), H);
@@ -404,46 +431,22 @@ void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const 
 
 Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float* out) {
   const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
-  std::optional<TraceSpan> gate_span(std::in_place, tracer_, "gate", layer_);
-  std::vector<float> router(size_t(n * E));  // [n, E] router logits
-  // The router in FP32 on both paths: routing is discrete, and a BF16 rounding of the input can
-  // flip a near-tied expert choice (Hugging Face computes it in FP32 too).
-  if (auto it = gate_f32_.find(w.gate.data); it != gate_f32_.end()) {
-    gemm_f32(x, n, H, it->second.data(), E, H, H, router.data(), E, pool_);
-  } else {
-    linear_ref(x, n, H, w.gate, router.data(), E, pool_);
-  }
+  const int64_t H = c.hidden_size, k = c.num_experts_per_tok;
   std::vector<int32_t> ids(size_t(n * k));  // [n, k]
   std::vector<float> wts(size_t(n * k));    // [n, k]
-  moe_gate_ref(router.data(), n, w.score_bias.empty() ? nullptr : w.score_bias.data(),
-               gate_params(c), ids.data(), wts.data());
-
-  gate_span.reset();
+  {
+    TraceSpan span(tracer_, "gate", layer_);
+    route(w, x, n, ids.data(), wts.data());
+  }
   std::optional<TraceSpan> comm_span(std::in_place, tracer_, "dispatch", layer_, TraceLane::kComm);
-  // The dispatcher places experts per MoE layer (EPLB), so it needs this layer's index among
-  // the MoE layers.
-  int64_t moe_layer = 0;
-  for (int64_t l = 0; l < layer_; ++l) moe_layer += c.is_moe_layer(l);
-  ASSIGN_OR_RETURN(ExpertBatch b,
-                   dispatcher_.dispatch(moe_layer, x, n, H, ids.data(), wts.data(), k));
+  ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(moe_layer_index(layer_), x, n, H,
+                                                       ids.data(), wts.data(), k));
   comm_span.reset();
-  std::optional<TraceSpan> experts_span(std::in_place, tracer_, "experts", layer_);
   std::vector<float> expert_out(size_t(b.n_rows() * H));  // [rows, H]
-  for (int32_t e : b.experts) {
-    if (!w.experts[size_t(e)]) return Internal(fmt::format("expert {} was dispatched here but is not loaded", e));
+  {
+    TraceSpan span(tracer_, "experts", layer_);
+    RETURN_IF_ERROR(routed_experts(w, b, expert_out.data()));
   }
-  // (A rank may receive no rows; then expert 0 need not be loaded here.)
-  if (path_ == ComputePath::kFast && b.layout == ExpertLayout::kContiguous &&
-      !b.experts.empty() && w.experts[size_t(b.experts[0])]->gate.dtype == DType::kF8E4M3) {
-    experts_grouped(w, b, expert_out.data());
-  } else {
-    for (size_t s = 0; s < b.experts.size(); ++s) {
-      int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
-      mlp(*w.experts[size_t(b.experts[s])], &b.x[size_t(r0 * H)], rows, &expert_out[size_t(r0 * H)]);
-    }
-  }
-  experts_span.reset();
   comm_span.emplace(tracer_, "combine", layer_, TraceLane::kComm);
   RETURN_IF_ERROR(dispatcher_.combine(b, expert_out.data(), out));  // [n, H]
   comm_span.reset();
@@ -456,17 +459,60 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   return Status::Ok();
 }
 
+int64_t DeepseekModel::moe_layer_index(int64_t layer) const {
+  // The dispatcher places experts per MoE layer (EPLB), so it needs this layer's index among
+  // the MoE layers.
+  int64_t moe_layer = 0;
+  for (int64_t l = 0; l < layer; ++l) moe_layer += config_.is_moe_layer(l);
+  return moe_layer;
+}
+
+void DeepseekModel::route(const MoeWeights& w, const float* x, int64_t n, int32_t* ids,
+                          float* wts) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, E = c.n_routed_experts;
+  std::vector<float> router(size_t(n * E));  // [n, E] router logits
+  // The router in FP32 on both paths: routing is discrete, and a BF16 rounding of the input can
+  // flip a near-tied expert choice (Hugging Face computes it in FP32 too).
+  if (auto it = gate_f32_.find(w.gate.data); it != gate_f32_.end()) {
+    gemm_f32(x, n, H, it->second.data(), E, H, H, router.data(), E, pool_);
+  } else {
+    linear_ref(x, n, H, w.gate, router.data(), E, pool_);
+  }
+  moe_gate_ref(router.data(), n, w.score_bias.empty() ? nullptr : w.score_bias.data(),
+               gate_params(c), ids, wts);  // [n, k] each
+}
+
+Status DeepseekModel::routed_experts(const MoeWeights& w, const ExpertBatch& b,
+                                     float* expert_out) {
+  const int64_t H = config_.hidden_size;
+  for (int32_t e : b.experts) {
+    if (!held_expert(w, e)) return Internal(fmt::format("expert {} was dispatched here but is not loaded", e));
+  }
+  // (A rank may receive no rows; then expert 0 need not be loaded here.)
+  if (path_ == ComputePath::kFast && b.layout == ExpertLayout::kContiguous &&
+      !b.experts.empty() && held_expert(w, b.experts[0])->gate.dtype == DType::kF8E4M3) {
+    experts_grouped(w, b, expert_out);
+  } else {
+    for (size_t s = 0; s < b.experts.size(); ++s) {
+      int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
+      mlp(*held_expert(w, b.experts[s]), &b.x[size_t(r0 * H)], rows, &expert_out[size_t(r0 * H)]);
+    }
+  }
+  return Status::Ok();
+}
+
 // All of a step's routed experts in three grouped GEMMs (DeepGEMM's contiguous layout: rows
 // sorted by expert) instead of three dense GEMMs per expert: one pass over the thread pool per
 // projection, however many experts the batch touches.
 void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, float* out) {
   const int64_t H = b.hidden, rows = b.n_rows(), n_seg = int64_t(b.experts.size());
   if (rows == 0) return;
-  const int64_t I = w.experts[size_t(b.experts[0])]->gate.rows;
+  const int64_t I = held_expert(w, b.experts[0])->gate.rows;
   const size_t segs = static_cast<size_t>(n_seg);
   std::vector<const PackedFp8Weight*> gate(segs), up(segs), down(segs);
   for (int64_t s = 0; s < n_seg; ++s) {
-    const MlpWeights& ex = *w.experts[size_t(b.experts[size_t(s)])];
+    const MlpWeights& ex = *held_expert(w, b.experts[size_t(s)]);
     gate[size_t(s)] = &packed_.at(ex.gate.data);
     up[size_t(s)] = &packed_.at(ex.up.data);
     down[size_t(s)] = &packed_.at(ex.down.data);

@@ -10,7 +10,10 @@
 // called by one thread at a time; it uses the pool for parallel loops.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -19,13 +22,17 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "core/trace.h"
+#include "ep/comm_worker.h"
 #include "ep/dispatcher.h"
+#include "ep/expert_migration.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/rope.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 
 namespace moeserve {
+
+struct RuntimeExpert;  // model/expert_store.h
 
 // How attention reads the latent cache (DeepSeek's model.py keeps both):
 //   naive: expand each cached latent into per-head K and V with kv_b_proj, then attend;
@@ -47,11 +54,17 @@ struct StepSequence {
   bool want_logits = true;               // logits of the last new token
 };
 
+// The two micro-batches of a step (docs/ep-overlap.md): indices into the batch, ascending, each
+// sequence in exactly one. Balances attention work (the sum over new tokens of their context
+// length) by longest-first greedy assignment; a sequence is never split. Either may be empty.
+std::array<std::vector<size_t>, 2> split_micro_batches(std::span<const StepSequence> batch);
+
 class DeepseekModel {
  public:
   DeepseekModel(const ModelConfig& config, const ModelWeights& weights, Dispatcher& dispatcher,
                 ThreadPool* pool, AttentionMode mode = AttentionMode::kAbsorbed,
-                ComputePath path = ComputePath::kReference);
+                ComputePath path = ComputePath::kReference, bool overlap = true,
+                bool progress = false);
 
   const ModelConfig& config() const { return config_; }
   AttentionMode attention_mode() const { return mode_; }
@@ -60,9 +73,27 @@ class DeepseekModel {
   // Records per-layer stages (attention, gate, dispatch, experts, combine, ...) when non-null.
   void set_tracer(Tracer* tracer) { tracer_ = tracer; }
 
+  // Dual micro-batch overlap (docs/ep-overlap.md), on by default: when the dispatcher spans
+  // more than one rank, forward() splits the batch in two and interleaves them so that one's
+  // dispatch/combine runs on a communication thread while the other computes. Results equal
+  // the non-overlapped pass. Every rank of an EP group must use the same setting (it decides
+  // how many exchanges a layer makes). Set it at construction or between forward() calls.
+  void set_overlap(bool on) { overlap_ = on; }
+  bool overlap() const { return overlap_; }
+
   // logits: resized to [number of sequences with want_logits, vocab_size], in batch order.
   Status forward(std::span<const StepSequence> batch, LatentKvCache& cache,
                  std::vector<float>* logits);
+
+  // Routed experts changed at run time (EPLB migration; model/expert_store.{h,cpp}), between
+  // two forward() calls on its thread. moe_layer counts MoE layers only. install_expert takes an
+  // expert in the wire format of expert_store.h (replacing any copy held); drop_expert releases
+  // one (its packed weights; the checkpoint's mapping stays); the others are untouched.
+  Status install_expert(int64_t moe_layer, int32_t expert, std::vector<uint8_t> bytes);
+  void drop_expert(int64_t moe_layer, int32_t expert);
+  Result<ExpertBlob> export_expert(int64_t moe_layer, int32_t expert) const;
+  bool has_expert(int64_t moe_layer, int32_t expert) const;
+  bool expert_received(int64_t moe_layer, int32_t expert) const;  // from install_expert
 
  private:
   // x: [n, hidden] normalised input of the layer's attention; out: [n, hidden].
@@ -75,12 +106,28 @@ class DeepseekModel {
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                             int64_t n, const LatentKvCache& cache, float* o);
   Status moe(const MoeWeights& w, const float* x, int64_t n, float* out);
+  // Pieces of moe(), shared with the micro-batch path. route: the router's top-k of x [n, H]
+  // into ids, wts [n, top_k]. routed_experts: every local expert on its rows of b, into
+  // expert_out [b.n_rows(), H]. moe_layer_index: layer's index among the MoE layers.
+  void route(const MoeWeights& w, const float* x, int64_t n, int32_t* ids, float* wts);
+  Status routed_experts(const MoeWeights& w, const ExpertBatch& b, float* expert_out);
+  int64_t moe_layer_index(int64_t layer) const;
+  // The layers of forward() with two interleaved micro-batches (microbatch.cpp); x: [n, H]
+  // residual stream in batch order, in and out.
+  struct MicroBatch;
+  Status layers_overlapped(std::span<const StepSequence> batch, LatentKvCache& cache,
+                           std::vector<float>& x);
+  Status run_micro_batches(std::array<MicroBatch, 2>& mbs, LatentKvCache& cache);
+  void advance_to_dispatch(MicroBatch& mb, LatentKvCache& cache);
+  Status experts_stage(MicroBatch& mb);
+  Status finish_moe(MicroBatch& mb);
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out);
   void experts_grouped(const MoeWeights& w, const ExpertBatch& b, float* out);
   // y[m, w.rows] = x[m, w.cols] W^T on the configured compute path.
   void linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy);
   // Repacks FP8 projections, splits kv_b_proj per head and converts the router to F32.
-  void prepare_fast_path();
+  // progress: an in-place progress line on stderr while it runs (minutes for a 671B checkpoint).
+  void prepare_fast_path(bool progress);
 
   const ModelConfig& config_;
   const ModelWeights& weights_;
@@ -89,6 +136,8 @@ class DeepseekModel {
   AttentionMode mode_;
   ComputePath path_;
   Tracer* tracer_ = nullptr;
+  bool overlap_ = true;
+  std::unique_ptr<CommWorker> comm_worker_;  // made by the first overlapped forward()
   int64_t layer_ = 0;  // the layer forward() is in (trace labels)
   RopeTable rope_;
   // Fast path: FP8 weights repacked for gemm_fp8, keyed by the checkpoint bytes they came from.
@@ -104,6 +153,11 @@ class DeepseekModel {
   std::vector<AbsorbedWeights> absorbed_;  // per layer
   // Fast path: router weights in F32 (routing stays FP32-exact), keyed by checkpoint bytes.
   std::unordered_map<const uint8_t*, std::vector<float>> gate_f32_;
+  // Run-time experts over the checkpoint's (expert_store.cpp): installed, or null when dropped.
+  const MlpWeights* held_expert(const MoeWeights& w, int32_t expert) const;
+  const MoeWeights* moe_layer_weights(int64_t moe_layer) const;
+  std::map<std::pair<const MoeWeights*, int32_t>, std::shared_ptr<const RuntimeExpert>>
+      runtime_experts_;
 };
 
 }  // namespace moeserve

@@ -2,7 +2,8 @@
 // double-precision attention written here from the formulas, on random data (never zeros):
 // context lengths around the 64-token block edges and past 1000, shuffled block tables, slots
 // past each sequence's end filled with NaN bit patterns, heads 1..128, DeepSeek-V3's 512 + 64 and
-// a small 160 + 16 shape, KV splits forced at many cut points, every ISA level of this CPU.
+// a small 160 + 16 shape, KV splits forced at many cut points, every ISA level of this CPU; F32
+// queries (carried as BF16 hi + lo) against attention on the exact F32 queries.
 #include "kernels/mla_decode.h"
 
 #include <gtest/gtest.h>
@@ -152,6 +153,10 @@ struct Tol {
 };
 constexpr Tol kFastTol{4.2e-3, 4e-4, 2.2e-3};
 constexpr Tol kRefTol{2e-5, 2e-6, 2e-5};  // FP32 reference vs double
+// F32 queries with MlaOptions::split_p: q and P both carried as BF16 hi + lo (relative error
+// <= 2^-17 each), so the kernel is held to the FP32 reference's own accuracy. BF16-rounded
+// queries miss it by far (BF16QueriesFailTheSplitTolerance).
+constexpr Tol kSplitTol = kRefTol;
 
 void expect_close(const std::vector<float>& o, const std::vector<float>& lse, const Result& want,
                   const Tol& tol, const std::string& what) {
@@ -178,6 +183,7 @@ struct Output {
 };
 
 Output run(const Problem& p, ThreadPool* pool, MlaOptions opt, Isa isa, bool q_f32 = false) {
+  if (isa != Isa::kAvx512Bf16) opt.split_p = false;  // (only the fast level reads it)
   const int64_t H = p.shape.heads;
   Output out{std::vector<float>(size_t(p.rows * H * p.shape.kv_lora_rank), -7.0f),
              std::vector<float>(size_t(p.rows * H), -7.0f)};
@@ -262,12 +268,75 @@ TEST(MlaDecode, LongContextSplitsOverManyParts) {
   }
 }
 
-TEST(MlaDecode, F32QueriesAreRoundedToBf16) {
+// F32 queries are not rounded to BF16: the kernel carries them as hi + lo, so its answer is
+// attention on the exact F32 queries, within the error of P's BF16 rounding (kFastTol).
+TEST(MlaDecode, F32QueriesAreNotRoundedToBf16) {
   ThreadPool pool(2);
   Problem p = make_problem(16, 512, 64, 0.15f, kDecodeLens, 51);
   const Output got = run(p, &pool, {}, cpu_isa(), /*q_f32=*/true);
-  // The contract: F32 queries are rounded to BF16 first, so the BF16-query answer is the target.
-  expect_close(got.o, got.lse, naive_bf16_q(p), kFastTol, "F32 q");
+  expect_close(got.o, got.lse, naive(p, p.q32), kFastTol, "F32 q");
+}
+
+// With split_p as well, the fast level matches the FP32 reference's own tolerance, on every
+// shape the other tests use: decode and prefill chunks, V3 and small shapes, forced KV splits.
+TEST(MlaDecode, SplitQueriesAndWeightsMatchFp32Reference) {
+  ThreadPool pool(2);
+  struct Case {
+    int64_t heads, rank, rope;
+    float scale;
+    std::vector<SeqSpec> specs;
+  };
+  const std::vector<Case> cases = {
+      {16, 512, 64, 0.15f, kDecodeLens},
+      {128, 512, 64, 0.15f, {{300, 1}, {65, 65}, {150, 12}}},
+      {4, 160, 32, 0.11f, {{1, 1}, {70, 70}, {94, 1}, {10, 10}}},  // the v3 HF fixture's shape
+      {3, 160, 16, 0.3f, {{1000, 1}, {129, 1}, {230, 166}}},
+  };
+  uint32_t seed = 600;
+  for (const Case& c : cases) {
+    Problem p = make_problem(c.heads, c.rank, c.rope, c.scale, c.specs, seed++);
+    const Result want = naive(p, p.q32);
+    for (int64_t parts : {0, 1, 7}) {
+      MlaOptions opt{parts};
+      opt.split_p = true;
+      const Output got = run(p, &pool, opt, cpu_isa(), /*q_f32=*/true);
+      expect_close(got.o, got.lse, want, kSplitTol,
+                   std::to_string(c.heads) + " heads " + std::to_string(c.rank) + "+" +
+                       std::to_string(c.rope) + " parts " + std::to_string(parts));
+    }
+  }
+}
+
+// Logits in the hundreds (lse ~140): q = hi + lo keeps ~16 significant bits, so a score that
+// large moves by ~1e-4 (the FP32 reference's own error here is ~7e-5 in lse); both are held to
+// a bound scaled to the logits (the BF16 kernel's o error on this problem is 8e-4).
+TEST(MlaDecode, SplitPeakedSoftmaxMatchesFp32Reference) {
+  ThreadPool pool(2);
+  constexpr Tol kPeakedTol{1e-4, 1e-5, 5e-4};
+  Problem p = make_problem(16, 160, 16, 6.0f, {{300, 1}, {64, 1}, {1, 1}}, 61);
+  const Result want = naive(p, p.q32);
+  std::vector<float> o(size_t(p.rows * 16 * 160)), lse(size_t(p.rows * 16));
+  mla_decode_ref(p.batch(o.data(), lse.data(), /*q_f32=*/true), &pool);
+  expect_close(o, lse, want, kPeakedTol, "FP32 reference, peaked");
+  MlaOptions opt{3};
+  opt.split_p = true;
+  const Output got = run(p, &pool, opt, cpu_isa(), /*q_f32=*/true);
+  expect_close(got.o, got.lse, want, kPeakedTol, "split, peaked");
+}
+
+// The split tolerance is tight enough to tell: rounding only the queries to BF16 (exact
+// attention otherwise) misses it.
+TEST(MlaDecode, Bf16QueriesFailTheSplitTolerance) {
+  Problem p = make_problem(4, 160, 32, 0.11f, {{94, 1}, {70, 70}}, 602);
+  const Result exact = naive(p, p.q32), rounded = naive_bf16_q(p);
+  double o_max = 0, lse_max = 0;
+  for (size_t i = 0; i < exact.o.size(); ++i)
+    o_max = std::max(o_max, std::fabs(exact.o[i] - rounded.o[i]));
+  for (size_t i = 0; i < exact.lse.size(); ++i) {
+    lse_max = std::max(lse_max, std::fabs(exact.lse[i] - rounded.lse[i]));
+  }
+  EXPECT_GT(o_max, 10 * kSplitTol.o_max);
+  EXPECT_GT(lse_max, 10 * kSplitTol.lse_max);
 }
 
 TEST(MlaDecode, PeakedSoftmaxIsStable) {

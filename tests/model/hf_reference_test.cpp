@@ -21,18 +21,19 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr float kLogprobTol = 2e-2f;      // reference path (FP32 activations)
+constexpr float kLogprobTol = 2e-2f;  // reference path (FP32 activations)
 // The fast path (BF16 GEMM inputs, BF16 KV cache) runs against the fixtures when
-// MOESERVE_HF_FAST=1 is set. On these small random models a 0.4% perturbation of one
-// activation can flip a near-tied MoE routing choice and move later logprobs by 0.1-1.5
-// (docs/hf-reference.md), so it is held only to a bound that catches real bugs: a missing
-// YaRN term, mscale, bias or group limit moves logprobs by 4-15 on the same fixtures.
+// MOESERVE_HF_FAST=1 is set. It does not meet 5e-2 here: the BF16 latent cache alone (every
+// other input exact) leaves 0.045-0.063, and on yarn_mscale it flips one near-tied MoE routing
+// choice, which moves that step by 2.65 (docs/hf-reference.md has the per-source table). So it
+// is held only to a bound that catches real bugs: a missing YaRN term, mscale, bias or group
+// limit moves logprobs by 4-15 on the same fixtures.
 constexpr float kFastBugBound = 2.0f;
 std::vector<ComputePath> compute_paths() {
   if (std::getenv("MOESERVE_HF_FAST")) return {ComputePath::kReference, ComputePath::kFast};
   return {ComputePath::kReference};
 }
-constexpr float kNearTie = 0.05f;     // reference top-2 closer than this: order may differ
+constexpr float kNearTie = 0.05f;  // reference top-2 closer than this: order may differ
 constexpr size_t kMinSteps = 16;
 
 struct Step {
@@ -68,7 +69,8 @@ std::vector<Case> load_cases(const std::string& dir) {
 // from there on), plus one, or the number of steps.
 size_t comparable_steps(const Case& c) {
   for (size_t s = 0; s < c.steps.size(); ++s) {
-    if (c.steps[s].top.size() >= 2 && c.steps[s].top[0].logprob - c.steps[s].top[1].logprob < kNearTie) {
+    if (c.steps[s].top.size() >= 2 &&
+        c.steps[s].top[0].logprob - c.steps[s].top[1].logprob < kNearTie) {
       return s + 1;  // this step's logprobs are still comparable; its argmax is not
     }
   }
@@ -115,11 +117,13 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
     for (const Step& s : c.steps) seq.push_back(s.token);
     std::vector<int32_t> table;
     for (int32_t b = 0; b * kKvBlockSize < int64_t(seq.size()); ++b) table.push_back(b);
-    LatentKvCache cache(cfg.num_hidden_layers, cfg.kv_cache_dim(), int32_t(table.size()), kv_dtype());
+    LatentKvCache cache(cfg.num_hidden_layers, cfg.kv_cache_dim(), int32_t(table.size()),
+                        kv_dtype());
     std::vector<float> logits, lp(size_t(cfg.vocab_size));
     int64_t pos = 0, n_new = int64_t(c.prompt.size());
     for (size_t s = 0; s < n_steps; ++s) {
-      StepSequence step{std::span<const int32_t>(seq).subspan(size_t(pos), size_t(n_new)), pos, table, true};
+      StepSequence step{std::span<const int32_t>(seq).subspan(size_t(pos), size_t(n_new)), pos,
+                        table, true};
       ASSERT_TRUE(model.forward({&step, 1}, cache, &logits).ok());
       pos += n_new;
       n_new = 1;
@@ -128,8 +132,8 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
         float d = std::fabs(lp[size_t(t.id)] - t.logprob);
         worst = std::max(worst, d);
         if (!fast()) {
-          EXPECT_LE(d, kLogprobTol) << name << " prompt len " << c.prompt.size() << " step " << s
-                                    << " token " << t.id;
+          EXPECT_LE(d, kLogprobTol)
+              << name << " prompt len " << c.prompt.size() << " step " << s << " token " << t.id;
         }
       }
       const float gap = c.steps[s].top[0].logprob - c.steps[s].top[1].logprob;
@@ -197,6 +201,28 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
     });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(HfReference);
+
+// The fast path's weight preparation (minutes for a 671B checkpoint) reports progress on stderr
+// when asked, and stays quiet otherwise.
+TEST(FastPathPreparation, ReportsProgressOnlyWhenAsked) {
+  auto ck = Checkpoint::open("tests/data/hf/v3");
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  ThreadPool pool(2);
+  LocalDispatcher dispatcher((*ck)->config().n_routed_experts);
+  for (bool progress : {false, true}) {
+    ::testing::internal::CaptureStderr();
+    DeepseekModel model((*ck)->config(), (*ck)->weights(), dispatcher, &pool,
+                        AttentionMode::kAbsorbed, ComputePath::kFast, /*overlap=*/true, progress);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    if (progress) {
+      EXPECT_EQ(err.rfind("\rpreparing weights: ", 0), 0u) << err;  // from the start, in place
+      EXPECT_NE(err.find("\rpreparing weights: 100% ("), std::string::npos) << err;
+      EXPECT_EQ(err.back(), '\n') << err;
+    } else {
+      EXPECT_EQ(err, "");
+    }
+  }
+}
 
 TEST(HfReferenceFixtures, AllThreeArePresentWithEnoughSteps) {
   auto names = fixture_names();

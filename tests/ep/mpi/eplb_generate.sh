@@ -5,6 +5,7 @@
 #   - `--eplb-init FILE --redundant-experts N` places experts by that plan (per MoE layer, with
 #     redundant copies) and gives exactly the tokens and logprobs of the contiguous placement, at
 #     R = 1 (--ep), 2 and 4, and the same expert loads;
+#   - `--eplb-interval` migrates experts while generating and changes no output byte;
 #   - bad combinations fail with a clear message.
 set -euo pipefail
 bin=$1
@@ -44,6 +45,15 @@ for np in (1, 2, 4):
     assert b["tokens"] == s["tokens"], "routing must not depend on the placement"
 print("eplb_generate.sh: stats files consistent")
 PY
+
+# Online rebalancing: re-plan every 2 steps, weights moved between ranks 256 KiB per step; the
+# output is byte-identical to the run without EPLB (F32 dispatch) and the placement changed.
+$mpirun -np 4 "$bin" "${args[@]}" --dispatch-dtype f32 > "$dir/f32off.jsonl" 2> "$dir/err" \
+  || { cat "$dir/err" >&2; fail "R=4 f32"; }
+$mpirun -np 4 "$bin" "${args[@]}" --dispatch-dtype f32 --eplb-interval 2 --redundant-experts 8 \
+  --eplb-migrate-mb 0.25 > "$dir/f32on.jsonl" 2> "$dir/err" || { cat "$dir/err" >&2; fail "R=4 online"; }
+grep -q "eplb: new placement after step" "$dir/err" || fail "no migration: $(cat "$dir/err")"
+cmp -s "$dir/f32off.jsonl" "$dir/f32on.jsonl" || fail "tokens or logprobs differ with online EPLB"
 
 set +e
 $mpirun -np 4 "$bin" "${args[@]}" --eplb-init "$dir/stats4.json" --redundant-experts 3 > /dev/null 2> "$dir/err"; rc=$?

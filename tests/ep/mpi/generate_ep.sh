@@ -6,6 +6,8 @@
 #   - BF16 and FP8 dispatch: R = 1, 2, 4 and both modes agree with each other (tokens, logprobs
 #     within 1e-4); their distance to the single-process logprobs is printed (rounding of the
 #     payload and of the BF16 combine rows) and bounded loosely;
+#   - dual micro-batch overlap (on by default) and --no-overlap print identical output
+#     (F32 and FP8 dispatch, R = 2, 4: the same rows go through the same kernels);
 #   - a group that cannot split the experts evenly fails with a clear message.
 set -euo pipefail
 bin=$1
@@ -28,6 +30,16 @@ for dt in f32 bf16 fp8; do
     done
   done
 done
+
+for dt in f32 fp8; do
+  for np in 2 4; do
+    $mpirun -np $np "$bin" "${args[@]}" --dispatch-dtype $dt --no-overlap \
+      > "$dir/r${np}_${dt}_no_overlap.jsonl" 2> "$dir/err" || { cat "$dir/err" >&2; fail "R=$np $dt --no-overlap"; }
+    cmp -s "$dir/r${np}_${dt}_no_overlap.jsonl" "$dir/r${np}_${dt}_normal.jsonl" \
+      || fail "R=$np $dt: --no-overlap output differs from overlap on"
+  done
+done
+echo "overlap on == --no-overlap (f32, fp8; R=2,4)"
 
 python3 - "$dir" <<'PY' || fail "agreement"
 import json, sys

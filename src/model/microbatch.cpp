@@ -1,0 +1,231 @@
+// Dual micro-batch overlap (docs/ep-overlap.md): the layers of DeepseekModel::forward with the
+// step's sequences split in two micro-batches that take turns on the step thread, while each
+// one's dispatch and combine run on the rank's communication thread (CommWorker).
+//
+// The schedule is DeepSeek's prefill order, cut into two stages per MoE layer and micro-batch:
+//   front    [shared experts, wait combine, residual of layer l-1] + layers up to the next MoE
+//            layer l: attention, residual, ffn norm, gate; submit dispatch(l)
+//   experts  wait dispatch(l), routed experts; submit combine(l)
+// run as front(0) front(1) experts(0) experts(1) front(0) front(1) ..., so that every exchange
+// of one micro-batch has compute of the other behind it, and every rank submits the same
+// exchanges in the same order: per MoE layer dispatch mb0, dispatch mb1, combine mb0,
+// combine mb1 (empty micro-batches included). The rows a sequence sends through each kernel are
+// the same as without overlap, so the results are too.
+#include <algorithm>
+#include <future>
+#include <numeric>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "kernels/rmsnorm.h"
+#include "model/deepseek.h"
+
+namespace moeserve {
+
+namespace {
+
+// Attention work of a sequence's new tokens: each attends to its whole context.
+int64_t attention_work(const StepSequence& s) {
+  const int64_t n = int64_t(s.tokens.size());
+  return n * s.start_pos + n * (n + 1) / 2;
+}
+
+// A trace event with a computed name ("attention L3 mb0"); nothing when tracer is null.
+class NamedSpan {
+ public:
+  NamedSpan(Tracer* tracer, TraceLane lane, const char* stage, int64_t layer, int mb)
+      : tracer_(tracer), lane_(lane), begin_(tracer ? tracer->now_us() : 0) {
+    if (tracer_) name_ = fmt::format("{} L{} mb{}", stage, layer, mb);
+  }
+  ~NamedSpan() {
+    if (tracer_) tracer_->add(std::move(name_), lane_, begin_, tracer_->now_us());
+  }
+  NamedSpan(const NamedSpan&) = delete;
+  NamedSpan& operator=(const NamedSpan&) = delete;
+
+ private:
+  Tracer* tracer_;
+  TraceLane lane_;
+  double begin_;
+  std::string name_;
+};
+
+void add_rows(float* x, const float* y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
+std::array<std::vector<size_t>, 2> split_micro_batches(std::span<const StepSequence> batch) {
+  std::vector<size_t> order(batch.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return attention_work(batch[a]) > attention_work(batch[b]);
+  });
+  std::array<std::vector<size_t>, 2> mbs;
+  std::array<int64_t, 2> work{0, 0}, tokens{0, 0};
+  for (size_t i : order) {
+    // The lighter one takes it; on a tie the one with fewer tokens (MoE work), then mb0.
+    int to = work[1] < work[0] || (work[1] == work[0] && tokens[1] < tokens[0]) ? 1 : 0;
+    mbs[size_t(to)].push_back(i);
+    work[size_t(to)] += attention_work(batch[i]);
+    tokens[size_t(to)] += int64_t(batch[i].tokens.size());
+  }
+  for (auto& m : mbs) std::sort(m.begin(), m.end());
+  return mbs;
+}
+
+// One micro-batch's state across the stages of a layer. Buffers an in-flight exchange reads
+// (h, ids, wts, batch, expert_out) or writes (out) are not touched until its future is ready.
+struct DeepseekModel::MicroBatch {
+  int index = 0;
+  std::vector<StepSequence> seqs;
+  int64_t n = 0;                  // rows (new tokens)
+  std::vector<float> x;           // [n, H] residual stream
+  std::vector<float> h;           // [n, H] normalised input of the current sub-layer
+  std::vector<float> out;         // [n, H] sub-layer output (attention, then combine's y)
+  std::vector<float> shared;      // [n, H] shared experts' output
+  std::vector<int32_t> ids;       // [n, top_k]
+  std::vector<float> wts;         // [n, top_k]
+  ExpertBatch batch;              // rows received for this rank's experts
+  std::vector<float> expert_out;  // [batch.n_rows(), H]
+  int64_t layer = 0;              // next layer to run (front), or the MoE layer in flight
+  bool moe_pending = false;       // layer `layer` is between dispatch and its residual add
+  std::future<Result<ExpertBatch>> dispatched;
+  std::future<Status> combined;
+
+  // Waits for whatever is in flight (after an error: the exchanges reference our buffers).
+  void drain() {
+    if (dispatched.valid()) dispatched.wait();
+    if (combined.valid()) combined.wait();
+  }
+};
+
+Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, LatentKvCache& cache,
+                                        std::vector<float>& x) {
+  const int64_t H = config_.hidden_size;
+  if (!comm_worker_) comm_worker_ = std::make_unique<CommWorker>();
+  std::vector<int64_t> first_row(batch.size() + 1, 0);  // row of each sequence in x
+  for (size_t i = 0; i < batch.size(); ++i) {
+    first_row[i + 1] = first_row[i] + int64_t(batch[i].tokens.size());
+  }
+  const std::array<std::vector<size_t>, 2> split = split_micro_batches(batch);
+  std::array<MicroBatch, 2> mbs;
+  for (int m = 0; m < 2; ++m) {
+    MicroBatch& mb = mbs[size_t(m)];
+    mb.index = m;
+    for (size_t i : split[size_t(m)]) {
+      mb.seqs.push_back(batch[i]);
+      mb.n += int64_t(batch[i].tokens.size());
+    }
+    mb.x.resize(size_t(mb.n * H));  // [n, H] this micro-batch's rows of x, in its order
+    float* dst = mb.x.data();
+    for (size_t i : split[size_t(m)]) {
+      dst = std::copy(&x[size_t(first_row[i] * H)], &x[size_t(first_row[i + 1] * H)], dst);
+    }
+    mb.h.resize(size_t(mb.n * H));
+    mb.out.resize(size_t(mb.n * H));
+  }
+  Status st = run_micro_batches(mbs, cache);
+  for (MicroBatch& mb : mbs) mb.drain();
+  RETURN_IF_ERROR(st);
+  for (int m = 0; m < 2; ++m) {  // rows back to batch order
+    const float* src = mbs[size_t(m)].x.data();
+    for (size_t i : split[size_t(m)]) {
+      const int64_t count = (first_row[i + 1] - first_row[i]) * H;
+      std::copy(src, src + count, &x[size_t(first_row[i] * H)]);
+      src += count;
+    }
+  }
+  return Status::Ok();
+}
+
+Status DeepseekModel::run_micro_batches(std::array<MicroBatch, 2>& mbs, LatentKvCache& cache) {
+  for (MicroBatch& mb : mbs) advance_to_dispatch(mb, cache);
+  while (mbs[0].moe_pending) {
+    CHECK(mbs[1].moe_pending && mbs[1].layer == mbs[0].layer, "micro-batches out of step");
+    for (MicroBatch& mb : mbs) RETURN_IF_ERROR(experts_stage(mb));
+    for (MicroBatch& mb : mbs) {
+      RETURN_IF_ERROR(finish_moe(mb));
+      advance_to_dispatch(mb, cache);
+    }
+  }
+  return Status::Ok();
+}
+
+// Runs layers from mb.layer until one submits its dispatch (moe_pending) or none is left.
+void DeepseekModel::advance_to_dispatch(MicroBatch& mb, LatentKvCache& cache) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, n = mb.n, k = c.num_experts_per_tok;
+  const float eps = float(c.rms_norm_eps);
+  for (; mb.layer < c.num_hidden_layers; ++mb.layer) {
+    const int64_t l = mb.layer;
+    const LayerWeights& L = weights_.layers[size_t(l)];
+    rmsnorm_ref(mb.x.data(), n, H, H, L.attn_norm.data(), eps, mb.h.data(), H);
+    {
+      NamedSpan span(tracer_, TraceLane::kCompute, "attention", l, mb.index);
+      attention(l, mb.seqs, mb.h.data(), n, cache, mb.out.data());  // [n, H]
+    }
+    add_rows(mb.x.data(), mb.out.data(), n * H);
+    rmsnorm_ref(mb.x.data(), n, H, H, L.ffn_norm.data(), eps, mb.h.data(), H);
+    if (!L.moe) {
+      NamedSpan span(tracer_, TraceLane::kCompute, "mlp", l, mb.index);
+      mlp(*L.mlp, mb.h.data(), n, mb.out.data());  // [n, H]
+      add_rows(mb.x.data(), mb.out.data(), n * H);
+      continue;
+    }
+    mb.ids.resize(size_t(n * k));  // [n, k]
+    mb.wts.resize(size_t(n * k));  // [n, k]
+    {
+      NamedSpan span(tracer_, TraceLane::kCompute, "gate", l, mb.index);
+      route(*L.moe, mb.h.data(), n, mb.ids.data(), mb.wts.data());
+    }
+    const int64_t moe_layer = moe_layer_index(l);
+    mb.dispatched = comm_worker_->submit([this, &mb, l, moe_layer, H, n, k] {
+      NamedSpan span(tracer_, TraceLane::kComm, "dispatch", l, mb.index);
+      return dispatcher_.dispatch(moe_layer, mb.h.data(), n, H, mb.ids.data(), mb.wts.data(), k);
+    });
+    mb.moe_pending = true;
+    return;
+  }
+}
+
+Status DeepseekModel::experts_stage(MicroBatch& mb) {
+  const int64_t H = config_.hidden_size;
+  const MoeWeights& w = *weights_.layers[size_t(mb.layer)].moe;
+  Result<ExpertBatch> got = mb.dispatched.get();
+  RETURN_IF_ERROR(got.status());
+  mb.batch = std::move(*got);
+  mb.expert_out.assign(size_t(mb.batch.n_rows() * H), 0.0f);  // [rows, H]
+  {
+    NamedSpan span(tracer_, TraceLane::kCompute, "experts", mb.layer, mb.index);
+    RETURN_IF_ERROR(routed_experts(w, mb.batch, mb.expert_out.data()));
+  }
+  mb.combined = comm_worker_->submit([this, &mb] {
+    NamedSpan span(tracer_, TraceLane::kComm, "combine", mb.layer, mb.index);
+    return dispatcher_.combine(mb.batch, mb.expert_out.data(), mb.out.data());  // [n, H]
+  });
+  return Status::Ok();
+}
+
+// Shared experts while the combine is in flight, then the MoE layer's residual add.
+Status DeepseekModel::finish_moe(MicroBatch& mb) {
+  const int64_t H = config_.hidden_size, n = mb.n;
+  const MoeWeights& w = *weights_.layers[size_t(mb.layer)].moe;
+  if (w.shared) {
+    NamedSpan span(tracer_, TraceLane::kCompute, "shared experts", mb.layer, mb.index);
+    mb.shared.resize(size_t(n * H));
+    mlp(*w.shared, mb.h.data(), n, mb.shared.data());  // [n, H]
+  }
+  RETURN_IF_ERROR(mb.combined.get());
+  // out = routed + shared, then the residual: the same additions in the same order as moe().
+  if (w.shared) add_rows(mb.out.data(), mb.shared.data(), n * H);
+  add_rows(mb.x.data(), mb.out.data(), n * H);
+  mb.moe_pending = false;
+  ++mb.layer;
+  return Status::Ok();
+}
+
+}  // namespace moeserve
