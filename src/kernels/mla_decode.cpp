@@ -121,13 +121,35 @@ std::vector<PieceRef> partition(const std::vector<Group>& groups, int64_t parts)
   return pieces;
 }
 
+// Every group cut at fixed multiples of split_blocks blocks (so its pieces depend only on its
+// own length), each piece given to the least loaded part so far; ordered by part.
+std::vector<PieceRef> partition_fixed(const std::vector<Group>& groups, int64_t parts,
+                                      int64_t split_blocks) {
+  std::vector<PieceRef> pieces;
+  std::vector<double> load(static_cast<size_t>(parts), 0.0);
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const Group& g = groups[gi];
+    for (int64_t b0 = 0; b0 < g.n_blocks; b0 += split_blocks) {
+      const int64_t b1 = std::min(g.n_blocks, b0 + split_blocks);
+      const size_t p = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+      load[p] += double((b1 - b0 + kPieceOverheadBlocks) * g.weight);
+      pieces.push_back(PieceRef{int64_t(gi), b0, b1, int64_t(p)});
+    }
+  }
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const PieceRef& a, const PieceRef& b) { return a.part < b.part; });
+  return pieces;
+}
+
 void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt) {
   const int64_t H = b.shape.heads, R = b.shape.kv_lora_rank;
   const std::vector<Group> groups = make_groups(b);
   if (groups.empty()) return;
   const int64_t threads = pool ? pool->size() : 1;
   const int64_t parts = opt.parts > 0 ? opt.parts : threads;
-  std::vector<PieceRef> pieces = partition(groups, parts);
+  std::vector<PieceRef> pieces = opt.split_blocks > 0
+                                     ? partition_fixed(groups, parts, opt.split_blocks)
+                                     : partition(groups, parts);
 
   // Split groups get partial-output slots: o [rows][R] and lse [rows] per piece.
   std::vector<int64_t> n_pieces(groups.size(), 0);
@@ -190,12 +212,20 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt) {
   if (scratch_rows == 0) return;
 
   // Combine: o = sum_i exp(lse_i - lse) o_i with lse = log sum_i exp(lse_i).
-  std::vector<std::vector<int64_t>> slots_of(groups.size());
+  // A group's pieces are merged in KV order (by first block), whichever part ran them.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> pieces_of(groups.size());  // (b0, slot)
   std::vector<int64_t> split_groups;
   for (const PieceRef& p : pieces) {
     if (p.slot < 0) continue;
-    if (slots_of[size_t(p.group)].empty()) split_groups.push_back(p.group);
-    slots_of[size_t(p.group)].push_back(p.slot);
+    if (pieces_of[size_t(p.group)].empty()) split_groups.push_back(p.group);
+    pieces_of[size_t(p.group)].emplace_back(p.b0, p.slot);
+  }
+  std::sort(split_groups.begin(), split_groups.end());
+  std::vector<std::vector<int64_t>> slots_of(groups.size());
+  for (int64_t gi : split_groups) {
+    auto& v = pieces_of[size_t(gi)];
+    std::sort(v.begin(), v.end());
+    for (const auto& [b0, slot] : v) slots_of[size_t(gi)].push_back(slot);
   }
   auto combine = [&](int64_t i0, int64_t i1) {
     std::vector<float> wts;

@@ -87,6 +87,12 @@ struct MlaOptions {
   // F32 queries the fast level then matches the FP32 reference to ~1e-5 (the BF16 latent cache
   // itself rounds V by 2^-9, so the served path leaves this off: docs/kernels-mla.md).
   bool split_p = false;
+  // > 0: cut every sequence's KV range at fixed multiples of this many blocks, whatever else is
+  // in the batch, and spread the pieces over the parts (largest load first). A sequence's
+  // result then depends only on the sequence, so a whole engine step can be one call and still
+  // give each request the bits it gets alone. 0: cut the batch's work into equal shares
+  // (FlashMLA's scheduler; a sequence's split depends on the rest of the batch).
+  int64_t split_blocks = 0;
 };
 
 // Fills o and lse for every query row of the batch.

@@ -309,8 +309,7 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
 
 // Absorbed attention on the fast path: q_lat = W_UK^T q_nope per head (FP32 GEMM against
 // matrices dequantized at construction), the paged MLA kernel over the cache, then
-// o = W_UV o_lat per head. One kernel call per sequence, so that how the kernel splits a
-// sequence's KV range (and so its rounding) never depends on what else is in the batch.
+// o = W_UV o_lat per head.
 void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch,
                                          const float* q, int64_t n, const LatentKvCache& cache,
                                          float* o) {
@@ -335,16 +334,18 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   std::vector<float> o_lat(size_t(n * nh * R));  // [n, nh, R]
   MlaShape shape{nh, R, dr, float(c.softmax_scale())};
   MlaCacheView view{cache.block_data(layer, 0), cache.dtype(), cache.num_blocks(), D};
-  int64_t row = 0;
+  // The whole step in one kernel call (one pass over the pool, not one per sequence), with
+  // every sequence's KV cut at fixed 4-block (256-token) boundaries: a sequence's split, and so
+  // its rounding, never depends on what else is in the batch.
+  std::vector<MlaSequence> seqs;
   for (const StepSequence& s : batch) {
     const int64_t len = int64_t(s.tokens.size());
-    if (len == 0) continue;
-    MlaSequence seq{s.block_table, s.start_pos + len, len};
-    MlaBatch mb{shape, view, {&seq, 1}, &qa[size_t(row * nh * D)], DType::kF32,
-                &o_lat[size_t(row * nh * R)], nullptr};
-    mla_decode(mb, pool_);
-    row += len;
+    if (len > 0) seqs.push_back(MlaSequence{s.block_table, s.start_pos + len, len});
   }
+  MlaOptions mla_options;
+  mla_options.split_blocks = 4;
+  MlaBatch mb{shape, view, seqs, qa.data(), DType::kF32, o_lat.data(), nullptr};
+  mla_decode(mb, pool_, mla_options);
 
   auto o_heads = [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {  // o [n, dv] of head h = o_lat W_UV^T

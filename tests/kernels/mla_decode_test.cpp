@@ -268,6 +268,42 @@ TEST(MlaDecode, LongContextSplitsOverManyParts) {
   }
 }
 
+// Fixed splits: each sequence's bits depend only on the sequence, so one call over a whole step
+// gives every request what it gets alone, at any part count and thread count.
+TEST(MlaDecode, FixedSplitsMakeEachSequenceIndependentOfTheBatch) {
+  ThreadPool pool1(1), pool2(2);
+  std::vector<SeqSpec> lens = kDecodeLens;
+  lens.push_back({300, 40});  // a prefill chunk among the decodes
+  Problem p = make_problem(16, 512, 64, 0.15f, lens, 77);
+  const Result want = naive_bf16_q(p);
+  const int64_t H = p.shape.heads, R = p.shape.kv_lora_rank, D = p.shape.dim();
+  MlaOptions fixed;
+  fixed.split_blocks = 2;
+  const Output base = run(p, &pool2, fixed, cpu_isa());
+  expect_close(base.o, base.lse, want, kFastTol, "fixed splits");
+  for (int64_t parts : {1, 2, 5}) {
+    for (ThreadPool* pool : {&pool1, &pool2}) {
+      MlaOptions o = fixed;
+      o.parts = parts;
+      const Output got = run(p, pool, o, cpu_isa());
+      EXPECT_EQ(got.o, base.o) << "parts " << parts << " threads " << pool->size();
+      EXPECT_EQ(got.lse, base.lse) << "parts " << parts << " threads " << pool->size();
+    }
+  }
+  int64_t row = 0;
+  for (size_t i = 0; i < p.seqs.size(); ++i) {
+    const int64_t nq = p.seqs[i].n_queries;
+    std::vector<float> o(size_t(nq * H * R)), lse(size_t(nq * H));
+    MlaBatch one = p.batch(o.data(), lse.data());
+    one.seqs = std::span<const MlaSequence>(&p.seqs[i], 1);
+    one.q = p.q16.data() + row * H * D;
+    mla_decode(one, &pool2, fixed, cpu_isa());
+    EXPECT_TRUE(std::equal(o.begin(), o.end(), base.o.begin() + row * H * R)) << "sequence " << i;
+    EXPECT_TRUE(std::equal(lse.begin(), lse.end(), base.lse.begin() + row * H)) << "sequence " << i;
+    row += nq;
+  }
+}
+
 // F32 queries are not rounded to BF16: the kernel carries them as hi + lo, so its answer is
 // attention on the exact F32 queries, within the error of P's BF16 rounding (kFastTol).
 TEST(MlaDecode, F32QueriesAreNotRoundedToBf16) {
