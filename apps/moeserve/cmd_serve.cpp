@@ -49,6 +49,7 @@ struct ServeOptions {
   std::string dispatch_dtype = "fp8";
   std::string ep_mode = "normal";
   double ep_timeout_s = 30;
+  bool no_overlap = false;  // one batch per step instead of two overlapped micro-batches
   // EPLB (docs/eplb.md): initial plan and online rebalancing.
   std::string eplb_init;
   int32_t redundant_experts = 0;
@@ -106,6 +107,7 @@ int run_serve(ServeOptions o) {
     tmpl = ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3, tok->bos_token());
   }
   o.engine.kv_dtype = o.kv_dtype == "f32" ? DType::kF32 : DType::kBF16;
+  o.engine.overlap = !o.no_overlap;
   o.engine.progress = true;
 
   std::optional<EpGroup> ep;
@@ -293,7 +295,7 @@ Subcommand add_serve_command(CLI::App& parent) {
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every step's stages at exit "
                   "(FILE.rank<r>.json per rank under EP)");
   app->add_flag("--ep", o->ep, "Expert parallelism over MPI (default when started by mpirun)");
-  app->add_flag("--no-overlap{false}", o->engine.overlap,
+  app->add_flag("--no-overlap", o->no_overlap,
                 "Expert parallelism: one batch per step, no dual micro-batch overlap of "
                 "communication and compute (same flag on every rank)");
   app->add_option("--dispatch-dtype", o->dispatch_dtype,

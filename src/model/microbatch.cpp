@@ -123,7 +123,7 @@ Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, Lat
     mb.x.resize(size_t(mb.n * H));  // [n, H] this micro-batch's rows of x, in its order
     float* dst = mb.x.data();
     for (size_t i : split[size_t(m)]) {
-      dst = std::copy(&x[size_t(first_row[i] * H)], &x[size_t(first_row[i + 1] * H)], dst);
+      dst = std::copy(x.data() + first_row[i] * H, x.data() + first_row[i + 1] * H, dst);
     }
     mb.h.resize(size_t(mb.n * H));
     mb.out.resize(size_t(mb.n * H));
@@ -135,7 +135,7 @@ Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, Lat
     const float* src = mbs[size_t(m)].x.data();
     for (size_t i : split[size_t(m)]) {
       const int64_t count = (first_row[i + 1] - first_row[i]) * H;
-      std::copy(src, src + count, &x[size_t(first_row[i] * H)]);
+      std::copy(src, src + count, x.data() + first_row[i] * H);
       src += count;
     }
   }

@@ -4,6 +4,7 @@
 #   - with the lossless F32 dispatch, 8 concurrent greedy completions give the single-process
 #     server's tokens, logprobs within 1e-4, at R = 2 and 4; /metrics counts every rank's tokens;
 #   - FP8 dispatch serves the same requests without error (its numbers differ by rounding);
+#   - --no-overlap (no dual micro-batches) gives the same tokens and logprobs at R = 2;
 #   - SIGTERM to mpirun stops every rank with exit code 0, and --trace writes one Chrome trace
 #     per rank with a compute and a communication track (dispatch/combine per layer);
 #   - a rank killed mid-service: rank 0 answers 503 (health and new requests) within the EP
@@ -119,6 +120,17 @@ $mpirun -np 2 "$bin" "${serve_args[@]}" --port $port > "$dir/fp8.log" 2>&1 &
 pids+=($!)
 wait_health $port || fail "FP8 server did not come up"
 query $port "$dir/fp8.jsonl" || fail "FP8 queries"
+kill -TERM "${pids[-1]}"; wait "${pids[-1]}" || true
+
+# --no-overlap (one batch per step, no micro-batches) serves the same tokens.
+port=$((port_base + 12))
+$mpirun -np 2 "$bin" "${serve_args[@]}" --port $port --dispatch-dtype f32 --no-overlap \
+  > "$dir/no_overlap.log" 2>&1 &
+pids+=($!)
+wait_health $port || fail "--no-overlap server did not come up"
+query $port "$dir/no_overlap.jsonl" || fail "--no-overlap queries"
+echo -n "R=2 f32 dispatch --no-overlap vs single process: "
+compare "$dir/single.jsonl" "$dir/no_overlap.jsonl" 1e-4 || fail "--no-overlap differs"
 kill -TERM "${pids[-1]}"; wait "${pids[-1]}" || true
 
 # A rank dies: rank 0 answers 503 and names it within the EP timeout (Open MPI would otherwise
