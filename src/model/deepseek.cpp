@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "kernels/convert.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/linear_ref.h"
 #include "kernels/mla_decode.h"
@@ -498,6 +499,16 @@ Status DeepseekModel::routed_experts(const MoeWeights& w, const ExpertBatch& b,
     for (size_t s = 0; s < b.experts.size(); ++s) {
       int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
       mlp(*held_expert(w, b.experts[s]), &b.x[size_t(r0 * H)], rows, &expert_out[size_t(r0 * H)]);
+    }
+  }
+  if (path_ == ComputePath::kFast) {
+    // The fast path hands every expert output on as BF16, as a BF16 model does and as the EP
+    // combine sends it (DeepEP combines in BF16): one process and any number of ranks then sum
+    // the same values in the same order, so BF16 dispatch changes no bit of the result.
+    std::vector<uint16_t> row(static_cast<size_t>(H));
+    for (int64_t r = 0; r < b.n_rows(); ++r) {
+      f32_to_bf16_row(&expert_out[size_t(r * H)], H, row.data());
+      bf16_to_f32_row(row.data(), H, &expert_out[size_t(r * H)]);
     }
   }
   return Status::Ok();
