@@ -76,26 +76,6 @@ int32_t count_moe_layers(const ModelConfig& c) {
   return n;
 }
 
-// After generation on every rank (collective): the group's loads; rank 0 writes the stats file
-// and prints the balance per MoE layer.
-Status report_expert_loads(const GenerateOptions& o, EpGroup& ep) {
-  ExpertLoadCounter& counter = ep.balancer->counter();
-  counter.flush();
-  ASSIGN_OR_RETURN(GroupLoads loads, counter.gather(*ep.comm));
-  if (ep.comm->rank() != 0) return Status::Ok();
-  if (!o.expert_stats_out.empty()) RETURN_IF_ERROR(write_expert_stats(loads, o.expert_stats_out));
-  std::string per_layer;
-  for (int32_t l = 0; l < loads.rank_rows.num_layers; ++l) {
-    per_layer += fmt::format(" {:.3f}", rank_imbalance(loads.rank_rows, l));
-  }
-  fmt::print(stderr,
-             "eplb: {} steps, {} slots per MoE layer on {} ranks; max/mean rows per rank: mean "
-             "{:.3f}, per MoE layer{}\n",
-             loads.steps, ep.dispatcher->placement().n_slots(), ep.comm->size(),
-             mean_rank_imbalance(loads.rank_rows), per_layer);
-  return Status::Ok();
-}
-
 // Rank 0, --eplb-interval: median step time against the slowest step that moved weights.
 void print_step_times(std::vector<double> ms, const std::vector<bool>& migrating) {
   if (ms.empty()) return;
@@ -319,7 +299,7 @@ int run_generate(const GenerateOptions& o) {
   double gen_s = seconds_since(t1);
   if (ep && ep->balancer && o.eplb_interval > 0 && print) print_step_times(step_ms, step_migrating);
   if (ep && ep->balancer) {
-    if (Status st = report_expert_loads(o, *ep); !st.ok()) {
+    if (Status st = report_expert_loads(*ep, o.expert_stats_out); !st.ok()) {
       fmt::print(stderr, "generate: {}\n", st.message());
       return 1;
     }

@@ -52,6 +52,7 @@ struct ServeOptions {
   bool no_overlap = false;  // one batch per step instead of two overlapped micro-batches
   // EPLB (docs/eplb.md): initial plan and online rebalancing.
   std::string eplb_init;
+  std::string expert_stats_out;  // the group's expert loads at exit (stats format)
   int32_t redundant_experts = 0;
   int32_t eplb_window = 1000;
   int64_t eplb_interval = 0;
@@ -110,6 +111,12 @@ int run_serve(ServeOptions o) {
   o.engine.overlap = !o.no_overlap;
   o.engine.progress = true;
 
+  const bool eplb = !o.expert_stats_out.empty() || !o.eplb_init.empty() || o.eplb_interval > 0;
+  if (eplb && !(o.ep || launched_by_mpirun())) {
+    fmt::print(stderr, "serve: --expert-stats-out, --eplb-init and --eplb-interval need expert "
+                       "parallelism (mpirun, or --ep for one process)\n");
+    return 2;
+  }
   std::optional<EpGroup> ep;
   EngineParallel parallel;
   if (o.ep || launched_by_mpirun()) {
@@ -131,6 +138,7 @@ int run_serve(ServeOptions o) {
     eo.eplb.interval_steps = o.eplb_interval;
     eo.eplb.migrate_bytes_per_step = std::max<int64_t>(1, int64_t(o.eplb_migrate_mb * (1 << 20)));
     eo.eplb.log_migrations = true;
+    eo.count_loads = !o.expert_stats_out.empty();
     if (!o.eplb_init.empty()) {
       auto file = eplb::read_load_file(o.eplb_init);
       if (!file.ok()) {
@@ -149,6 +157,11 @@ int run_serve(ServeOptions o) {
     parallel.comm = ep->comm.get();
     parallel.dispatcher = ep->dispatcher.get();
     parallel.balancer = o.eplb_interval > 0 ? ep->balancer.get() : nullptr;
+    if (!o.expert_stats_out.empty()) {
+      parallel.on_clean_stop = [&ep, path = o.expert_stats_out] {
+        return report_expert_loads(*ep, path);
+      };
+    }
     // Heartbeats while idle: a few per timeout, so a quiet group is never taken for a dead one.
     parallel.idle_heartbeat = std::min(std::chrono::milliseconds(200), eo.timeout / 4);
     o.engine.progress = ep->comm->rank() == 0;
@@ -305,6 +318,9 @@ Subcommand add_serve_command(CLI::App& parent) {
       ->check(CLI::IsMember({"normal", "low-latency"}))->capture_default_str();
   app->add_option("--ep-timeout", o->ep_timeout_s, "Seconds to wait for a silent EP peer")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app->add_option("--expert-stats-out", o->expert_stats_out,
+                  "Expert parallelism: write the group's expert loads at exit (the file "
+                  "`moeserve eplb --loads` and --eplb-init read)");
   app->add_option("--eplb-init", o->eplb_init,
                   "Place experts by the EPLB plan of these loads (stats file or JSON matrix)");
   app->add_option("--redundant-experts", o->redundant_experts,

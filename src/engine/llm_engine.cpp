@@ -38,6 +38,7 @@ class LlmEngine final : public Engine {
         n_ranks_(comm_ ? comm_->size() : 1),
         heartbeat_(par ? par->idle_heartbeat : std::chrono::milliseconds(200)),
         balancer_(par ? par->balancer : nullptr),
+        on_clean_stop_(par ? par->on_clean_stop : nullptr),
         pool_(o.threads),
         local_dispatcher_(config_.n_routed_experts),
         model_(config_, ck_->weights(),
@@ -373,6 +374,7 @@ class LlmEngine final : public Engine {
       if (balancer_) RETURN_IF_ERROR(balancer_->end_step().status());
       publish_stats();
     }
+    if (on_clean_stop_) RETURN_IF_ERROR(on_clean_stop_());
     // Stopping: whatever is still live ends as cancelled (rank 0 also ends the requests it had
     // handed to other ranks: they stop with it).
     while (!live_.empty()) finish(live_.begin()->second, FinishReason::kCancelled, {}, Status::Ok());
@@ -459,6 +461,7 @@ class LlmEngine final : public Engine {
   const int rank_, n_ranks_;
   const std::chrono::milliseconds heartbeat_;
   ExpertBalancer* const balancer_;  // EPLB (may be null); used by the step thread
+  const std::function<Status()> on_clean_stop_;
   ThreadPool pool_;
   LocalDispatcher local_dispatcher_;
   DeepseekModel model_;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -59,6 +60,10 @@ struct EngineParallel {
   // EPLB on dispatcher (borrowed; may be null): the engine gives it the model as ExpertHost and
   // calls its end_step() after every step on every rank (online rebalancing, docs/eplb.md).
   ExpertBalancer* balancer = nullptr;
+  // Run by the step thread of every rank once the group has stopped cleanly (all ranks leave
+  // their loops at the same exchange, so it may make collective calls on comm), e.g. gathering
+  // the expert-load statistics. An error becomes the engine's failure().
+  std::function<Status()> on_clean_stop;
 };
 
 // parallel == nullptr: one process holding every expert.

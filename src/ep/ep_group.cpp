@@ -37,4 +37,23 @@ Result<EpGroup> join_mpi_ep_group(const EpGroupOptions& options, int64_t n_route
   return make_ep_group(std::move(comm), options, n_routed_experts, hidden, top_k);
 }
 
+Status report_expert_loads(EpGroup& ep, const std::string& stats_out) {
+  if (!ep.balancer) return Internal("expert loads: the EP group counts no loads");
+  ExpertLoadCounter& counter = ep.balancer->counter();
+  counter.flush();
+  ASSIGN_OR_RETURN(GroupLoads loads, counter.gather(*ep.comm));
+  if (ep.comm->rank() != 0) return Status::Ok();
+  if (!stats_out.empty()) RETURN_IF_ERROR(write_expert_stats(loads, stats_out));
+  std::string per_layer;
+  for (int32_t l = 0; l < loads.rank_rows.num_layers; ++l) {
+    per_layer += fmt::format(" {:.3f}", rank_imbalance(loads.rank_rows, l));
+  }
+  fmt::print(stderr,
+             "eplb: {} steps, {} slots per MoE layer on {} ranks; max/mean rows per rank: mean "
+             "{:.3f}, per MoE layer{}\n",
+             loads.steps, ep.dispatcher->placement().n_slots(), ep.comm->size(),
+             mean_rank_imbalance(loads.rank_rows), per_layer);
+  return Status::Ok();
+}
+
 }  // namespace moeserve

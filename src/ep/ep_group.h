@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <optional>
 
 #include "ep/communicator.h"
@@ -47,5 +48,11 @@ Result<EpGroup> join_mpi_ep_group(const EpGroupOptions& options, int64_t n_route
 // The same on a given communicator (in-process groups in tests; takes ownership).
 Result<EpGroup> make_ep_group(std::unique_ptr<Communicator> comm, const EpGroupOptions& options,
                               int64_t n_routed_experts, int64_t hidden, int64_t top_k);
+
+// After a run, on every rank (collective): gathers the group's expert loads (the balancer's
+// counter); rank 0 writes them to stats_out when it is not empty (the file `moeserve eplb
+// --loads` and --eplb-init read) and prints the balance per MoE layer on stderr. Needs a group
+// made with count_loads (or EPLB).
+Status report_expert_loads(EpGroup& ep, const std::string& stats_out);
 
 }  // namespace moeserve

@@ -5,8 +5,9 @@
 #     server's tokens, logprobs within 1e-4, at R = 2 and 4; /metrics counts every rank's tokens;
 #   - FP8 dispatch serves the same requests without error (its numbers differ by rounding);
 #   - --no-overlap (no dual micro-batches) gives the same tokens and logprobs at R = 2;
-#   - SIGTERM to mpirun stops every rank with exit code 0, and --trace writes one Chrome trace
-#     per rank with a compute and a communication track (dispatch/combine per layer);
+#   - SIGTERM to mpirun stops every rank with exit code 0, --expert-stats-out writes the group's
+#     expert loads (read back by `moeserve eplb`), and --trace writes one Chrome trace per
+#     rank with a compute and a communication track (dispatch/combine per layer);
 #   - a rank killed mid-service: rank 0 answers 503 (health and new requests) within the EP
 #     timeout, naming the silent rank, instead of hanging.
 set -euo pipefail
@@ -87,7 +88,7 @@ kill -TERM "${pids[-1]}"; wait "${pids[-1]}" || fail "single-process server exit
 for np in 2 4; do
   port=$((port_base + np))
   $mpirun -np $np "$bin" "${serve_args[@]}" --port $port --dispatch-dtype f32 \
-    --trace "$dir/trace$np.json" > "$dir/ep$np.log" 2>&1 &
+    --trace "$dir/trace$np.json" --expert-stats-out "$dir/stats$np.json" > "$dir/ep$np.log" 2>&1 &
   pids+=($!)
   wait_health $port || fail "R=$np server did not come up"
   query $port "$dir/ep$np.jsonl" || fail "R=$np queries"
@@ -101,6 +102,10 @@ for np in 2 4; do
   wait "${pids[-1]}" || true
   stopped=$(grep -c -E "^serve( \(rank [0-9]+\))?: stopped$" "$dir/ep$np.log" || true)
   [[ "$stopped" == "$np" ]] || fail "R=$np: $stopped of $np ranks stopped cleanly after SIGTERM"
+  # --expert-stats-out: the group's loads, in the file `moeserve eplb --loads` plans from.
+  grep -q "^eplb: .* steps" "$dir/ep$np.log" || fail "R=$np: no expert-load summary at exit"
+  "$bin" eplb --loads "$dir/stats$np.json" --replicas 16 --groups 1 --nodes 1 --gpus $np --json \
+    > "$dir/plan$np.json" || fail "R=$np: eplb cannot read the stats the server wrote"
   for r in $(seq 0 $((np - 1))); do
     python3 - "$dir/trace$np.json.rank$r.json" <<'PY' || fail "R=$np rank $r trace"
 import json, sys
