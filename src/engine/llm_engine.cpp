@@ -295,7 +295,7 @@ class LlmEngine final : public Engine {
   }
 
   Status run() {
-    std::vector<float> logits, logprobs(size_t(config_.vocab_size));
+    std::vector<float> logits;
     while (true) {
       if (comm_) {
         ASSIGN_OR_RETURN(bool go_on, sync_ranks());
@@ -343,15 +343,29 @@ class LlmEngine final : public Engine {
         continue;
       }
       scheduler_.complete(plan);
-      int64_t row = 0;
+      // Sampling and log-softmax over the vocabulary, the rows in parallel: each row uses only
+      // its own sequence's sampler state, so the results do not depend on the split.
+      std::vector<Sequence*> sampled;
       for (const ScheduledSeq& p : plan) {
-        if (!p.want_logits) continue;
-        Sequence& s = *p.seq;
-        const float* l = &logits[size_t(row++ * config_.vocab_size)];
-        int32_t tok = sample_token(l, config_.vocab_size, s.req.sampling, s.rng);
-        log_softmax(l, config_.vocab_size, logprobs.data());
-        GeneratedToken g{tok, logprobs[size_t(tok)], {}};
-        if (s.req.top_logprobs > 0) g.top = top_logprobs(logprobs.data(), config_.vocab_size, s.req.top_logprobs);
+        if (p.want_logits) sampled.push_back(p.seq);
+      }
+      std::vector<GeneratedToken> drawn(sampled.size());
+      const int64_t V = config_.vocab_size;
+      pool_.parallel_for(int64_t(sampled.size()), [&](int64_t i0, int64_t i1) {
+        std::vector<float> lp(static_cast<size_t>(V));
+        for (int64_t i = i0; i < i1; ++i) {
+          Sequence& s = *sampled[size_t(i)];
+          const float* l = &logits[size_t(i * V)];
+          int32_t tok = sample_token(l, V, s.req.sampling, s.rng);
+          log_softmax(l, V, lp.data());
+          drawn[size_t(i)] = GeneratedToken{tok, lp[size_t(tok)], {}};
+          if (s.req.top_logprobs > 0) drawn[size_t(i)].top = top_logprobs(lp.data(), V, s.req.top_logprobs);
+        }
+      });
+      for (size_t i = 0; i < sampled.size(); ++i) {
+        Sequence& s = *sampled[i];
+        GeneratedToken& g = drawn[i];
+        const int32_t tok = g.id;
         s.tokens.push_back(tok);
         ++generated_total_;
         bool stop = (!s.req.ignore_eos && config_.eos_token_id && tok == *config_.eos_token_id) ||

@@ -9,13 +9,18 @@ namespace moeserve {
 
 namespace {
 
-// Horizontal sum through memory (GCC 12's extract/reduce intrinsics trip -Wuninitialized).
+// Horizontal sum as a tree of four shuffle-and-add steps (256-bit halves, 128-bit quarters,
+// pairs, neighbours); every lane ends with the total. A dot product's reduction depends only on
+// its own accumulator, so results stay independent of the blocking.
+// (The zero-masked forms with a full mask: GCC 12's unmasked shuffles read an "undefined"
+// vector that trips -Wuninitialized, GCC bug 105593.)
 float hsum(__m512 v) {
-  alignas(64) float t[16];
-  _mm512_store_ps(t, v);
-  float s = 0.0f;
-  for (float x : t) s += x;
-  return s;
+  const __mmask16 all = 0xffff;
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, 0xb1));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, 0xb1));
+  return _mm512_cvtss_f32(v);
 }
 
 template <int R>
@@ -56,9 +61,46 @@ void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w
   }
 }
 
+namespace {
+
+// Rows [i, i + R) of y, columns [j, j + 64): R x 4 accumulators in registers (compile-time
+// extents, so nothing spills), one broadcast per row and four weight loads per k step.
+template <int R>
+inline void f32_kn_tile64(const float* x, int64_t ldx, const float* wt, int64_t ldwt, int64_t k,
+                          float* y, int64_t ldy) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < k; ++c) {
+    const float* wr = wt + c * ldwt;
+    const __m512 w0 = _mm512_loadu_ps(wr), w1 = _mm512_loadu_ps(wr + 16);
+    const __m512 w2 = _mm512_loadu_ps(wr + 32), w3 = _mm512_loadu_ps(wr + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * ldx + c]);
+      acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xb, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(xb, w3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(y + r * ldy + 16 * v, acc[r][v]);
+}
+
+}  // namespace
+
 void gemm_f32_kn_avx512_cols(const float* x, int64_t m, int64_t ldx, const float* wt, int64_t j0,
                              int64_t j1, int64_t k, int64_t ldwt, float* y, int64_t ldy) {
-  for (int64_t j = j0; j < j1; j += 64) {
+  // Whole 64-column blocks: 6 rows at a time (24 accumulators), then the rest.
+  int64_t j = j0;
+  for (; j + 64 <= j1; j += 64) {
+    int64_t i = 0;
+    for (; i + 6 <= m; i += 6) f32_kn_tile64<6>(x + i * ldx, ldx, wt + j, ldwt, k, y + i * ldy + j, ldy);
+    for (; i + 2 <= m; i += 2) f32_kn_tile64<2>(x + i * ldx, ldx, wt + j, ldwt, k, y + i * ldy + j, ldy);
+    for (; i < m; ++i) f32_kn_tile64<1>(x + i * ldx, ldx, wt + j, ldwt, k, y + i * ldy + j, ldy);
+  }
+  // A partial block of columns: masked.
+  for (; j < j1; j += 64) {
     // Up to 4 zmm of output columns; the last may be partial (masked).
     const int64_t width = std::min<int64_t>(64, j1 - j);
     const int nv = int((width + 15) / 16);

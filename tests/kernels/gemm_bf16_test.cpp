@@ -87,7 +87,8 @@ TEST(GemmF32Kn, EveryIsaMatchesScalar) {
   std::mt19937 rng(6);
   std::normal_distribution<float> d(0.0f, 1.0f);
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 3}, {6, 33, 17},
-                         {9, 160, 48}, {5, 512, 128}, {70, 40, 160}, {3, 200, 7}}) {
+                         {9, 160, 48}, {5, 512, 128}, {70, 40, 160}, {3, 200, 7},
+                         {32, 128, 512}, {13, 576, 64}}) {
     const int64_t ldx = k + 1, ldwt = n + 3, ldy = n + 2;
     std::vector<float> x(size_t(m * ldx)), wt(size_t(k * ldwt));
     for (auto& v : x) v = d(rng);
