@@ -210,6 +210,7 @@ int run_generate(const GenerateOptions& o) {
     }
     EpGroupOptions eo;
     eo.count_loads = eplb;
+    eo.bf16_rows = o.compute != "reference";  // the fast path rounds expert inputs to BF16
     eo.moe_layers = count_moe_layers(*config);
     eo.eplb.redundant_experts = o.redundant_experts;
     eo.eplb.groups = o.eplb_groups > 0 ? o.eplb_groups : int32_t(config->n_group);

@@ -139,6 +139,7 @@ int run_serve(ServeOptions o) {
     eo.eplb.migrate_bytes_per_step = std::max<int64_t>(1, int64_t(o.eplb_migrate_mb * (1 << 20)));
     eo.eplb.log_migrations = true;
     eo.count_loads = !o.expert_stats_out.empty();
+    eo.bf16_rows = o.engine.compute == ComputePath::kFast;  // expert inputs rounded to BF16 anyway
     if (!o.eplb_init.empty()) {
       auto file = eplb::read_load_file(o.eplb_init);
       if (!file.ok()) {

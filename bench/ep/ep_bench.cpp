@@ -1,12 +1,13 @@
 // ep-bench: dispatch and combine bandwidth per rank (issue 7, item 8).
 //
 //   mpirun -np R ep-bench [--tokens 256] [--hidden 7168] [--top-k 8] [--experts 256]
-//                         [--dtype fp8|bf16] [--iters 20]
+//                         [--dtype fp8|bf16] [--rows bf16|f32] [--iters 20]
 //
 // Every rank routes its tokens uniformly at random (top-k distinct experts, contiguous
 // placement) and times, in both EP modes, the whole dispatch (layout, quantize, pack, exchange,
-// unpack into expert rows) and the whole combine (pack BF16, exchange, weighted reduction), and,
-// on the exact byte matrix the dispatch (or combine) put on the wire:
+// unpack into expert rows: BF16 as the fast path takes them, or F32 with --rows f32) and the
+// whole combine (pack BF16, exchange, weighted reduction), and, on the exact byte matrix the
+// dispatch (or combine) put on the wire:
 //   comm    Communicator::all_to_all_v alone (the EP transport, with its timeout polling)
 //   raw     MPI_Alltoallv (the baseline: what the bytes cost with MPI's own collective)
 // GB/s = bytes this rank sends to other ranks / median time. Rank 0 prints min and mean over the
@@ -24,6 +25,7 @@
 
 #include "ep/communicator.h"
 #include "ep/ep_dispatcher.h"
+#include "kernels/convert.h"
 
 namespace moeserve {
 namespace {
@@ -31,6 +33,7 @@ namespace {
 struct Args {
   int64_t tokens = 256, hidden = 7168, top_k = 8, experts = 256, iters = 20;
   std::string dtype = "fp8";
+  bool f32_rows = false;  // receivers write F32 rows (the reference path's form) instead of BF16
 };
 
 double now_s() {
@@ -147,7 +150,8 @@ int run(const Args& a) {
         R, c.transport(), a.tokens, a.hidden, a.top_k, a.experts, a.dtype, a.iters);
   }
   for (EpMode mode : {EpMode::kNormal, EpMode::kLowLatency}) {
-    auto d = EpDispatcher::create(c, *placement, {*dtype, mode, a.hidden, a.top_k, a.tokens});
+    auto d = EpDispatcher::create(c, *placement,
+                                  {*dtype, mode, a.hidden, a.top_k, a.tokens, !a.f32_rows});
     if (!d.ok()) return 1;
     ExpertBatch b;
     double t_dispatch = time_it(c, a.iters, [&] {
@@ -156,8 +160,13 @@ int run(const Args& a) {
       b = std::move(*r);
     });
     std::vector<float> y(size_t(a.tokens * a.hidden));
+    std::vector<float> out = b.x;  // the expert outputs: the rows themselves
+    if (out.empty()) {
+      out.resize(b.x_bf16.size());
+      bf16_to_f32_row(b.x_bf16.data(), int64_t(b.x_bf16.size()), out.data());
+    }
     double t_combine = time_it(c, a.iters, [&] {
-      if (!(*d)->combine(b, b.x.data(), y.data()).ok()) std::exit(1);  // out = the rows
+      if (!(*d)->combine(b, out.data(), y.data()).ok()) std::exit(1);
     });
     // The byte matrices this rank put on the wire.
     const auto L = DispatchRecordLayout::make(a.hidden, a.top_k, *dtype);
@@ -203,6 +212,8 @@ int main(int argc, char** argv) {
       a.iters = std::max<int64_t>(1, std::atoll(v.c_str()));
     else if (k == "--dtype")
       a.dtype = v;
+    else if (k == "--rows")
+      a.f32_rows = v == "f32";
     else {
       std::fprintf(stderr, "ep-bench: unknown option %s\n", k.c_str());
       return 2;

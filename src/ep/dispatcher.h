@@ -39,6 +39,9 @@ struct ExpertBatch {
   int64_t n_tokens = 0;  // tokens this rank dispatched (rows of combine's y)
   ExpertLayout layout = ExpertLayout::kContiguous;
   std::vector<float> x;           // [n_rows(), hidden] received rows (dequantized), by expert
+  // Instead of x, when the dispatcher delivers BF16 rows (EpOptions::bf16_rows): the values x
+  // would hold, rounded to BF16 (what the fast path's expert GEMMs read anyway). x is then empty.
+  std::vector<uint16_t> x_bf16;   // [n_rows(), hidden]
   std::vector<int32_t> experts;   // global ids of this rank's experts with a segment
   std::vector<int64_t> offsets;   // [experts.size() + 1] first row of each segment, end
   std::vector<int64_t> counts;    // [experts.size()] rows in use in each segment

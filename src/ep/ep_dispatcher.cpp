@@ -336,7 +336,12 @@ Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecord
     }
   }
   const int64_t n_rows = b.offsets.back();
-  b.x.assign(size_t(n_rows * H), 0.0f);  // [n_rows, H]
+  const bool bf16_rows = options_.bf16_rows && L.dtype != DispatchDType::kF32;
+  if (bf16_rows) {
+    b.x_bf16.assign(size_t(n_rows * H), 0);  // [n_rows, H]
+  } else {
+    b.x.assign(size_t(n_rows * H), 0.0f);  // [n_rows, H]
+  }
   b.row_weight.assign(size_t(n_rows), 0.0f);
 
   // Fill rows in (source rank, record, entry) order; that is also the combine send order.
@@ -353,6 +358,25 @@ Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecord
         int32_t e = get<int32_t>(rec, L.ids_offset + 4 * size_t(c));
         size_t le = size_t(placement_.local_index(moe_layer, me, e));
         int64_t row = seg_start[le] + fill[le]++;
+        if (bf16_rows) {
+          uint16_t* xr = &b.x_bf16[size_t(row * H)];  // [H]
+          if (c > 0) {
+            std::memcpy(xr, &b.x_bf16[size_t(first_row * H)], size_t(H) * 2);
+          } else if (L.dtype == DispatchDType::kFp8) {
+            first_row = row;  // the F32 value of the F32 rows, then rounded
+            scales_tmp_.resize(size_t(L.n_scales));
+            std::memcpy(scales_tmp_.data(), rec + L.scales_offset, size_t(L.n_scales) * 4);
+            row_f32_tmp_.resize(size_t(H));
+            fp8_1x128_to_f32_row(rec + L.payload_offset, scales_tmp_.data(), H, row_f32_tmp_.data());
+            f32_to_bf16_row(row_f32_tmp_.data(), H, xr);
+          } else {
+            first_row = row;
+            std::memcpy(xr, rec + L.payload_offset, size_t(H) * 2);
+          }
+          b.row_weight[size_t(row)] = get<float>(rec, L.weights_offset + 4 * size_t(c));
+          route.return_row.push_back(row);
+          continue;
+        }
         float* xr = &b.x[size_t(row * H)];  // [H]
         if (c > 0) {
           std::memcpy(xr, &b.x[size_t(first_row * H)], size_t(H) * sizeof(float));

@@ -50,6 +50,10 @@ struct EpOptions {
   int64_t hidden = 0;
   int64_t top_k = 0;
   int64_t max_tokens_per_rank = 0;  // most tokens any rank passes to one dispatch
+  // Deliver received rows as BF16 (ExpertBatch::x_bf16) rather than F32, for experts that round
+  // their inputs to BF16 anyway (the fast path): half the bytes written and read, no F32 pass.
+  // Ignored with the F32 payload (which exists to be lossless).
+  bool bf16_rows = false;
 };
 
 // Routing state of one dispatched batch (held by ExpertBatch::route).
@@ -121,6 +125,7 @@ class EpDispatcher final : public Dispatcher {
   std::vector<float> scales_tmp_;                     // [n_scales] of one received record
   std::vector<uint16_t> row_tmp_;                     // [hidden] one BF16 row
   std::vector<float> combine_row_f32_;                // [hidden] one combine row as F32
+  std::vector<float> row_f32_tmp_;                    // [hidden] one dequantized FP8 row
 };
 
 }  // namespace moeserve

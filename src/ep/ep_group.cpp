@@ -19,6 +19,7 @@ Result<EpGroup> make_ep_group(std::unique_ptr<Communicator> comm, const EpGroupO
   EpOptions eo;
   eo.dtype = options.dtype;
   eo.mode = options.mode;
+  eo.bf16_rows = options.bf16_rows;
   eo.hidden = hidden;
   eo.top_k = top_k;
   eo.max_tokens_per_rank = options.max_tokens_per_rank;

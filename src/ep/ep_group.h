@@ -33,6 +33,7 @@ struct EpGroupOptions {
   // ExpertBalancer::set_expert_host).
   bool count_loads = false;
   int32_t moe_layers = 0;  // needed when counting or planning
+  bool bf16_rows = false;  // EpOptions::bf16_rows (set for the fast compute path)
 };
 
 struct EpGroup {

@@ -33,19 +33,38 @@ inline __m512 e4m3_to_f32(__m128i bytes) {
   return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
 }
 
+// 16 F32 bit patterns -> 16 BF16 (round to nearest even, NaN quieted).
+inline __m256i f32_bits_to_bf16(__m512i u) {
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
+}
+
 }  // namespace
 
 void fp8_1x128_to_f32_avx512(const uint8_t* q, const float* scales, int64_t n, float* out) {
-  for (int64_t c = 0; c < n; c += 16) {
-    const __mmask16 m = tail_mask(n - c);
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
     const __m512 s = _mm512_set1_ps(scales[c / 128]);  // 16 | 128: one block per step
+    const __m512 v = e4m3_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c)));
+    _mm512_storeu_ps(out + c, _mm512_mul_ps(v, s));
+  }
+  if (c < n) {
+    const __mmask16 m = tail_mask(n - c);
+    const __m512 s = _mm512_set1_ps(scales[c / 128]);
     const __m512 v = e4m3_to_f32(_mm_maskz_loadu_epi8(m, q + c));
     _mm512_mask_storeu_ps(out + c, m, _mm512_mul_ps(v, s));
   }
 }
 
 void bf16_to_f32_avx512(const uint16_t* x, int64_t n, float* out) {
-  for (int64_t c = 0; c < n; c += 16) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) _mm512_storeu_ps(out + c, load_bf16(x + c, __mmask16(0xffff)));
+  if (c < n) {
     const __mmask16 m = tail_mask(n - c);
     _mm512_mask_storeu_ps(out + c, m, load_bf16(x + c, m));
   }
@@ -53,7 +72,12 @@ void bf16_to_f32_avx512(const uint16_t* x, int64_t n, float* out) {
 
 void bf16_axpy_avx512(float w, const uint16_t* x, int64_t n, float* y) {
   const __m512 wv = _mm512_set1_ps(w);
-  for (int64_t c = 0; c < n; c += 16) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    const __m512 p = _mm512_mul_ps(wv, load_bf16(x + c, __mmask16(0xffff)));  // not fused
+    _mm512_storeu_ps(y + c, _mm512_add_ps(_mm512_loadu_ps(y + c), p));
+  }
+  if (c < n) {
     const __mmask16 m = tail_mask(n - c);
     const __m512 p = _mm512_mul_ps(wv, load_bf16(x + c, m));  // not fused: see CMakeLists
     _mm512_mask_storeu_ps(y + c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + c), p));
@@ -61,17 +85,16 @@ void bf16_axpy_avx512(float w, const uint16_t* x, int64_t n, float* y) {
 }
 
 void f32_to_bf16_avx512(const float* x, int64_t n, uint16_t* out) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  for (int64_t c = 0; c < n; c += 16) {
+  int64_t c = 0;
+  // Whole vectors with plain loads and stores (masked stores are slow on some cores).
+  for (; c + 16 <= n; c += 16) {
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + c));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), f32_bits_to_bf16(u));
+  }
+  if (c < n) {
     const __mmask16 m = tail_mask(n - c);
     const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + c));
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    r = _mm512_mask_mov_epi32(r, nan, quiet);
-    _mm256_mask_storeu_epi16(out + c, m, _mm512_cvtepi32_epi16(r));
+    _mm256_mask_storeu_epi16(out + c, m, f32_bits_to_bf16(u));
   }
 }
 

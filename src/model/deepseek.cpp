@@ -496,9 +496,16 @@ Status DeepseekModel::routed_experts(const MoeWeights& w, const ExpertBatch& b,
       !b.experts.empty() && held_expert(w, b.experts[0])->gate.dtype == DType::kF8E4M3) {
     experts_grouped(w, b, expert_out);
   } else {
+    std::vector<float> seg_x;  // a segment's rows as F32 when the batch carries BF16 rows
     for (size_t s = 0; s < b.experts.size(); ++s) {
       int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
-      mlp(*held_expert(w, b.experts[s]), &b.x[size_t(r0 * H)], rows, &expert_out[size_t(r0 * H)]);
+      const float* x = b.x.data() + r0 * H;
+      if (b.x.empty() && !b.x_bf16.empty()) {
+        seg_x.resize(size_t(rows * H));
+        bf16_to_f32_row(&b.x_bf16[size_t(r0 * H)], rows * H, seg_x.data());
+        x = seg_x.data();
+      }
+      mlp(*held_expert(w, b.experts[s]), x, rows, &expert_out[size_t(r0 * H)]);
     }
   }
   if (path_ == ComputePath::kFast) {
@@ -530,7 +537,11 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, f
     down[size_t(s)] = &packed_.at(ex.down.data);
   }
   std::vector<uint16_t> xb(size_t(rows * std::max(H, I)));  // [rows, H] then [rows, I], BF16
-  for (int64_t r = 0; r < rows; ++r) f32_to_bf16_row(&b.x[size_t(r * H)], H, &xb[size_t(r * H)]);
+  if (b.x.empty() && !b.x_bf16.empty()) {
+    std::copy(b.x_bf16.begin(), b.x_bf16.end(), xb.begin());  // delivered as BF16 already
+  } else {
+    f32_to_bf16_row(b.x.data(), rows * H, xb.data());
+  }
   std::vector<float> g(size_t(rows * I)), u(size_t(rows * I));  // [rows, I]
   gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
   gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);

@@ -150,6 +150,60 @@ TEST(EpDispatcher, SameBitsWhateverTheNumberOfRanks) {
   EXPECT_EQ(joined, *y1[0][0]);
 }
 
+// EpOptions::bf16_rows: the rows arrive as the BF16 rounding of the F32 rows, in the same
+// layout, for the FP8 and BF16 payloads (both modes); the lossless F32 payload ignores it.
+TEST(EpDispatcher, Bf16RowsAreTheRoundedF32Rows) {
+  for (DispatchDType dt : {DispatchDType::kFp8, DispatchDType::kBf16, DispatchDType::kF32}) {
+    for (EpMode mode : {EpMode::kNormal, EpMode::kLowLatency}) {
+      const int R = 2;
+      auto group = make_in_process_group(R, CommOptions{std::chrono::milliseconds(20000)});
+      ExpertPlacement pl = *ExpertPlacement::contiguous(E, R);
+      std::vector<ExpertBatch> f32(R), b16(R);
+      std::vector<Status> st(R);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < R; ++r) {
+        threads.emplace_back([&, r] {
+          Tokens t = random_tokens(20 + 7 * r, 90 + uint32_t(r), any_expert);
+          for (bool rows16 : {false, true}) {
+            EpOptions o{dt, mode, H, K, 64, rows16};
+            auto d = EpDispatcher::create(*group[size_t(r)], pl, o);
+            if (!d.ok()) {
+              st[size_t(r)] = d.status();
+              return;
+            }
+            auto b = (*d)->dispatch(t.x.data(), t.n, H, t.ids.data(), t.w.data(), K);
+            if (!b.ok()) {
+              st[size_t(r)] = b.status();
+              return;
+            }
+            (rows16 ? b16 : f32)[size_t(r)] = std::move(*b);
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      const std::string what = std::string(dispatch_dtype_name(dt)) + " " + ep_mode_name(mode);
+      for (int r = 0; r < R; ++r) {
+        ASSERT_TRUE(st[size_t(r)].ok()) << what << ": " << st[size_t(r)].to_string();
+        const ExpertBatch &a = f32[size_t(r)], &b = b16[size_t(r)];
+        EXPECT_EQ(a.offsets, b.offsets) << what;
+        EXPECT_EQ(a.experts, b.experts) << what;
+        EXPECT_EQ(a.row_weight, b.row_weight) << what;
+        ASSERT_EQ(a.x.size(), size_t(a.n_rows() * H)) << what;
+        if (dt == DispatchDType::kF32) {
+          EXPECT_EQ(b.x, a.x) << what;
+          EXPECT_TRUE(b.x_bf16.empty()) << what;
+          continue;
+        }
+        EXPECT_TRUE(b.x.empty()) << what;
+        ASSERT_EQ(b.x_bf16.size(), a.x.size()) << what;
+        int64_t bad = 0;
+        for (size_t i = 0; i < a.x.size(); ++i) bad += b.x_bf16[i] != f32_to_bf16(a.x[i]);
+        EXPECT_EQ(bad, 0) << what;
+      }
+    }
+  }
+}
+
 // Wraps a communicator and records the bytes each all_to_all_v sends to each peer.
 class CountingCommunicator final : public Communicator {
  public:
