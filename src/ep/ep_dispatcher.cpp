@@ -358,44 +358,38 @@ Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecord
         int32_t e = get<int32_t>(rec, L.ids_offset + 4 * size_t(c));
         size_t le = size_t(placement_.local_index(moe_layer, me, e));
         int64_t row = seg_start[le] + fill[le]++;
-        if (bf16_rows) {
-          uint16_t* xr = &b.x_bf16[size_t(row * H)];  // [H]
-          if (c > 0) {
-            std::memcpy(xr, &b.x_bf16[size_t(first_row * H)], size_t(H) * 2);
-          } else if (L.dtype == DispatchDType::kFp8) {
-            first_row = row;  // the F32 value of the F32 rows, then rounded
-            scales_tmp_.resize(size_t(L.n_scales));
-            std::memcpy(scales_tmp_.data(), rec + L.scales_offset, size_t(L.n_scales) * 4);
-            row_f32_tmp_.resize(size_t(H));
-            fp8_1x128_to_f32_row(rec + L.payload_offset, scales_tmp_.data(), H, row_f32_tmp_.data());
-            f32_to_bf16_row(row_f32_tmp_.data(), H, xr);
-          } else {
-            first_row = row;
-            std::memcpy(xr, rec + L.payload_offset, size_t(H) * 2);
-          }
-          b.row_weight[size_t(row)] = get<float>(rec, L.weights_offset + 4 * size_t(c));
-          route.return_row.push_back(row);
-          continue;
-        }
-        float* xr = &b.x[size_t(row * H)];  // [H]
-        if (c > 0) {
-          std::memcpy(xr, &b.x[size_t(first_row * H)], size_t(H) * sizeof(float));
-        } else if (L.dtype == DispatchDType::kFp8) {
-          first_row = row;
-          scales_tmp_.resize(size_t(L.n_scales));
-          std::memcpy(scales_tmp_.data(), rec + L.scales_offset, size_t(L.n_scales) * 4);
-          fp8_1x128_to_f32_row(rec + L.payload_offset, scales_tmp_.data(), H, xr);
-        } else if (L.dtype == DispatchDType::kBf16) {
-          first_row = row;
-          row_tmp_.resize(size_t(H));
-          std::memcpy(row_tmp_.data(), rec + L.payload_offset, size_t(H) * 2);
-          bf16_to_f32_row(row_tmp_.data(), H, xr);
-        } else {
-          first_row = row;
-          std::memcpy(xr, rec + L.payload_offset, size_t(H) * 4);
-        }
         b.row_weight[size_t(row)] = get<float>(rec, L.weights_offset + 4 * size_t(c));
         route.return_row.push_back(row);
+        if (c > 0) {  // the same token for another local expert: copy its first row
+          if (bf16_rows) {
+            std::memcpy(&b.x_bf16[size_t(row * H)], &b.x_bf16[size_t(first_row * H)], size_t(H) * 2);
+          } else {
+            std::memcpy(&b.x[size_t(row * H)], &b.x[size_t(first_row * H)], size_t(H) * 4);
+          }
+          continue;
+        }
+        first_row = row;
+        const uint8_t* payload = rec + L.payload_offset;
+        // F32 rows; BF16 rows are their rounding (a BF16 payload is copied as it is).
+        float* xr = bf16_rows ? nullptr : &b.x[size_t(row * H)];
+        if (L.dtype == DispatchDType::kFp8) {
+          scales_tmp_.resize(size_t(L.n_scales));
+          std::memcpy(scales_tmp_.data(), rec + L.scales_offset, size_t(L.n_scales) * 4);
+          row_f32_tmp_.resize(size_t(H));
+          if (!xr) xr = row_f32_tmp_.data();
+          fp8_1x128_to_f32_row(payload, scales_tmp_.data(), H, xr);
+          if (bf16_rows) f32_to_bf16_row(xr, H, &b.x_bf16[size_t(row * H)]);
+        } else if (L.dtype == DispatchDType::kBf16) {
+          if (bf16_rows) {
+            std::memcpy(&b.x_bf16[size_t(row * H)], payload, size_t(H) * 2);
+          } else {
+            row_tmp_.resize(size_t(H));
+            std::memcpy(row_tmp_.data(), payload, size_t(H) * 2);
+            bf16_to_f32_row(row_tmp_.data(), H, xr);
+          }
+        } else {
+          std::memcpy(xr, payload, size_t(H) * 4);
+        }
       }
     }
   }
