@@ -483,6 +483,7 @@ void DeepseekModel::route(const MoeWeights& w, const float* x, int64_t n, int32_
   }
   moe_gate_ref(router.data(), n, w.score_bias.empty() ? nullptr : w.score_bias.data(),
                gate_params(c), ids, wts);  // [n, k] each
+  if (route_observer_) route_observer_(layer_, {ids, size_t(n * c.num_experts_per_tok)});
 }
 
 Status DeepseekModel::routed_experts(const MoeWeights& w, const ExpertBatch& b,

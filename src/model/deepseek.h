@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -72,6 +73,11 @@ class DeepseekModel {
 
   // Records per-layer stages (attention, gate, dispatch, experts, combine, ...) when non-null.
   void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+
+  // Called after the gate of every MoE layer with the experts chosen for the rows it routed
+  // ([rows, k] in the step's row order): for tests that compare routing between compute paths.
+  using RouteObserver = std::function<void(int64_t layer, std::span<const int32_t> ids)>;
+  void set_route_observer(RouteObserver observer) { route_observer_ = std::move(observer); }
 
   // Dual micro-batch overlap (docs/ep-overlap.md), on by default: when the dispatcher spans
   // more than one rank, forward() splits the batch in two and interleaves them so that one's
@@ -136,6 +142,7 @@ class DeepseekModel {
   AttentionMode mode_;
   ComputePath path_;
   Tracer* tracer_ = nullptr;
+  RouteObserver route_observer_;
   bool overlap_ = true;
   std::unique_ptr<CommWorker> comm_worker_;  // made by the first overlapped forward()
   int64_t layer_ = 0;  // the layer forward() is in (trace labels)

@@ -24,10 +24,11 @@ using json = nlohmann::json;
 constexpr float kLogprobTol = 2e-2f;  // reference path (FP32 activations)
 // The fast path (BF16 GEMM inputs, BF16 KV cache) runs against the fixtures when
 // MOESERVE_HF_FAST=1 is set. It does not meet 5e-2 here: the BF16 latent cache alone (every
-// other input exact) leaves 0.045-0.063, and on yarn_mscale it flips one near-tied MoE routing
-// choice, which moves that step by 2.65 (docs/hf-reference.md has the per-source table). So it
-// is held only to a bound that catches real bugs: a missing YaRN term, mscale, bias or group
-// limit moves logprobs by 4-15 on the same fixtures.
+// other input exact) leaves 0.045-0.063 (docs/hf-reference.md has the per-source table). Steps
+// where rounding flipped a near-tied expert choice of the measured token (2.65 on one
+// yarn_mscale step) are left out and counted (see the test). So it is held only to a bound
+// that catches real bugs: a missing YaRN term, mscale, bias or group limit moves logprobs by
+// 4-15 on the same fixtures. Measured: 0.079-0.150, 0-2 steps left out per fixture.
 constexpr float kFastBugBound = 2.0f;
 std::vector<ComputePath> compute_paths() {
   if (std::getenv("MOESERVE_HF_FAST")) return {ComputePath::kReference, ComputePath::kFast};
@@ -109,6 +110,27 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
   ThreadPool pool(2);
   LocalDispatcher dispatcher(cfg.n_routed_experts);
   DeepseekModel model(cfg, (*ck)->weights(), dispatcher, &pool, mode, path);
+  // The fast path runs beside the reference path (which matches HF to ~4e-5) and both report
+  // their routing: a step where the fast path sent the measured token (the step's last row) to
+  // other experts than the reference path did, in any layer (a near-tied expert choice its
+  // rounding flipped), measures that flip, not the kernels, and is left out (counted and
+  // printed). Most steps must stay comparable, so a bug that changes routing fails instead of
+  // hiding.
+  DeepseekModel ref(cfg, (*ck)->weights(), dispatcher, &pool, mode, ComputePath::kReference);
+  using Routes = std::vector<std::pair<int64_t, std::vector<int32_t>>>;
+  Routes fast_routes, ref_routes;
+  auto record = [k = cfg.num_experts_per_tok](Routes* out) {
+    return [out, k](int64_t layer, std::span<const int32_t> ids) {
+      std::vector<int32_t> last(ids.end() - k, ids.end());  // the step's last row, as a set
+      std::sort(last.begin(), last.end());
+      out->emplace_back(layer, std::move(last));
+    };
+  };
+  if (fast()) {
+    model.set_route_observer(record(&fast_routes));
+    ref.set_route_observer(record(&ref_routes));
+  }
+  int64_t steps_total = 0, steps_flipped = 0;
 
   float worst = 0.0f;
   for (const Case& c : load_cases(dir)) {
@@ -119,14 +141,26 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
     for (int32_t b = 0; b * kKvBlockSize < int64_t(seq.size()); ++b) table.push_back(b);
     LatentKvCache cache(cfg.num_hidden_layers, cfg.kv_cache_dim(), int32_t(table.size()),
                         kv_dtype());
-    std::vector<float> logits, lp(size_t(cfg.vocab_size));
+    LatentKvCache ref_cache(cfg.num_hidden_layers, cfg.kv_cache_dim(), int32_t(table.size()),
+                            DType::kF32);
+    std::vector<float> logits, ref_logits, lp(size_t(cfg.vocab_size));
     int64_t pos = 0, n_new = int64_t(c.prompt.size());
     for (size_t s = 0; s < n_steps; ++s) {
       StepSequence step{std::span<const int32_t>(seq).subspan(size_t(pos), size_t(n_new)), pos,
                         table, true};
+      fast_routes.clear();
+      ref_routes.clear();
       ASSERT_TRUE(model.forward({&step, 1}, cache, &logits).ok());
+      bool flipped = false;
+      if (fast()) {
+        ASSERT_TRUE(ref.forward({&step, 1}, ref_cache, &ref_logits).ok());
+        flipped = fast_routes != ref_routes;
+        ++steps_total;
+        steps_flipped += flipped;
+      }
       pos += n_new;
       n_new = 1;
+      if (flipped) continue;
       log_softmax(logits.data(), cfg.vocab_size, lp.data());
       for (const TokenLogprob& t : c.steps[s].top) {
         float d = std::fabs(lp[size_t(t.id)] - t.logprob);
@@ -145,10 +179,17 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
   }
   if (fast()) {
     EXPECT_LE(worst, kFastBugBound) << name;
+    EXPECT_LE(steps_flipped * 4, steps_total) << name << ": the measured token's routing differs"
+                                              << " from the reference path in many steps";
   }
-  std::printf("[ fixture %s, %s, %s ] max |dlogprob| = %.2e\n", name.c_str(),
+  std::printf("[ fixture %s, %s, %s ] max |dlogprob| = %.2e", name.c_str(),
               mode == AttentionMode::kNaive ? "naive" : "absorbed",
               path == ComputePath::kFast ? "fast" : "reference", worst);
+  if (fast()) {
+    std::printf(" (%lld of %lld steps with the token's routing flipped, left out)",
+                static_cast<long long>(steps_flipped), static_cast<long long>(steps_total));
+  }
+  std::printf("\n");
 }
 
 // Free-running greedy generation, all prompts in one batch: identical tokens for at least
