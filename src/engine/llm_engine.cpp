@@ -220,9 +220,13 @@ class LlmEngine final : public Engine {
     bool stopping = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      // With other ranks, group_busy_ says whether anyone stepped or has outputs to send at the
+      // last agreement: a group whose sequences all wait for KV blocks naps a heartbeat
+      // instead of spinning through exchanges.
       auto ready = [&] {
-        return stop_ || !incoming_.empty() || !cancels_.empty() || group_busy_ ||
-               !scheduler_.running().empty() || !scheduler_.waiting().empty();
+        return stop_ || !incoming_.empty() || !cancels_.empty() ||
+               (comm_ ? group_busy_
+                      : !scheduler_.running().empty() || !scheduler_.waiting().empty());
       };
       if (comm_) {
         cv_.wait_for(lock, heartbeat_, ready);
@@ -235,6 +239,13 @@ class LlmEngine final : public Engine {
     }
     if (stopping) {
       if (to_rank) for (FrontMessage& m : *to_rank) m.stop = true;
+      for (Submission& s : incoming) {  // accepted just before the stop: they end here
+        RequestOutput out;
+        out.finished = true;
+        out.finish_reason = FinishReason::kCancelled;
+        out.prompt_tokens = int64_t(s.request.prompt.size());
+        s.callback(out);
+      }
       return false;
     }
     for (Submission& s : incoming) {
@@ -270,6 +281,12 @@ class LlmEngine final : public Engine {
       go_on = front_intake(&to_rank);
       for (int p = 1; p < n_ranks_; ++p) out[size_t(p)] = encode(to_rank[size_t(p)]);
     } else {
+      {
+        // A worker told to stop on its own (rank 0 has not stopped the group) leaves it: the
+        // group is broken, and rank 0 learns it from its next exchange's timeout.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return Unavailable(fmt::format("rank {} was stopped", rank_));
+      }
       RankMessage m;
       m.outputs.swap(outbox_);
       m.stats = local_stats();
@@ -308,8 +325,7 @@ class LlmEngine final : public Engine {
       if (comm_) {
         // Every rank steps when any has work: the MoE exchanges are collective.
         TraceSpan span(options_.tracer, "agree", -1, TraceLane::kComm);
-        int64_t mine[2] = {int64_t(!plan.empty()),
-                           int64_t(!live_.empty() || !outbox_.empty())};
+        int64_t mine[2] = {int64_t(!plan.empty()), int64_t(!outbox_.empty())};
         std::vector<int64_t> all(size_t(2 * n_ranks_));
         RETURN_IF_ERROR(comm_->all_gather(mine, all));
         int64_t stepping = 0, busy = 0;
@@ -319,7 +335,7 @@ class LlmEngine final : public Engine {
         }
         {
           std::lock_guard<std::mutex> lock(mu_);
-          group_busy_ = busy > 0;
+          group_busy_ = stepping > 0 || busy > 0;
         }
         if (stepping == 0) continue;
       } else if (plan.empty()) {
@@ -500,7 +516,7 @@ class LlmEngine final : public Engine {
   std::vector<std::string> cancels_;
   EngineStats stats_;
   int64_t waiting_count_ = 0;
-  bool group_busy_ = false;  // some rank had requests or outputs at the last step
+  bool group_busy_ = false;  // at the last agreement some rank stepped or had outputs to send
   bool stop_ = false;
   bool stopped_ = false;  // the step loop has ended
   bool healthy_ = true;

@@ -220,6 +220,13 @@ Result<std::vector<std::vector<uint8_t>>> exchange_control(
   std::vector<int64_t> mine(R), sizes(R * R);
   for (size_t p = 0; p < R; ++p) mine[p] = p == me ? 0 : int64_t(to_peer[p].size());
   RETURN_IF_ERROR(comm.all_gather(mine, sizes));  // sizes[q * R + p]: bytes q sends p
+  constexpr int64_t kMaxMessage = int64_t(1) << 30;  // far above any step's requests/outputs
+  for (size_t q = 0; q < R; ++q) {
+    const int64_t n = sizes[q * R + me];
+    if (n < 0 || n > kMaxMessage) {
+      return Corrupt(fmt::format("control message from rank {}: {} bytes announced", q, n));
+    }
+  }
 
   std::vector<size_t> send_counts(R), send_offsets(R), recv_counts(R), recv_offsets(R);
   size_t send_total = 0, recv_total = 0;

@@ -257,9 +257,11 @@ Result<ExpertBatch> EpDispatcher::dispatch(int64_t moe_layer, const float* x, in
     Chunks cs(one, base_i, sizeof(int64_t));
     RETURN_IF_ERROR(comm_.all_to_all_exact(n_send.data(), cs.view(), n_recv.data(), cs.view())
                         .with_context("EP dispatch (sizes)"));
+    // A record is one token; no step has anywhere near 2^24 tokens on one rank.
+    constexpr int64_t kMaxRecords = int64_t(1) << 24;
     for (int p = 0; p < R; ++p) {
-      if (n_recv[size_t(p)] < 0)
-        return Corrupt(fmt::format("dispatch: rank {} sent a bad count", p));
+      if (n_recv[size_t(p)] < 0 || n_recv[size_t(p)] > kMaxRecords)
+        return Corrupt(fmt::format("dispatch: rank {} announced {} records", p, n_recv[size_t(p)]));
       recv_records[size_t(p)] = size_t(n_recv[size_t(p)]);
     }
     recv_base = prefix_bases(recv_records);

@@ -113,6 +113,11 @@ Result<std::unique_ptr<ExpertMigration>> ExpertMigration::start(Communicator& co
   for (size_t i = 0; i < n; ++i) {
     const ExpertTransfer& t = m->plan_.transfers[i];
     m->size_[i] = all[size_t(t.src) * (n + 1) + i];
+    // An expert is a header plus three matrices: never empty, never near 2^40 bytes.
+    if (m->size_[i] <= 0 || m->size_[i] > (int64_t(1) << 40)) {
+      return Corrupt(fmt::format("EPLB migration: rank {} announced {} bytes for an expert",
+                                 t.src, m->size_[i]));
+    }
     m->offset_[i] = stream[size_t(t.src)];
     stream[size_t(t.src)] += m->size_[i];
     m->report_.group_bytes += m->size_[i];

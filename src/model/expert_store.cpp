@@ -188,6 +188,21 @@ Status DeepseekModel::install_expert(int64_t moe_layer, int32_t expert,
     return InvalidArgument(
         fmt::format("MoE layer {} expert {}: shapes do not match the model", moe_layer, expert));
   }
+  // The layer's experts run together (one grouped GEMM picks its path from the first): the
+  // newcomer must have their dtype, in all three matrices.
+  DType want = m.gate.dtype;
+  for (int32_t other = 0; other < int32_t(config_.n_routed_experts); ++other) {
+    const MlpWeights* o = other == expert ? nullptr : held_expert(*w, other);
+    if (o) {
+      want = o->gate.dtype;
+      break;
+    }
+  }
+  if (m.gate.dtype != want || m.up.dtype != want || m.down.dtype != want) {
+    return InvalidArgument(fmt::format(
+        "MoE layer {} expert {}: its dtype differs from the layer's other experts", moe_layer,
+        expert));
+  }
   std::vector<std::pair<const uint8_t*, PackedFp8Weight>> packed;
   if (path_ == ComputePath::kFast) {
     for (const WeightView* v : {&m.gate, &m.up, &m.down}) {

@@ -101,6 +101,9 @@ struct DeepseekModel::MicroBatch {
     if (dispatched.valid()) dispatched.wait();
     if (combined.valid()) combined.wait();
   }
+  // The communication worker's jobs point into this micro-batch: however the step ends (an
+  // exception unwinding included), none may still run once it is gone.
+  ~MicroBatch() { drain(); }
 };
 
 Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, LatentKvCache& cache,
@@ -180,6 +183,7 @@ void DeepseekModel::advance_to_dispatch(MicroBatch& mb, LatentKvCache& cache) {
     mb.wts.resize(size_t(n * k));  // [n, k]
     {
       NamedSpan span(tracer_, TraceLane::kCompute, "gate", l, mb.index);
+      layer_ = l;  // route() reports it to the route observer
       route(*L.moe, mb.h.data(), n, mb.ids.data(), mb.wts.data());
     }
     const int64_t moe_layer = moe_layer_index(l);

@@ -249,6 +249,25 @@ TEST(EngineEp, CancelReachesTheServingRankAndFreesItsBlocks) {
   EXPECT_EQ(a.reason, FinishReason::kCancelled);
 }
 
+TEST(EngineEp, AWorkerStoppedAloneLeavesAndRankZeroFailsFast) {
+  // Rank 1 is stopped on its own (its process told to exit) while rank 0 keeps serving: rank 1's
+  // engine must come down (not wait forever in exchanges that rank 0's heartbeats keep alive),
+  // and rank 0 must fail within the timeout, naming it.
+  Group g = Group::make(2, std::chrono::milliseconds(500));
+  Collector a;
+  ASSERT_TRUE(g.engines[0]->submit(request("a", 5, 1, 4), a.callback()).ok());
+  a.wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  g.engines[1].reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  for (int tries = 0; tries < 300 && g.engines[0]->healthy(); ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(g.engines[0]->healthy());
+  EXPECT_NE(g.engines[0]->failure().message().find("rank 1"), std::string::npos)
+      << g.engines[0]->failure().to_string();
+}
+
 TEST(EngineEp, SilentRankFailsRankZeroFast) {
   // Rank 1's engine never starts: rank 0's first exchange times out and names it.
   Group g = Group::make(2, std::chrono::milliseconds(300), /*start_ranks=*/1);

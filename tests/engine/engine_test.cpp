@@ -117,6 +117,26 @@ TEST(Engine, PreemptionChangesNothing) {
   EXPECT_EQ((*e)->stats().kv_blocks_total, 6);
 }
 
+TEST(Engine, EveryAcceptedRequestEndsWhenTheEngineStops) {
+  // Requests accepted just before the engine stops (some not yet taken by the step thread)
+  // still get their final callback.
+  auto e = make_engine(options());
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  std::vector<Collector> cs(40);
+  int accepted = 0;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    accepted += (*e)->submit(request(fmt::format("s{}", i), 20, int(i), 50), cs[i].callback()).ok();
+  }
+  e->reset();
+  int finished = 0;
+  for (Collector& c : cs) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    finished += c.finished;
+  }
+  EXPECT_EQ(accepted, int(cs.size()));
+  EXPECT_EQ(finished, accepted);
+}
+
 TEST(Engine, CancelStopsAndFreesBlocks) {
   auto e = make_engine(options());
   ASSERT_TRUE(e.ok());
