@@ -97,6 +97,14 @@ Status ExpertBalancer::rebalance() {
   MigrationPlan mp = plan_migration(dispatcher_.placement(), next, moe_layers_);
   ASSIGN_OR_RETURN(migration_, ExpertMigration::start(comm_, *host_, std::move(mp),
                                                       options_.migrate_bytes_per_step));
+  if (migration_->export_failed()) {  // decided alike on every rank: keep serving as before
+    if (options_.log_migrations) {
+      fmt::print(stderr, "eplb (rank {}): {}; the placement stays\n", comm_.rank(),
+                 migration_->export_error().message());
+    }
+    migration_.reset();
+    return Status::Ok();
+  }
   pending_ = std::move(next);
   planned_at_ = steps_;
   if (migration_->steps() == 0) return switch_to_pending();

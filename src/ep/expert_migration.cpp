@@ -104,8 +104,11 @@ Result<std::unique_ptr<ExpertMigration>> ExpertMigration::start(Communicator& co
   RETURN_IF_ERROR(comm.all_gather(mine, all));
   for (int p = 0; p < R; ++p) {
     if (all[size_t(p) * (n + 1) + n] == 1) continue;
-    if (p == me) return export_error.with_context("EPLB migration");
-    return Internal(fmt::format("EPLB migration: rank {} cannot send an expert it holds", p));
+    m->export_failed_ = true;  // every rank sees the same flags: all give up alike
+    m->export_error_ = p == me ? export_error.with_context("EPLB migration")
+                               : Internal(fmt::format(
+                                     "EPLB migration: rank {} cannot send an expert it holds", p));
+    return m;
   }
   m->size_.resize(n);
   m->offset_.resize(n);

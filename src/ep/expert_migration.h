@@ -102,13 +102,16 @@ class ExpertMigration {
  public:
   enum class Progress { kInFlight, kDone, kFailed };
 
-  // Collective. bytes_per_step >= 1. Error (on every rank alike) when an expert to send cannot
-  // be exported, or the communicator fails.
+  // Collective. bytes_per_step >= 1. Error when the communicator fails or a peer's sizes make
+  // no sense. When some sender cannot export an expert, every rank alike gets a migration with
+  // export_failed() set (and export_error() saying why): nothing moves, the placement stays.
   static Result<std::unique_ptr<ExpertMigration>> start(Communicator& comm, ExpertHost& host,
                                                         MigrationPlan plan, int64_t bytes_per_step);
 
   // Steps that carry chunks (0: nothing to move; the caller may switch at once).
   int64_t steps() const { return steps_; }
+  bool export_failed() const { return export_failed_; }
+  const Status& export_error() const { return export_error_; }
   Result<Progress> advance();
   void finish();
   void cancel();
@@ -130,6 +133,8 @@ class ExpertMigration {
   std::vector<size_t> installed_;               // transfers this rank installed
   int64_t steps_ = 0, step_ = 0;
   bool install_failed_ = false;
+  bool export_failed_ = false;
+  Status export_error_;
   Status install_error_;
   MigrationReport report_;
 };

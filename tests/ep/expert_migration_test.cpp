@@ -37,6 +37,7 @@ class FakeHost final : public ExpertHost {
     }
   }
   Result<ExpertBlob> export_expert(int64_t l, int32_t e) override {
+    if (refuse_export) return IOError("cannot read the expert");
     auto it = held.find({l, e});
     if (it == held.end()) return NotFound("not held");
     auto copy = std::make_shared<std::vector<uint8_t>>(it->second);
@@ -58,6 +59,7 @@ class FakeHost final : public ExpertHost {
   std::map<std::pair<int64_t, int32_t>, std::vector<uint8_t>> held;
   int installs = 0;
   bool refuse = false;
+  bool refuse_export = false;
 };
 
 // Experts 0..3 hot: the EPLB plan differs from the contiguous placement.
@@ -107,7 +109,8 @@ struct RankRun {
   std::unique_ptr<FakeHost> host;
 };
 
-std::vector<RankRun> migrate(int R, int64_t budget, int refusing_rank) {
+std::vector<RankRun> migrate(int R, int64_t budget, int refusing_rank,
+                             int refusing_exporter = -1) {
   const int64_t L = 2;
   auto cur = *ExpertPlacement::contiguous(ep_testing::E, R);
   BalancerOptions bo{.redundant_experts = 8, .groups = 4};
@@ -120,10 +123,15 @@ std::vector<RankRun> migrate(int R, int64_t budget, int refusing_rank) {
       RankRun& run = runs[size_t(r)];
       run.host = std::make_unique<FakeHost>(cur, r, L);
       run.host->refuse = r == refusing_rank;
+      run.host->refuse_export = r == refusing_exporter;
       auto m = ExpertMigration::start(*group[size_t(r)], *run.host, plan_migration(cur, next, L),
                                       budget);
       if (!m.ok()) {
         run.error = m.status().to_string();
+        return;
+      }
+      if ((*m)->export_failed()) {
+        run.error = "export failed: " + (*m)->export_error().message();
         return;
       }
       for (int64_t s = 0; s < (*m)->steps(); ++s) {
@@ -205,6 +213,26 @@ TEST(ExpertMigration, OneRankFailingAnInstallCancelsOnEveryRank) {
     EXPECT_EQ(run.progress.back(), ExpertMigration::Progress::kFailed) << "rank " << r;
     EXPECT_FALSE(run.report.ok);
     // Back to what the current placement gives it: received experts dropped, none lost.
+    std::map<std::pair<int64_t, int32_t>, std::vector<uint8_t>> want;
+    for (int64_t l = 0; l < 2; ++l) {
+      for (int32_t e = 0; e < ep_testing::E; ++e) {
+        if (cur.holds(l, r, e)) want[{l, e}] = expert_bytes(l, e);
+      }
+    }
+    EXPECT_EQ(run.host->held, want) << "rank " << r;
+  }
+}
+
+TEST(ExpertMigration, OneRankFailingAnExportCancelsOnEveryRankBeforeAnythingMoves) {
+  const int R = 4;
+  auto runs = migrate(R, 4000, /*refusing_rank=*/-1, /*refusing_exporter=*/2);
+  auto cur = *ExpertPlacement::contiguous(ep_testing::E, R);
+  for (int r = 0; r < R; ++r) {
+    const RankRun& run = runs[size_t(r)];
+    EXPECT_NE(run.error.find("export failed"), std::string::npos) << "rank " << r << ": " << run.error;
+    EXPECT_NE(run.error.find(r == 2 ? "cannot read the expert" : "rank 2"), std::string::npos)
+        << run.error;
+    EXPECT_EQ(run.host->installs, 0);
     std::map<std::pair<int64_t, int32_t>, std::vector<uint8_t>> want;
     for (int64_t l = 0; l < 2; ++l) {
       for (int32_t e = 0; e < ep_testing::E; ++e) {
