@@ -257,8 +257,8 @@ int run_generate(const GenerateOptions& o) {
   Dispatcher& dispatcher = ep ? static_cast<Dispatcher&>(*ep->dispatcher) : local;
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
                       o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
-                      o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast);
-  model.set_overlap(!o.no_overlap);
+                      o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast,
+                      /*overlap=*/!o.no_overlap, /*progress=*/print);
   int32_t n_blocks = 0;
   for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
   LatentKvCache cache(c.num_hidden_layers, c.kv_cache_dim(), n_blocks,
