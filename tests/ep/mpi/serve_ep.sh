@@ -25,7 +25,10 @@ fail() { echo "FAIL: $*" >&2; for f in "$dir"/*.log; do echo "== $f" >&2; cat "$
 
 "$bin" make-model --preset tiny --out "$dir/m" --set vocab_size=2000 --set num_hidden_layers=3 2>/dev/null
 tok=assets/tokenizer/deepseek-v3
-port_base=$((20000 + RANDOM % 20000))
+# A port nobody listens on now (the kernel's pick; other tests run servers concurrently).
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 
 wait_health() {  # port
   for _ in $(seq 1 300); do
@@ -78,7 +81,7 @@ PY
 serve_args=(serve --model "$dir/m" --tokenizer "$tok" --threads 1 --kv-cache-gb 0.2)
 
 # The single-process reference.
-port=$port_base
+port=$(free_port)
 "$bin" "${serve_args[@]}" --port $port > "$dir/single.log" 2>&1 &
 pids+=($!)
 wait_health $port || fail "single-process server did not come up"
@@ -86,7 +89,7 @@ query $port "$dir/single.jsonl" || fail "queries to the single-process server"
 kill -TERM "${pids[-1]}"; wait "${pids[-1]}" || fail "single-process server exit code"
 
 for np in 2 4; do
-  port=$((port_base + np))
+  port=$(free_port)
   $mpirun -np $np "$bin" "${serve_args[@]}" --port $port --dispatch-dtype f32 \
     --trace "$dir/trace$np.json" --expert-stats-out "$dir/stats$np.json" > "$dir/ep$np.log" 2>&1 &
   pids+=($!)
@@ -120,7 +123,7 @@ PY
 done
 
 # FP8 dispatch (the default) serves too.
-port=$((port_base + 10))
+port=$(free_port)
 $mpirun -np 2 "$bin" "${serve_args[@]}" --port $port > "$dir/fp8.log" 2>&1 &
 pids+=($!)
 wait_health $port || fail "FP8 server did not come up"
@@ -128,7 +131,7 @@ query $port "$dir/fp8.jsonl" || fail "FP8 queries"
 kill -TERM "${pids[-1]}"; wait "${pids[-1]}" || true
 
 # --no-overlap (one batch per step, no micro-batches) serves the same tokens.
-port=$((port_base + 12))
+port=$(free_port)
 $mpirun -np 2 "$bin" "${serve_args[@]}" --port $port --dispatch-dtype f32 --no-overlap \
   > "$dir/no_overlap.log" 2>&1 &
 pids+=($!)
@@ -140,7 +143,7 @@ kill -TERM "${pids[-1]}"; wait "${pids[-1]}" || true
 
 # A rank dies: rank 0 answers 503 and names it within the EP timeout (Open MPI would otherwise
 # abort the whole job, which is also a fast failure; recovery mode keeps rank 0 up to say why).
-port=$((port_base + 11))
+port=$(free_port)
 $mpirun --mca orte_abort_on_non_zero_status 0 --mca orte_enable_recovery 1 -np 2 "$bin" \
   "${serve_args[@]}" --port $port --ep-timeout 2 > "$dir/dead.log" 2>&1 &
 pids+=($!)

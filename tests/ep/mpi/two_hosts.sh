@@ -80,7 +80,7 @@ PY
 
 # serve: rank 0 in the first namespace hosts HTTP; ask it from there.
 body='{"prompt":[4,8,15,16,23,42],"max_tokens":8,"temperature":0,"ignore_eos":true}'
-port=18080
+port=18080  # inside the first namespace, which only this test uses
 "${mpirun[@]}" "$bin" serve --model "$dir/m" --tokenizer assets/tokenizer/deepseek-v3 --threads 1 \
   --kv-cache-gb 0.1 --port $port --dispatch-dtype f32 > "$dir/serve.log" 2>&1 &
 launcher=$!
@@ -99,7 +99,8 @@ wait "$launcher" || true
 launcher=""
 stopped=$(grep -c -E "^serve( \(rank [0-9]+\))?: stopped$" "$dir/serve.log" || true)
 [[ "$stopped" == 2 ]] || fail "$stopped of 2 ranks stopped cleanly"
-# The same request on one process (root namespace).
+# The same request on one process (root namespace, where other tests' servers run too).
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$bin" serve --model "$dir/m" --tokenizer assets/tokenizer/deepseek-v3 --threads 1 --kv-cache-gb 0.1 \
   --port $port > "$dir/one_serve.log" 2>&1 &
 launcher=$!
