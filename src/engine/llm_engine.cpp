@@ -195,8 +195,12 @@ class LlmEngine final : public Engine {
     int64_t done = out.finished ? f.outstanding : std::min<int64_t>(f.outstanding, int64_t(out.tokens.size()));
     f.outstanding -= done;
     outstanding_[size_t(f.rank)] -= done;
-    OutputCallback cb = out.finished ? std::move(f.callback) : f.callback;
-    if (out.finished) front_.erase(it);
+    if (!out.finished) {
+      f.callback(out);  // callbacks never re-enter the engine (but cancel()), front_ stays put
+      return;
+    }
+    OutputCallback cb = std::move(f.callback);
+    front_.erase(it);
     cb(out);
   }
 
