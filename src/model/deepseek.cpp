@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include <fmt/format.h>
@@ -60,6 +61,16 @@ MoeGateParams gate_params(const ModelConfig& c) {
   p.norm_topk_prob = c.norm_topk_prob;
   p.routed_scaling_factor = float(c.routed_scaling_factor);
   return p;
+}
+
+// Elementwise work over [0, n), split over the pool when it is big enough to pay for the
+// hand-off (results do not depend on the split).
+void elementwise(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool && n >= (int64_t(1) << 15)) {
+    pool->parallel_for(n, fn, 4096);
+  } else {
+    fn(0, n);
+  }
 }
 
 void add_into(float* x, const float* y, int64_t count) {
@@ -546,10 +557,12 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, f
   std::vector<float> g(size_t(rows * I)), u(size_t(rows * I));  // [rows, I]
   gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
   gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
-  for (int64_t i = 0; i < rows * I; ++i) {
-    float a = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
-    xb[size_t(i)] = f32_to_bf16(a);  // [rows, I]
-  }
+  elementwise(pool_, rows * I, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float a = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
+      xb[size_t(i)] = f32_to_bf16(a);  // [rows, I]
+    }
+  });
   gemm_fp8_grouped_contiguous(xb.data(), I, b.offsets.data(), down.data(), n_seg, {out, DType::kF32, H}, pool_);
 }
 
@@ -558,7 +571,11 @@ void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* o
   std::vector<float> g(size_t(n * I)), u(size_t(n * I));  // [n, I]
   linear(x, n, H, w.gate, g.data(), I);
   linear(x, n, H, w.up, u.data(), I);
-  for (int64_t i = 0; i < n * I; ++i) g[size_t(i)] = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
+  elementwise(pool_, n * I, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      g[size_t(i)] = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
+    }
+  });
   linear(g.data(), n, I, w.down, out, H);  // [n, H]
 }
 
