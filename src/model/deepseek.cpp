@@ -3,6 +3,7 @@
 // nh = heads, dn/dr/dv = qk_nope/qk_rope/v head dims, R = kv_lora_rank, T = context length.
 #include "model/deepseek.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -169,8 +170,11 @@ void DeepseekModel::prepare_fast_path(bool progress) {
     run_all(0, int64_t(jobs.size()));
     return;
   }
-  // With progress: rounds of ~1% of the bytes each, a line rewritten in place after each.
+  // With progress: rounds of ~1% of the bytes each, a line rewritten in place after each (after
+  // every tenth only when stderr is a log file rather than a terminal).
   auto bytes = [&](size_t i) { return double(jobs[i].first->rows) * double(jobs[i].first->cols); };
+  const bool terminal = isatty(STDERR_FILENO) != 0;
+  int shown_tenths = -1;
   double total = 0, done = 0;
   for (size_t i = 0; i < jobs.size(); ++i) total += bytes(i);
   for (size_t b = 0; b < jobs.size();) {
@@ -180,6 +184,9 @@ void DeepseekModel::prepare_fast_path(bool progress) {
     run_all(int64_t(b), int64_t(e));
     done += round;
     b = e;
+    const int tenths = int(10 * done / total);
+    if (!terminal && tenths == shown_tenths && b < jobs.size()) continue;
+    shown_tenths = tenths;
     fmt::print(stderr, "\rpreparing weights: {:.0f}% ({:.1f} of {:.1f} GB)", 100 * done / total,
                done / 1e9, total / 1e9);
     std::fflush(stderr);
