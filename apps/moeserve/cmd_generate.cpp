@@ -14,6 +14,7 @@
 #include "cache/block_allocator.h"
 #include "cache/latent_cache.h"
 #include "commands.h"
+#include "ep_flags.h"
 #include "core/thread_pool.h"
 #include "core/trace.h"
 #include "engine/generator.h"
@@ -52,29 +53,10 @@ struct GenerateOptions {
   std::string compute = "fast";
   std::string trace;  // Chrome trace JSON output (per rank under EP: FILE.rank<r>.json)
   int64_t prefill_chunk = 0;
-  // Expert parallelism (issue 7): on under mpirun or with --ep; every rank runs the same prompts
-  // (no DP attention yet), rank 0 prints.
-  bool ep = false;
-  std::string dispatch_dtype = "fp8";
-  std::string ep_mode = "normal";
-  double ep_timeout_s = 30;
-  bool no_overlap = false;  // one batch per step instead of two overlapped micro-batches
-  // EPLB (issue 8; docs/eplb.md "Runtime").
-  std::string expert_stats_out;  // write the group's expert loads (stats format) here
-  std::string eplb_init;         // plan the placement from these loads
-  int32_t redundant_experts = 0;
-  int32_t eplb_groups = 0;  // 0: the model's n_group
-  int32_t eplb_nodes = 1;
-  int32_t eplb_window = 1000;
-  int64_t eplb_interval = 0;       // online rebalancing every this many steps (0: off)
-  double eplb_migrate_mb = 16;     // expert bytes each rank sends per step while migrating
+  // Expert parallelism and EPLB (under mpirun or with --ep): every rank runs the same prompts
+  // (DP attention is `serve`'s), rank 0 prints.
+  EpFlags ep;
 };
-
-int32_t count_moe_layers(const ModelConfig& c) {
-  int32_t n = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) n += c.is_moe_layer(l);
-  return n;
-}
 
 // Rank 0, --eplb-interval: median step time against the slowest step that moved weights.
 void print_step_times(std::vector<double> ms, const std::vector<bool>& migrating) {
@@ -191,48 +173,19 @@ int run_generate(const GenerateOptions& o) {
   LoadOptions load;
   load.progress = true;
   std::optional<EpGroup> ep;
-  const bool eplb = !o.expert_stats_out.empty() || !o.eplb_init.empty() || o.eplb_interval > 0;
-  if (eplb && !o.ep && !launched_by_mpirun()) {
-    fmt::print(stderr, "generate: --expert-stats-out, --eplb-init and --eplb-interval need expert "
-                       "parallelism (--ep, or mpirun)\n");
+  if (std::string usage = check_ep_flags(o.ep); !usage.empty()) {
+    fmt::print(stderr, "generate: {}\n", usage);
     return 2;
   }
-  if (o.redundant_experts > 0 && o.eplb_init.empty() && o.eplb_interval == 0) {
-    fmt::print(stderr, "generate: --redundant-experts needs --eplb-init or --eplb-interval (the "
-                       "loads to plan from)\n");
-    return 2;
-  }
-  if (o.ep || launched_by_mpirun()) {
+  if (o.ep.enabled()) {
     auto config = load_model_config(o.model + "/config.json");
     if (!config.ok()) {
       fmt::print(stderr, "generate: {}\n", config.status().message());
       return 1;
     }
-    EpGroupOptions eo;
-    eo.count_loads = eplb;
-    eo.bf16_rows = o.compute != "reference";  // the fast path rounds expert inputs to BF16
-    eo.moe_layers = count_moe_layers(*config);
-    eo.eplb.redundant_experts = o.redundant_experts;
-    eo.eplb.groups = o.eplb_groups > 0 ? o.eplb_groups : int32_t(config->n_group);
-    eo.eplb.nodes = o.eplb_nodes;
-    eo.eplb.window_steps = o.eplb_window;
-    eo.eplb.interval_steps = o.eplb_interval;
-    eo.eplb.migrate_bytes_per_step = std::max<int64_t>(1, int64_t(o.eplb_migrate_mb * (1 << 20)));
-    eo.eplb.log_migrations = true;
-    if (!o.eplb_init.empty()) {
-      auto file = eplb::read_load_file(o.eplb_init);
-      if (!file.ok()) {
-        fmt::print(stderr, "generate: --eplb-init: {}\n", file.status().message());
-        return 1;
-      }
-      eo.eplb_loads = std::move(file->loads);
-    }
-    eo.dtype = *dispatch_dtype_from_name(o.dispatch_dtype);
-    eo.mode = *ep_mode_from_name(o.ep_mode);
-    eo.timeout = std::chrono::milliseconds(int64_t(o.ep_timeout_s * 1000));
-    for (const auto& r : requests) eo.max_tokens_per_rank += int64_t(r.prompt.size()) + 1;
-    auto group = join_mpi_ep_group(eo, config->n_routed_experts, config->hidden_size,
-                                   config->num_experts_per_tok);
+    int64_t max_tokens = 0;  // most tokens of one step: every prompt at once
+    for (const auto& r : requests) max_tokens += int64_t(r.prompt.size()) + 1;
+    auto group = join_ep_group(o.ep, *config, max_tokens, /*bf16_rows=*/o.compute != "reference");
     if (!group.ok()) {
       fmt::print(stderr, "generate: {}\n", group.status().message());
       return 1;
@@ -258,7 +211,7 @@ int run_generate(const GenerateOptions& o) {
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
                       o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
                       o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast,
-                      /*overlap=*/!o.no_overlap, /*progress=*/print);
+                      /*overlap=*/!o.ep.no_overlap, /*progress=*/print);
   int32_t n_blocks = 0;
   for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
   LatentKvCache cache(c.num_hidden_layers, c.kv_cache_dim(), n_blocks,
@@ -278,7 +231,7 @@ int run_generate(const GenerateOptions& o) {
   std::vector<bool> step_migrating;
   auto step_t0 = std::chrono::steady_clock::now();
   if (ep && ep->balancer) {
-    if (o.eplb_interval > 0) ep->balancer->set_expert_host(std::make_unique<ModelExpertHost>(model));
+    if (o.ep.eplb_interval > 0) ep->balancer->set_expert_host(std::make_unique<ModelExpertHost>(model));
     gen.set_after_step([&]() -> Status {
       const bool started = ep->balancer->migrating();
       Result<bool> r = ep->balancer->end_step();
@@ -298,9 +251,9 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   double gen_s = seconds_since(t1);
-  if (ep && ep->balancer && o.eplb_interval > 0 && print) print_step_times(step_ms, step_migrating);
+  if (ep && ep->balancer && o.ep.eplb_interval > 0 && print) print_step_times(step_ms, step_migrating);
   if (ep && ep->balancer) {
-    if (Status st = report_expert_loads(*ep, o.expert_stats_out); !st.ok()) {
+    if (Status st = report_expert_loads(*ep, o.ep.expert_stats_out); !st.ok()) {
       fmt::print(stderr, "generate: {}\n", st.message());
       return 1;
     }
@@ -379,38 +332,7 @@ Subcommand add_generate_command(CLI::App& parent) {
                   "fast (BF16 activations, SIMD kernels) | reference (FP32, scalar)")
       ->check(CLI::IsMember({"fast", "reference"}))->capture_default_str();
   app->add_option("--prefill-chunk", o->prefill_chunk, "Max prompt tokens per step (0 = all)");
-  app->add_flag("--ep", o->ep, "Expert parallelism over MPI (default when started by mpirun)");
-  app->add_flag("--no-overlap", o->no_overlap,
-                "Expert parallelism: one batch per step, no dual micro-batch overlap of "
-                "communication and compute (same flag on every rank)");
-  app->add_option("--dispatch-dtype", o->dispatch_dtype,
-                  "EP dispatch payload: fp8 | bf16 | f32 (lossless, for checking)")
-      ->check(CLI::IsMember({"fp8", "bf16", "f32"}))->capture_default_str();
-  app->add_option("--ep-mode", o->ep_mode, "EP exchange: normal | low-latency")
-      ->check(CLI::IsMember({"normal", "low-latency"}))->capture_default_str();
-  app->add_option("--ep-timeout", o->ep_timeout_s, "Seconds to wait for a silent EP peer")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_option("--expert-stats-out", o->expert_stats_out,
-                  "Write the group's tokens per expert and MoE layer (input of `moeserve eplb "
-                  "--loads` and --eplb-init); needs --ep");
-  app->add_option("--eplb-init", o->eplb_init,
-                  "Place experts by the EPLB plan of these loads (stats file or JSON matrix)");
-  app->add_option("--redundant-experts", o->redundant_experts,
-                  "EPLB: extra expert slots per MoE layer (experts + N must divide by the ranks)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app->add_option("--eplb-groups", o->eplb_groups, "EPLB expert groups (default: n_group)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--eplb-nodes", o->eplb_nodes, "EPLB: nodes the ranks span")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_option("--eplb-window", o->eplb_window, "EPLB: steps in the load moving window")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_option("--eplb-interval", o->eplb_interval,
-                  "EPLB: re-plan from the load window every N steps and migrate the changed "
-                  "experts' weights between ranks in the background (0 = never)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app->add_option("--eplb-migrate-mb", o->eplb_migrate_mb,
-                  "EPLB: MiB of expert weights each rank sends per step while migrating")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+  add_ep_flags(*app, o->ep);
   return {app, [o] { return run_generate(*o); }};
 }
 

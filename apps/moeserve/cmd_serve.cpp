@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "ep_flags.h"
 #include "core/trace.h"
 #include "engine/llm_engine.h"
 #include "ep/ep_group.h"
@@ -44,19 +45,7 @@ struct ServeOptions {
   int64_t max_top_logprobs = 20;
   double max_body_mb = 8;
   std::string trace;  // Chrome trace JSON, written at exit (FILE.rank<r>.json under EP)
-  // Expert parallelism (issue 7): on under mpirun or with --ep.
-  bool ep = false;
-  std::string dispatch_dtype = "fp8";
-  std::string ep_mode = "normal";
-  double ep_timeout_s = 30;
-  bool no_overlap = false;  // one batch per step instead of two overlapped micro-batches
-  // EPLB (docs/eplb.md): initial plan and online rebalancing.
-  std::string eplb_init;
-  std::string expert_stats_out;  // the group's expert loads at exit (stats format)
-  int32_t redundant_experts = 0;
-  int32_t eplb_window = 1000;
-  int64_t eplb_interval = 0;
-  double eplb_migrate_mb = 16;
+  EpFlags ep;  // expert parallelism (under mpirun or with --ep) and EPLB
 };
 
 // Ranks other than 0 serve the requests rank 0 hands them until rank 0 stops the group, the
@@ -108,48 +97,23 @@ int run_serve(ServeOptions o) {
     tmpl = ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3, tok->bos_token());
   }
   o.engine.kv_dtype = o.kv_dtype == "f32" ? DType::kF32 : DType::kBF16;
-  o.engine.overlap = !o.no_overlap;
+  o.engine.overlap = !o.ep.no_overlap;
   o.engine.progress = true;
 
-  const bool eplb = !o.expert_stats_out.empty() || !o.eplb_init.empty() || o.eplb_interval > 0;
-  if (eplb && !(o.ep || launched_by_mpirun())) {
-    fmt::print(stderr, "serve: --expert-stats-out, --eplb-init and --eplb-interval need expert "
-                       "parallelism (mpirun, or --ep for one process)\n");
+  if (std::string usage = check_ep_flags(o.ep); !usage.empty()) {
+    fmt::print(stderr, "serve: {}\n", usage);
     return 2;
   }
   std::optional<EpGroup> ep;
   EngineParallel parallel;
-  if (o.ep || launched_by_mpirun()) {
+  if (o.ep.enabled()) {
     auto config = load_model_config(o.engine.model_dir + "/config.json");
     if (!config.ok()) {
       fmt::print(stderr, "serve: {}\n", config.status().message());
       return 1;
     }
-    EpGroupOptions eo;
-    eo.dtype = *dispatch_dtype_from_name(o.dispatch_dtype);
-    eo.mode = *ep_mode_from_name(o.ep_mode);
-    eo.timeout = std::chrono::milliseconds(int64_t(o.ep_timeout_s * 1000));
-    eo.max_tokens_per_rank = o.engine.max_batch_tokens;
-    eo.moe_layers = 0;
-    for (int64_t l = 0; l < config->num_hidden_layers; ++l) eo.moe_layers += config->is_moe_layer(l);
-    eo.eplb.redundant_experts = o.redundant_experts;
-    eo.eplb.groups = int32_t(config->n_group);
-    eo.eplb.window_steps = o.eplb_window;
-    eo.eplb.interval_steps = o.eplb_interval;
-    eo.eplb.migrate_bytes_per_step = std::max<int64_t>(1, int64_t(o.eplb_migrate_mb * (1 << 20)));
-    eo.eplb.log_migrations = true;
-    eo.count_loads = !o.expert_stats_out.empty();
-    eo.bf16_rows = o.engine.compute == ComputePath::kFast;  // expert inputs rounded to BF16 anyway
-    if (!o.eplb_init.empty()) {
-      auto file = eplb::read_load_file(o.eplb_init);
-      if (!file.ok()) {
-        fmt::print(stderr, "serve: --eplb-init: {}\n", file.status().message());
-        return 1;
-      }
-      eo.eplb_loads = std::move(file->loads);
-    }
-    auto group = join_mpi_ep_group(eo, config->n_routed_experts, config->hidden_size,
-                                   config->num_experts_per_tok);
+    auto group = join_ep_group(o.ep, *config, o.engine.max_batch_tokens,
+                               /*bf16_rows=*/o.engine.compute == ComputePath::kFast);
     if (!group.ok()) {
       fmt::print(stderr, "serve: {}\n", group.status().message());
       return 1;
@@ -157,14 +121,15 @@ int run_serve(ServeOptions o) {
     ep = std::move(*group);
     parallel.comm = ep->comm.get();
     parallel.dispatcher = ep->dispatcher.get();
-    parallel.balancer = o.eplb_interval > 0 ? ep->balancer.get() : nullptr;
-    if (!o.expert_stats_out.empty()) {
-      parallel.on_clean_stop = [&ep, path = o.expert_stats_out] {
+    parallel.balancer = o.ep.eplb_interval > 0 ? ep->balancer.get() : nullptr;
+    if (!o.ep.expert_stats_out.empty()) {
+      parallel.on_clean_stop = [&ep, path = o.ep.expert_stats_out] {
         return report_expert_loads(*ep, path);
       };
     }
     // Heartbeats while idle: a few per timeout, so a quiet group is never taken for a dead one.
-    parallel.idle_heartbeat = std::min(std::chrono::milliseconds(200), eo.timeout / 4);
+    parallel.idle_heartbeat = std::min(
+        std::chrono::milliseconds(200), std::chrono::milliseconds(int64_t(o.ep.ep_timeout_s * 250)));
     o.engine.progress = ep->comm->rank() == 0;
   }
   const int rank = ep ? ep->comm->rank() : 0;
@@ -308,34 +273,7 @@ Subcommand add_serve_command(CLI::App& parent) {
   app->add_option("--trace", o->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every step's stages at exit "
                   "(FILE.rank<r>.json per rank under EP)");
-  app->add_flag("--ep", o->ep, "Expert parallelism over MPI (default when started by mpirun)");
-  app->add_flag("--no-overlap", o->no_overlap,
-                "Expert parallelism: one batch per step, no dual micro-batch overlap of "
-                "communication and compute (same flag on every rank)");
-  app->add_option("--dispatch-dtype", o->dispatch_dtype,
-                  "EP dispatch payload: fp8 | bf16 | f32 (lossless, for checking)")
-      ->check(CLI::IsMember({"fp8", "bf16", "f32"}))->capture_default_str();
-  app->add_option("--ep-mode", o->ep_mode, "EP exchange: normal | low-latency")
-      ->check(CLI::IsMember({"normal", "low-latency"}))->capture_default_str();
-  app->add_option("--ep-timeout", o->ep_timeout_s, "Seconds to wait for a silent EP peer")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_option("--expert-stats-out", o->expert_stats_out,
-                  "Expert parallelism: write the group's expert loads at exit (the file "
-                  "`moeserve eplb --loads` and --eplb-init read)");
-  app->add_option("--eplb-init", o->eplb_init,
-                  "Place experts by the EPLB plan of these loads (stats file or JSON matrix)");
-  app->add_option("--redundant-experts", o->redundant_experts,
-                  "EPLB: extra expert slots per MoE layer (experts + N must divide by the ranks)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app->add_option("--eplb-window", o->eplb_window, "EPLB: steps in the load moving window")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app->add_option("--eplb-interval", o->eplb_interval,
-                  "EPLB: re-plan every N steps and migrate changed experts between ranks in the "
-                  "background (0 = never)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  app->add_option("--eplb-migrate-mb", o->eplb_migrate_mb,
-                  "EPLB: MiB of expert weights each rank sends per step while migrating")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+  add_ep_flags(*app, o->ep);
   return {app, [o] { return run_serve(*o); }};
 }
 
