@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/gemm_fp8_f32x.h"
 #include "onednn_matmul.h"
@@ -99,8 +100,11 @@ struct Case {
 void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, double t,
             double t_base, double t_bf16 = 0) {
   const int64_t e = std::max<int64_t>(1, c.experts);
-  const double wbytes = double(e) * (double(c.n) * double(c.k) +
-                                     4.0 * double((c.n + 127) / 128) * double((c.k + 127) / 128));
+  const bool bf16_weights = std::string(c.kernel) == "gemm_bf16";
+  const double wbytes =
+      bf16_weights ? 2.0 * double(c.n) * double(c.k)
+                   : double(e) * (double(c.n) * double(c.k) +
+                                  4.0 * double((c.n + 127) / 128) * double((c.k + 127) / 128));
   const double flops = 2.0 * double(c.m) * double(c.n) * double(c.k);
   const double t_roof =
       std::max(wbytes / (ceil.dram_read_gbps * 1e9), flops / (ceil.bf16_peak_gflops * 1e9));
@@ -229,6 +233,29 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
   }
 }
 
+
+// The lm_head: BF16 weights [vocab, hidden] (the checkpoints keep it in BF16), F32 logits; the
+// same oneDNN matmul as the baseline (here both read the same bytes).
+void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool, int64_t n,
+                 int64_t k, const std::vector<int64_t>& ms, Rng& rng) {
+  const double min_s = opt.quick ? 0.15 : 0.4;
+  const int copies = copies_for(2.0 * double(n) * double(k));
+  std::vector<std::vector<uint16_t>> w;
+  w.push_back(random_bf16(size_t(n * k), rng));
+  for (int i = 1; i < copies; ++i) w.push_back(w[0]);  // equal bytes, distinct memory
+  for (int64_t m : ms) {
+    std::vector<uint16_t> x = random_bf16(size_t(m * k), rng);
+    std::vector<float> y(size_t(m * n));
+    double t = time_calls(
+        [&](int i) { gemm_bf16(x.data(), m, k, w[size_t(i)].data(), n, k, k, y.data(), n, &pool); },
+        copies, min_s);
+    OneDnnMatmul base(m, n, k);
+    for (int i = 0; i < copies; ++i) base.add_weight(w[size_t(i)].data());
+    double tb = time_calls([&](int i) { base.run(i, x.data(), y.data()); }, copies, min_s);
+    report(opt, ceil, Case{"gemm_bf16", m, n, k, 0, "dense", "bf16"}, t, tb);
+  }
+}
+
 }  // namespace
 
 void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool) {
@@ -251,7 +278,13 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
     shapes = {{2112, 7168}, {7168, 2048}};
     ms = {1, 4, 256};
   }
-  for (const Shape& s : shapes) run_dense(opt, ceil, pool, s.n, s.k, ms, rng);
+  auto want = [&](const char* kernel) { return std::string(kernel).rfind(opt.only, 0) == 0; };
+  // lm_head of the bench preset (vocab 129280, hidden 2048): batch-1 decode, 32-stream serving.
+  if (want("gemm_bf16")) run_lm_head(opt, ceil, pool, 129280, 2048, {1, 4, 32}, rng);
+  if (want("gemm_fp8")) {
+    for (const Shape& s : shapes) run_dense(opt, ceil, pool, s.n, s.k, ms, rng);
+  }
+  if (!want("gemm_fp8_grouped")) return;
   // Routed experts (moe_intermediate_size 2048): gate/up [2048, 7168] and down [7168, 2048].
   if (opt.quick) {
     run_grouped(opt, ceil, pool, 2048, 7168, 8, {8, 1024}, rng);
@@ -260,6 +293,10 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
   run_grouped(opt, ceil, pool, 2048, 7168, 8, {8, 32, 1024}, rng);
   run_grouped(opt, ceil, pool, 7168, 2048, 8, {8, 32, 1024}, rng);
   run_grouped(opt, ceil, pool, 2048, 7168, 64, {64, 256, 4096}, rng);
+  // The bench preset's experts at 32 decoding streams (top-8 of 64: ~4 rows per expert):
+  // gate+up [1024, 2048] and down [2048, 512].
+  run_grouped(opt, ceil, pool, 1024, 2048, 64, {256}, rng);
+  run_grouped(opt, ceil, pool, 2048, 512, 64, {256}, rng);
 }
 
 }  // namespace moeserve::bench

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   int threads = 2;
   kernels->add_flag("--json", json, "one JSON object per line and case");
   kernels->add_flag("--quick", quick, "a short subset of the cases");
+  std::string only;
+  kernels->add_option("--only", only, "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, mla)");
   kernels->add_option("--threads", threads, "threads for kernels and baseline")
       ->check(CLI::Range(1, 1024));
   CLI::App* e2e = app.add_subcommand("e2e", "Batch-1 decode tokens/s against the roofline");
@@ -42,7 +44,8 @@ int main(int argc, char** argv) {
     fmt::print("isa {}  threads {}  DRAM read {:.1f} GB/s  BF16 peak {:.1f} GFLOP/s\n",
                isa_name(active_isa()), threads, ceil.dram_read_gbps, ceil.bf16_peak_gflops);
   }
-  bench::run_gemm_benches(bench::GemmBenchOptions{json, quick}, ceil, pool);
-  bench::run_mla_benches(bench::MlaBenchOptions{json, quick}, ceil, pool);
+  bench::run_gemm_benches(bench::GemmBenchOptions{json, quick, only}, ceil, pool);
+  if (std::string("mla_decode").rfind(only, 0) == 0)
+    bench::run_mla_benches(bench::MlaBenchOptions{json, quick}, ceil, pool);
   return 0;
 }

@@ -1,4 +1,5 @@
-// gemm_fp8, AVX-512 + BF16 level: FP8 weights become BF16 in registers (exact), then
+// gemm_fp8, AVX-512 + BF16 level: FP8 weights become BF16 in registers (exact, by byte
+// lookups), then
 // vdpbf16ps against BF16 pairs of X (docs/kernels-gemm.md has the arithmetic). For each
 // 64-column panel and 128-wide K block, the first block of up to 6 rows converts the FP8 tile
 // inside its dot-product loop (so W streams from memory once, and the conversion overlaps the
@@ -20,30 +21,54 @@ namespace {
 constexpr int kRows = 6;  // register block of the tiled path: 6 rows x 4 zmm (64 columns)
 
 struct Consts {
-  __m512i mask, bias, exp, diff;
+  __m512i perm;            // byte order for the unpacks (see fp8x64_to_bf16)
+  __m512i lo0, lo1;        // low byte of bf16(e4m3(v)), v = 0..127
+  __m512i hi0, hi1;        // high byte of bf16(e4m3(v)) without the sign
 };
 
-// FP8 e4m3 -> BF16 bits, exact: a normal byte s.eeee.mmm becomes s.(e+120).mmm0000, i.e.
-// ((b << 4) & 0x87f0) + 0x3c00 on the sign-extended byte. Subnormals (e == 0, value m * 2^-9)
-// get that formula XOR a per-m correction looked up with vpermw.
-Consts make_consts() {
-  alignas(64) uint16_t diff[32] = {};
-  for (int m = 0; m < 8; ++m) {
-    float v = float(m) / 512.0f;
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    diff[m] = uint16_t(((m << 4) + 0x3c00) ^ (u >> 16));
-  }
-  return Consts{_mm512_set1_epi16(short(0x87f0)), _mm512_set1_epi16(0x3c00),
-                _mm512_set1_epi16(0x78), _mm512_load_si512(diff)};
+// BF16 bits of the e4m3 value with the bits v (0..127, sign clear), exactly: a normal
+// 0.eeee.mmm is 2^(e-7) * 1.mmm = BF16 exponent e + 120; a subnormal m * 2^-9 is a normal BF16
+// number; 0x7f is NaN.
+uint16_t e4m3_bf16_bits(int v) {
+  if (v == 0x7f) return 0x7fc0;
+  const int e = v >> 3, m = v & 7;
+  if (e != 0) return uint16_t(((e + 120) << 7) | (m << 4));
+  float f = float(m) / 512.0f;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t(u >> 16);
 }
 
-// 32 FP8 bytes -> 32 BF16 (one zmm: 16 columns x 2 k in the packed order).
-inline __m512i fp8x32_to_bf16(const uint8_t* p, const Consts& c) {
-  __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  __m512i t = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(w, 4), c.mask), c.bias);
-  __mmask32 sub = _mm512_testn_epi16_mask(w, c.exp);
-  return _mm512_xor_si512(t, _mm512_maskz_permutexvar_epi16(sub, w, c.diff));
+Consts make_consts() {
+  alignas(64) uint8_t lo[128], hi[128], perm[64];
+  for (int v = 0; v < 128; ++v) {
+    lo[v] = uint8_t(e4m3_bf16_bits(v) & 0xff);
+    hi[v] = uint8_t(e4m3_bf16_bits(v) >> 8);
+  }
+  // unpacklo/hi_epi8 take bytes 0-7 / 8-15 of each 128-bit lane L into words 8L..8L+7; the
+  // first output zmm must hold source bytes 0-31 in order, the second bytes 32-63.
+  for (int L = 0; L < 4; ++L) {
+    for (int w = 0; w < 8; ++w) {
+      perm[16 * L + w] = uint8_t(8 * L + w);
+      perm[16 * L + 8 + w] = uint8_t(32 + 8 * L + w);
+    }
+  }
+  return Consts{_mm512_load_si512(perm), _mm512_load_si512(lo), _mm512_load_si512(lo + 64),
+                _mm512_load_si512(hi), _mm512_load_si512(hi + 64)};
+}
+
+// 64 FP8 bytes -> 64 BF16 in two zmm (each 16 columns x 2 k in the packed order: out0 from bytes
+// 0-31, out1 from bytes 32-63). Two 128-entry byte lookups give each value's low and high BF16
+// byte (the sign is OR-ed into the high byte), interleaved by the unpacks: 6 instructions for
+// 64 values, where the arithmetic form (shift, mask, add, and a subnormal fix-up) took 14.
+inline void fp8x64_to_bf16(const uint8_t* p, const Consts& c, __m512i& out0, __m512i& out1) {
+  // (Zero-masked with a full mask: GCC 12's unmasked form trips -Wuninitialized, bug 105593.)
+  const __m512i b = _mm512_maskz_permutexvar_epi8(~__mmask64(0), c.perm, _mm512_loadu_si512(p));
+  const __m512i lo = _mm512_permutex2var_epi8(c.lo0, b, c.lo1);
+  __m512i hi = _mm512_permutex2var_epi8(c.hi0, b, c.hi1);
+  hi = _mm512_ternarylogic_epi32(hi, b, _mm512_set1_epi8(char(0x80)), 0xf8);  // hi | (b & 0x80)
+  out0 = _mm512_unpacklo_epi8(lo, hi);
+  out1 = _mm512_unpackhi_epi8(lo, hi);
 }
 
 inline __m512bh as_bh(__m512i v) {
@@ -96,7 +121,8 @@ __attribute__((noinline)) void micro_convert(const uint16_t* x, int64_t ld, cons
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
   for (int kp = 0; kp < 64; ++kp) {
     __m512i wi[4];
-    for (int j = 0; j < 4; ++j) wi[j] = fp8x32_to_bf16(src + kp * 128 + 32 * j, c);
+    fp8x64_to_bf16(src + kp * 128, c, wi[0], wi[1]);
+    fp8x64_to_bf16(src + kp * 128 + 64, c, wi[2], wi[3]);
     if constexpr (kStore) {
       for (int j = 0; j < 4; ++j) _mm512_store_si512(dst + kp * 4 + j, wi[j]);
     }
