@@ -234,8 +234,9 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
 }
 
 
-// The lm_head: BF16 weights [vocab, hidden] (the checkpoints keep it in BF16), F32 logits; the
-// same oneDNN matmul as the baseline (here both read the same bytes).
+// The lm_head: BF16 weights [vocab, hidden] (the checkpoints keep it in BF16) repacked into the
+// tiled layout (gemm_bf16_packed, what the forward pass runs), F32 logits; the same oneDNN matmul
+// as the baseline (here both read the same bytes).
 void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool, int64_t n,
                  int64_t k, const std::vector<int64_t>& ms, Rng& rng) {
   const double min_s = opt.quick ? 0.15 : 0.4;
@@ -243,11 +244,13 @@ void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
   std::vector<std::vector<uint16_t>> w;
   w.push_back(random_bf16(size_t(n * k), rng));
   for (int i = 1; i < copies; ++i) w.push_back(w[0]);  // equal bytes, distinct memory
+  std::vector<PackedBf16Weight> packed;  // what the forward pass runs (the tiled layout)
+  for (int i = 0; i < copies; ++i) packed.push_back(pack_bf16_weight(w[size_t(i)].data(), n, k, k, &pool));
   for (int64_t m : ms) {
     std::vector<uint16_t> x = random_bf16(size_t(m * k), rng);
     std::vector<float> y(size_t(m * n));
     double t = time_calls(
-        [&](int i) { gemm_bf16(x.data(), m, k, w[size_t(i)].data(), n, k, k, y.data(), n, &pool); },
+        [&](int i) { gemm_bf16_packed(x.data(), m, k, packed[size_t(i)], y.data(), n, &pool); },
         copies, min_s);
     OneDnnMatmul base(m, n, k);
     for (int i = 0; i < copies; ++i) base.add_weight(w[size_t(i)].data());

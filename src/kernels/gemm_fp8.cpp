@@ -51,6 +51,46 @@ PackedFp8Weight pack_fp8_weight(const uint8_t* w, const float* scale_inv, int64_
   return p;
 }
 
+uint16_t PackedBf16Weight::at(int64_t row, int64_t col) const {
+  int64_t kk = col % kBlockK;
+  return tile(row / kPanelCols,
+              col / kBlockK)[(kk / 2) * (kPanelCols * 2) + (row % kPanelCols) * 2 + kk % 2];
+}
+
+PackedBf16Weight pack_bf16_weight(const uint16_t* w, int64_t n, int64_t k, int64_t ldw,
+                                  ThreadPool* pool) {
+  CHECK(n > 0 && k > 0 && ldw >= k, "pack_bf16_weight: bad shape");
+  PackedBf16Weight p;
+  p.n = n;
+  p.k = k;
+  p.data = std::shared_ptr<uint16_t[]>(static_cast<uint16_t*>(std::aligned_alloc(64, p.bytes())),
+                                       [](uint16_t* q) { std::free(q); });
+  CHECK(p.data != nullptr, "pack_bf16_weight: out of memory");
+  const int64_t kb_n = p.k_blocks();
+  auto panels = [&](int64_t p0, int64_t p1) {
+    for (int64_t panel = p0; panel < p1; ++panel) {
+      for (int64_t kb = 0; kb < kb_n; ++kb) {
+        uint16_t* t = p.data.get() + (panel * kb_n + kb) * PackedBf16Weight::kTileElems;
+        std::memset(t, 0, PackedBf16Weight::kTileElems * 2);
+        int64_t k0 = kb * PackedBf16Weight::kBlockK;
+        int64_t kw = std::min<int64_t>(PackedBf16Weight::kBlockK, k - k0);
+        for (int64_t c = 0; c < PackedBf16Weight::kPanelCols; ++c) {
+          int64_t row = panel * PackedBf16Weight::kPanelCols + c;
+          if (row >= n) break;
+          const uint16_t* src = w + row * ldw + k0;  // [kw]
+          for (int64_t kk = 0; kk < kw; ++kk) t[(kk / 2) * 128 + c * 2 + kk % 2] = src[kk];
+        }
+      }
+    }
+  };
+  if (pool) {
+    pool->parallel_for(p.n_panels(), panels);
+  } else {
+    panels(0, p.n_panels());
+  }
+  return p;
+}
+
 namespace {
 
 using PanelFn = void (*)(const GemmJob&, int64_t, int64_t);
@@ -204,6 +244,19 @@ void gemm_fp8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
                              const int32_t* counts, const PackedFp8Weight* const* experts,
                              int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
   grouped_masked(x, nullptr, ldx, capacity, counts, experts, n_experts, y, pool, panel_fn(isa));
+}
+
+void gemm_bf16_packed(const uint16_t* x, int64_t m, int64_t ldx, const PackedBf16Weight& w,
+                      float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
+  CHECK(isa_at_most(isa, cpu_isa()), "gemm_bf16_packed: ISA level above what this CPU supports");
+  CHECK(ldx >= w.k && ldy >= w.n, "gemm_bf16_packed: row stride shorter than a row");
+  if (m <= 0) return;
+  PanelFn fn = isa == Isa::kAvx512Bf16 ? gemm_detail::panels_avx512bf16 : gemm_detail::panels_scalar;
+  GemmJob job{x,  m,       ldx,   reinterpret_cast<const uint8_t*>(w.data.get()),
+              nullptr, w.n, w.k, w.k_blocks(),
+              y,  false,   ldy,   nullptr,
+              true};
+  run_jobs({job}, fn, pool);
 }
 
 void gemm_fp8_f32x(const float* x, int64_t m, int64_t ldx, const PackedFp8Weight& w, GemmOutput y,

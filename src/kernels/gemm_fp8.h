@@ -7,7 +7,8 @@
 // accumulation are FP32; the block scale multiplies each 128-wide K partial sum once (two-level
 // accumulation). Y is F32 or BF16 (rounded to nearest even once at the end). N and K are any
 // positive sizes: edge blocks are partial. FP8 NaN bytes (0x7f/0xff) are not supported in weights
-// (checkpoints have none); the SIMD levels read them as +-480.
+// (checkpoints have none); the AVX-512 BF16 level reads them as NaN, the other SIMD levels as
+// +-480.
 //
 // Weights are repacked once at load by pack_fp8_weight into PackedFp8Weight: still one FP8 byte
 // per weight (no dequantized copy), laid out in 64-column panels so a 64x128 tile converts to
@@ -86,6 +87,40 @@ void gemm_fp8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
                              const int32_t* counts, const PackedFp8Weight* const* experts,
                              int64_t n_experts, GemmOutput y, ThreadPool* pool,
                              Isa isa = active_isa());
+
+// BF16 weights (the lm_head) in the same tile layout, for the same tiled kernel without the
+// conversion: Y[m, n] = sum_k X[m, k] * W[n, k], F32 products and sums, per 128-wide K block
+// then across blocks (so a row's result never depends on M or on the thread split). Repacked
+// once at load: same 2 bytes per weight, zero-padded to whole tiles. At M >= 8 the 6-row x
+// 64-column register blocks need no horizontal sums and reach the FP8 kernel's compute
+// efficiency; gemm_bf16 (row-major W) stays for unpacked weights. Levels below AVX-512 BF16 run
+// a scalar loop, as gemm_bf16 does.
+struct PackedBf16Weight {
+  static constexpr int64_t kPanelCols = PackedFp8Weight::kPanelCols;
+  static constexpr int64_t kBlockK = PackedFp8Weight::kBlockK;
+  static constexpr int64_t kTileElems = kPanelCols * kBlockK;
+
+  int64_t n = 0, k = 0;
+  // Tiles [n_panels][k_blocks], each [64 k-pairs][64 columns][2 k] BF16; 64-byte aligned.
+  std::shared_ptr<uint16_t[]> data;
+
+  int64_t n_panels() const { return (n + kPanelCols - 1) / kPanelCols; }
+  int64_t k_blocks() const { return (k + kBlockK - 1) / kBlockK; }
+  const uint16_t* tile(int64_t panel, int64_t kb) const {
+    return data.get() + (panel * k_blocks() + kb) * kTileElems;
+  }
+  // The BF16 bits of W[row, col].
+  uint16_t at(int64_t row, int64_t col) const;
+  size_t bytes() const { return size_t(n_panels() * k_blocks() * kTileElems * 2); }
+};
+
+// w: [n, k] BF16 bits, row stride ldw. `pool` (may be nullptr) splits the copy.
+PackedBf16Weight pack_bf16_weight(const uint16_t* w, int64_t n, int64_t k, int64_t ldw,
+                                  ThreadPool* pool = nullptr);
+
+// x: BF16 bits [m, w.k], row stride ldx; y: F32 [m, w.n], row stride ldy.
+void gemm_bf16_packed(const uint16_t* x, int64_t m, int64_t ldx, const PackedBf16Weight& w,
+                      float* y, int64_t ldy, ThreadPool* pool, Isa isa = active_isa());
 
 // The scalar reference on the unpacked checkpoint layout, in double: y [m, n] F32, row stride n.
 void gemm_fp8_ref(const uint16_t* x, int64_t m, int64_t ldx, const uint8_t* w,

@@ -237,11 +237,22 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
     if (tail) pad_tail(xblk, job.ldx, mb, job.k - job.k % kBlockK, job.k, tail_buf.as<uint16_t>());
     for (int64_t p = p0; p < p1; ++p) {
       for (int64_t kb = 0; kb < job.k_blocks; ++kb) {
-        const uint8_t* src = job.tiles + (p * job.k_blocks + kb) * kTileBytes;
-        const float scale = job.scales[(p / 2) * job.k_blocks + kb];
         const uint16_t* x = xblk + kb * kBlockK;
         int64_t ld = job.ldx;
         if (tail && kb == job.k_blocks - 1) x = tail_buf.as<uint16_t>(), ld = kBlockK;
+        if (job.bf16_tiles) {
+          // Already BF16: every row block runs the register block on the tile (the first one
+          // brings it from memory into L1), scale 1 (exact).
+          const __m512i* t =
+              reinterpret_cast<const __m512i*>(job.tiles) + (p * job.k_blocks + kb) * kTileBytes / 32;
+          for (int64_t i = 0; i < mb; i += kRows) {
+            int rows = mb - i < kRows ? int(mb - i) : kRows;
+            micro_tile_rows(rows, x + i * ld, ld, t, 1.0f, tot + i * kPanelCols, kb == 0);
+          }
+          continue;
+        }
+        const uint8_t* src = job.tiles + (p * job.k_blocks + kb) * kTileBytes;
+        const float scale = job.scales[(p / 2) * job.k_blocks + kb];
         // The first row block converts the tile (and keeps it); the others reuse it.
         const int first_rows = mb < kRows ? int(mb) : kRows;
         if (mb <= kRows) {

@@ -24,12 +24,13 @@ struct GemmJob {
   bool y_bf16;
   int64_t ldy;
   const float* xf;  // F32 [m, k], row stride ldx (gemm_fp8_f32x); null for the BF16 variants
+  bool bf16_tiles = false;  // tiles hold BF16 (PackedBf16Weight, 2 * kTileBytes each), no scales
 };
 
 void panels_scalar(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx2(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx512(const GemmJob& job, int64_t p0, int64_t p1);
-void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1);
+void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1);  // also BF16 tiles
 
 // The F32-activation levels (gemm_fp8_f32x): read job.xf instead of job.x.
 void panels_f32x_scalar(const GemmJob& job, int64_t p0, int64_t p1);

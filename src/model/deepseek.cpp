@@ -157,6 +157,12 @@ void DeepseekModel::prepare_fast_path(bool progress) {
       for (int64_t r = 0; r < g.rows; ++r) g.row_to_f32(r, &gf[size_t(r * g.cols)]);
     }
   }
+  // The BF16 lm_head in the tiled layout (docs/kernels-gemm.md: no horizontal sums at M >= 8).
+  const WeightView& head = weights_.lm_head;
+  if (head.dtype == DType::kBF16 && head.rows > 0) {
+    packed_bf16_[head.data] = pack_bf16_weight(reinterpret_cast<const uint16_t*>(head.data),
+                                               head.rows, head.cols, head.cols, pool_);
+  }
   auto run = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const WeightView& w = *jobs[size_t(i)].first;
@@ -206,6 +212,8 @@ void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightV
   for (int64_t i = 0; i < m; ++i) f32_to_bf16_row(x + i * ldx, k, &x_bf16_[size_t(i * k)]);
   if (w.dtype == DType::kF8E4M3) {
     gemm_fp8(x_bf16_.data(), m, k, packed_.at(w.data), {y, DType::kF32, ldy}, pool_);
+  } else if (auto it = packed_bf16_.find(w.data); it != packed_bf16_.end()) {
+    gemm_bf16_packed(x_bf16_.data(), m, k, it->second, y, ldy, pool_);
   } else {
     gemm_bf16(x_bf16_.data(), m, k, reinterpret_cast<const uint16_t*>(w.data), w.rows, k, k, y,
               ldy, pool_);

@@ -149,6 +149,7 @@ class DeepseekModel {
   RopeTable rope_;
   // Fast path: FP8 weights repacked for gemm_fp8, keyed by the checkpoint bytes they came from.
   std::unordered_map<const uint8_t*, PackedFp8Weight> packed_;
+  std::unordered_map<const uint8_t*, PackedBf16Weight> packed_bf16_;  // the lm_head
   std::vector<uint16_t> x_bf16_;  // scratch: the GEMM input in BF16
   // Fast absorbed attention: kv_b_proj split per head and dequantized to F32 (BF16 rounding
   // of these small matrices moved logprobs by up to 0.3 on the test models: the scores

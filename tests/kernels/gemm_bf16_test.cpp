@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/dtype.h"
+#include "kernels/gemm_fp8.h"
 
 namespace moeserve {
 namespace {
@@ -44,6 +45,59 @@ TEST(GemmBf16, EveryIsaMatchesReference) {
           // Different summation order: tolerance relative to sqrt(k) * |terms| ~ 1.
           EXPECT_NEAR(a, b, 1e-4f * std::sqrt(float(s.k)) * 4) << isa_name(isa) << " m=" << s.m
                                                                << " n=" << s.n << " k=" << s.k;
+        }
+      }
+    }
+  }
+}
+
+// The tiled layout: every element lands where at() says, for shapes with partial panels/blocks.
+TEST(GemmBf16Packed, PackPlacesEveryElement) {
+  std::mt19937 rng(3);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {65, 129}, {130, 300}}) {
+    const int64_t ldw = k + 1;
+    auto w = random_bf16(size_t(n * ldw), rng);
+    ThreadPool pool(2);
+    PackedBf16Weight p = pack_bf16_weight(w.data(), n, k, ldw, &pool);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) ASSERT_EQ(p.at(r, c), w[size_t(r * ldw + c)]) << r << "," << c;
+  }
+}
+
+// Against the reference on random data, M = 1..300 sampled (every register-block remainder),
+// N and K not multiples of 64/128; a row's result must not depend on M (batch invariance) or on
+// the thread count.
+TEST(GemmBf16Packed, MatchesReferenceAndIsBatchInvariant) {
+  std::mt19937 rng(17);
+  struct Shape {
+    int64_t n, k;
+  };
+  for (Shape s : {Shape{1, 1}, Shape{37, 200}, Shape{64, 128}, Shape{129, 513}, Shape{300, 31}}) {
+    const int64_t max_m = 300, ldx = s.k + 3, ldy = s.n + 2;
+    auto x = random_bf16(size_t(max_m * ldx), rng);
+    auto w = random_bf16(size_t(s.n * s.k), rng);
+    PackedBf16Weight p = pack_bf16_weight(w.data(), s.n, s.k, s.k);
+    std::vector<float> want(size_t(max_m * ldy));
+    gemm_bf16_ref(x.data(), max_m, ldx, w.data(), s.n, s.k, s.k, want.data(), ldy);
+    for (Isa isa : {Isa::kScalar, Isa::kAvx512Bf16}) {
+      if (!isa_at_most(isa, cpu_isa())) continue;
+      std::vector<float> first;  // rows of the m = 300 run, for the invariance check
+      for (int64_t m : {300, 1, 2, 5, 6, 7, 13, 64, 127}) {
+        ThreadPool pool(m % 2 ? 1 : 2);
+        std::vector<float> got(size_t(m * ldy), -7.0f);
+        gemm_bf16_packed(x.data(), m, ldx, p, got.data(), ldy, &pool, isa);
+        if (first.empty()) first = got;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < ldy; ++j) {
+            float a = got[size_t(i * ldy + j)];
+            if (j >= s.n) {
+              ASSERT_EQ(a, -7.0f) << "wrote past n";
+              continue;
+            }
+            ASSERT_NEAR(a, want[size_t(i * ldy + j)], 1e-4f * std::sqrt(float(s.k)) * 4)
+                << isa_name(isa) << " m=" << m << " n=" << s.n << " k=" << s.k;
+            ASSERT_EQ(a, first[size_t(i * ldy + j)]) << "row " << i << " changed with m=" << m;
+          }
         }
       }
     }
