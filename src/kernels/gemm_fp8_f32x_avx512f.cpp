@@ -1,8 +1,9 @@
 // gemm_fp8_f32x, AVX-512F level: F32 activations times FP8 weights converted exactly to F32 in
 // registers, FP32 FMAs. For each 64-column panel and 128-wide K block, the first block of up to
 // 4 rows converts the FP8 tile inside its FMA loop (W streams from memory once; the conversion
-// overlaps the FMAs); with more rows it also leaves the F32 tile [128 k][64 cols] (32 KiB) for
-// the next row blocks, which run a 6-row x 4-zmm register block on it. Rows are taken in blocks
+// overlaps the FMAs); with more rows the tile is converted once to F32 (32 KiB, the same
+// interleaved order) and 6-row x 4-zmm register blocks run on it, with the same per-row
+// arithmetic as the converting block (results do not depend on M). Rows are taken in blocks
 // whose X stays in L3 while every panel passes over it (docs/kernels-gemm.md).
 // Compiled with -mavx512{f,bw,vl,dq}; runs only when cpu_isa() >= Isa::kAvx512.
 #include <immintrin.h>
@@ -50,19 +51,6 @@ void pad_tail(const float* x, int64_t ldx, int64_t rows, int64_t k0, int64_t k, 
   }
 }
 
-// tot [R][64]: the running two-level sum, set (first) or updated with scale * block sum.
-template <int R>
-inline void update_tot(__m512 (&acc)[R][4], float scale, float* tot, bool first) {
-  __m512 s = _mm512_set1_ps(scale);
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < 4; ++j) {
-      float* d = tot + r * kPanelCols + 16 * j;
-      _mm512_store_ps(d, first ? _mm512_mul_ps(acc[r][j], s)
-                               : _mm512_fmadd_ps(acc[r][j], s, _mm512_load_ps(d)));
-    }
-  }
-}
-
 // 16 FP8 bytes (8 columns x 2 k, the packed order) -> 16 F32 in the same interleaved order,
 // each the exact value times 2^-8. vpmovsxbw + (<< 7) puts sign | eeee mmm where FP16 has them
 // (bit 15; exponent 13..10 with a zero top bit; mantissa 9..7) and a copy of the sign at bit
@@ -83,15 +71,18 @@ inline __m512 xpair(const float* p) {
   return _mm512_castpd_ps(_mm512_set1_pd(d));
 }
 
-// One K block of up to kConvRows rows (x [R][128], row stride ld) against an FP8 tile converted
-// in registers, for the small-M (memory-bound) case: W streams from memory once and its
-// conversion overlaps the FMAs. Each half panel (32 columns) runs a R x 4-zmm block whose lanes
-// hold (column, k parity) partial sums; the parities are added at the end of the K block.
+// One K block of up to kRows rows (x [R][128], row stride ld) against a tile: the FP8 tile
+// converted in registers (kConverted false: the small-M, memory-bound case, W streams from memory
+// once and its conversion overlaps the FMAs), or the same tile already converted to F32 in the
+// same interleaved order by convert_tile (kConverted true: larger M, the conversion shared by
+// every row block). Each half panel (32 columns) runs a R x 4-zmm block whose lanes hold
+// (column, k parity) partial sums; the parities are added at the end of the K block. Both forms
+// do the same arithmetic per row, so a row's result never depends on M (batch invariance).
 // tot [R][64] as in update_tot; the 2^8 of the conversion goes into the block scale.
 // Not inlined, so the caller's values do not crowd the register file.
-template <int R>
-__attribute__((noinline)) void micro_convert(const float* x, int64_t ld, const uint8_t* src,
-                                             float scale, float* tot, bool first) {
+template <int R, bool kConverted>
+__attribute__((noinline)) void micro_pairs(const float* x, int64_t ld, const uint8_t* src,
+                                           const float* wf, float scale, float* tot, bool first) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   const __m512 s = _mm512_set1_ps(scale * 256.0f);
@@ -100,9 +91,16 @@ __attribute__((noinline)) void micro_convert(const float* x, int64_t ld, const u
     for (int r = 0; r < R; ++r)
       for (int q = 0; q < 4; ++q) acc[r][q] = _mm512_setzero_ps();
     for (int kp = 0; kp < 64; ++kp) {
-      const uint8_t* t = src + kp * 128 + 64 * half;
-      __m512 w0 = fp8x16_to_f32_pairs(t), w1 = fp8x16_to_f32_pairs(t + 16),
-             w2 = fp8x16_to_f32_pairs(t + 32), w3 = fp8x16_to_f32_pairs(t + 48);
+      __m512 w0, w1, w2, w3;
+      if constexpr (kConverted) {
+        const float* t = wf + kp * 128 + 64 * half;
+        w0 = _mm512_load_ps(t), w1 = _mm512_load_ps(t + 16), w2 = _mm512_load_ps(t + 32),
+        w3 = _mm512_load_ps(t + 48);
+      } else {
+        const uint8_t* t = src + kp * 128 + 64 * half;
+        w0 = fp8x16_to_f32_pairs(t), w1 = fp8x16_to_f32_pairs(t + 16),
+        w2 = fp8x16_to_f32_pairs(t + 32), w3 = fp8x16_to_f32_pairs(t + 48);
+      }
       for (int r = 0; r < R; ++r) {
         __m512 xb = xpair(x + r * ld + 2 * kp);
         acc[r][0] = _mm512_fmadd_ps(w0, xb, acc[r][0]);
@@ -124,74 +122,28 @@ __attribute__((noinline)) void micro_convert(const float* x, int64_t ld, const u
   }
 }
 
-void micro_convert_rows(int rows, const float* x, int64_t ld, const uint8_t* src, float scale,
-                        float* tot, bool first) {
-  switch (rows) {
-    case 4:
-      return micro_convert<4>(x, ld, src, scale, tot, first);
-    case 3:
-      return micro_convert<3>(x, ld, src, scale, tot, first);
-    case 2:
-      return micro_convert<2>(x, ld, src, scale, tot, first);
-    default:
-      return micro_convert<1>(x, ld, src, scale, tot, first);
-  }
-}
-
-// Tile [64 kp][64 cols][2] FP8 -> dst [128 k][64 cols] F32, each value times 2^-8 (exact, as
-// fp8x16_to_f32_pairs, with the even and odd k split apart by vpmovdw).
-void convert_tile(const uint8_t* src, float* dst) {
-  for (int kp = 0; kp < 64; ++kp) {
-    for (int j = 0; j < 4; ++j) {
-      __m512i w = _mm512_cvtepi8_epi16(
-          _mm256_load_si256(reinterpret_cast<const __m256i*>(src + kp * 128 + 32 * j)));
-      __m512i h = _mm512_and_si512(_mm512_slli_epi16(w, 7), _mm512_set1_epi16(short(0xbf80)));
-      _mm512_store_ps(dst + (2 * kp) * kPanelCols + 16 * j,
-                      _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
-      _mm512_store_ps(dst + (2 * kp + 1) * kPanelCols + 16 * j,
-                      _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16))));
-    }
-  }
-}
-
-// One K block of up to kRows rows against the F32 tile wf [128 k][64 cols].
-template <int R>
-__attribute__((noinline)) void micro_tile(const float* x, int64_t ld, const float* wf, float scale,
-                                          float* tot, bool first) {
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
-  for (int k = 0; k < kBlockK; ++k) {
-    const float* w = wf + k * kPanelCols;
-    __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16), w2 = _mm512_load_ps(w + 32),
-           w3 = _mm512_load_ps(w + 48);
-    for (int r = 0; r < R; ++r) {
-      __m512 xb = _mm512_set1_ps(x[r * ld + k]);
-      acc[r][0] = _mm512_fmadd_ps(w0, xb, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(w1, xb, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(w2, xb, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(w3, xb, acc[r][3]);
-    }
-  }
-  update_tot<R>(acc, scale, tot, first);
-}
-
-void micro_tile_rows(int rows, const float* x, int64_t ld, const float* wf, float scale, float* tot,
-                     bool first) {
+template <bool kConverted>
+void micro_pairs_rows(int rows, const float* x, int64_t ld, const uint8_t* src, const float* wf,
+                      float scale, float* tot, bool first) {
   switch (rows) {
     case 6:
-      return micro_tile<6>(x, ld, wf, scale, tot, first);
+      return micro_pairs<6, kConverted>(x, ld, src, wf, scale, tot, first);
     case 5:
-      return micro_tile<5>(x, ld, wf, scale, tot, first);
+      return micro_pairs<5, kConverted>(x, ld, src, wf, scale, tot, first);
     case 4:
-      return micro_tile<4>(x, ld, wf, scale, tot, first);
+      return micro_pairs<4, kConverted>(x, ld, src, wf, scale, tot, first);
     case 3:
-      return micro_tile<3>(x, ld, wf, scale, tot, first);
+      return micro_pairs<3, kConverted>(x, ld, src, wf, scale, tot, first);
     case 2:
-      return micro_tile<2>(x, ld, wf, scale, tot, first);
+      return micro_pairs<2, kConverted>(x, ld, src, wf, scale, tot, first);
     default:
-      return micro_tile<1>(x, ld, wf, scale, tot, first);
+      return micro_pairs<1, kConverted>(x, ld, src, wf, scale, tot, first);
   }
+}
+
+// Tile [64 kp][64 cols][2] FP8 -> dst in the same order, F32, each value times 2^-8 (exact).
+void convert_tile(const uint8_t* src, float* dst) {
+  for (int i = 0; i < kTileBytes; i += 16) _mm512_store_ps(dst + i, fp8x16_to_f32_pairs(src + i));
 }
 
 struct Scratch {
@@ -230,7 +182,7 @@ void panels_f32x_avx512(const GemmJob& job, int64_t p0, int64_t p1) {
         // Up to 4 rows: convert in registers. More: convert the tile once to F32 (its cost is
         // shared by all rows), then 6-row blocks on it.
         if (mb <= kConvRows) {
-          micro_convert_rows(int(mb), x, ld, src, scale, tot, kb == 0);
+          micro_pairs_rows<false>(int(mb), x, ld, src, nullptr, scale, tot, kb == 0);
           continue;
         }
         convert_tile(src, wf);
@@ -240,7 +192,8 @@ void panels_f32x_avx512(const GemmJob& job, int64_t p0, int64_t p1) {
             for (int l = 0; l < 8; ++l)
               _mm_prefetch(reinterpret_cast<const char*>(x + r * ld) + 64 * l, _MM_HINT_T0);
           int rows = mb - i < kRows ? int(mb - i) : kRows;
-          micro_tile_rows(rows, x + i * ld, ld, wf, scale * 256.0f, tot + i * kPanelCols, kb == 0);
+          micro_pairs_rows<true>(rows, x + i * ld, ld, nullptr, wf, scale, tot + i * kPanelCols,
+                                 kb == 0);
         }
       }
       const int64_t col0 = p * kPanelCols;

@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "kernels/convert.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/gemm_fp8_f32x.h"
 #include "kernels/linear_ref.h"
 #include "kernels/mla_decode.h"
 #include "kernels/moe_gate.h"
@@ -112,6 +113,39 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
   if (path_ == ComputePath::kFast) prepare_fast_path(progress);
 }
 
+bool DeepseekModel::absorbed_fp8_ok(const WeightView& kv_b) const {
+  const int64_t dn = config_.qk_nope_head_dim, dv = config_.v_head_dim;
+  return kv_b.dtype == DType::kF8E4M3 && kv_b.block_rows == 128 && kv_b.block_cols == 128 &&
+         dn % 128 == 0 && dv % 128 == 0;
+}
+
+void DeepseekModel::pack_absorbed_fp8(const WeightView& kv_b, AbsorbedWeights& W) const {
+  const int64_t nh = config_.num_attention_heads, dn = config_.qk_nope_head_dim;
+  const int64_t dv = config_.v_head_dim, R = config_.kv_lora_rank;
+  const int64_t rb = (R + 127) / 128, sc = kv_b.scale_cols();  // R's scale blocks
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  for (int64_t h = 0; h < nh; ++h) {
+    const int64_t row0 = h * (dn + dv);  // a multiple of 128
+    // W_UK^T [R, dn]: element (r, d) = kv_b[row0 + d, r]; block (r/128, d/128) has the scale
+    // of kv_b block (row0/128 + d/128, r/128).
+    bytes.assign(size_t(R * dn), 0);
+    for (int64_t d = 0; d < dn; ++d) {
+      const uint8_t* src = kv_b.data + (row0 + d) * kv_b.cols;
+      for (int64_t r = 0; r < R; ++r) bytes[size_t(r * dn + d)] = src[r];
+    }
+    scales.assign(size_t(rb * (dn / 128)), 0.0f);
+    for (int64_t a = 0; a < rb; ++a)
+      for (int64_t b = 0; b < dn / 128; ++b)
+        scales[size_t(a * (dn / 128) + b)] = kv_b.scale_inv[(row0 / 128 + b) * sc + a];
+    W.uk_t_fp8.push_back(pack_fp8_weight(bytes.data(), scales.data(), R, dn));
+    // W_UV [dv, R]: rows row0 + dn + j of kv_b as they are, with their scale rows.
+    const int64_t vrow0 = row0 + dn;
+    W.uv_fp8.push_back(pack_fp8_weight(kv_b.data + vrow0 * kv_b.cols,
+                                       kv_b.scale_inv + (vrow0 / 128) * sc, dv, R));
+  }
+}
+
 void DeepseekModel::prepare_fast_path(bool progress) {
   // Collect the FP8 projections first (map slots created here), then pack them in parallel.
   std::vector<std::pair<const WeightView*, PackedFp8Weight*>> jobs;
@@ -125,37 +159,42 @@ void DeepseekModel::prepare_fast_path(bool progress) {
     pack(m.up);
     pack(m.down);
   };
+  auto pack_moe = [&](const MoeWeights& moe) {
+    for (const auto& e : moe.experts) {
+      if (e) pack_mlp(*e);
+    }
+    if (moe.shared) pack_mlp(*moe.shared);
+    const WeightView& g = moe.gate;  // [E, H] router weights, exact in F32
+    std::vector<float>& gf = gate_f32_[g.data];
+    gf.resize(size_t(g.rows * g.cols));
+    for (int64_t r = 0; r < g.rows; ++r) g.row_to_f32(r, &gf[size_t(r * g.cols)]);
+  };
   const int64_t nh = config_.num_attention_heads, dn = config_.qk_nope_head_dim;
   const int64_t dv = config_.v_head_dim, R = config_.kv_lora_rank;
   std::vector<float> row(static_cast<size_t>(R));
   for (const LayerWeights& L : weights_.layers) {
     const AttentionWeights& A = L.attn;
-    // Per head, K-major for gemm_f32_kn: W_UK [dn, R] (kv_b_proj rows h * (dn + dv) + d, as
-    // they are) and W_UV^T [R, dv] (rows h * (dn + dv) + dn + j, transposed), in F32.
     AbsorbedWeights W;
-    W.uk.resize(size_t(nh * dn * R));
-    W.uv_t.resize(size_t(nh * R * dv));
-    for (int64_t h = 0; h < nh; ++h) {
-      for (int64_t d = 0; d < dn; ++d) A.kv_b.row_to_f32(h * (dn + dv) + d, &W.uk[size_t((h * dn + d) * R)]);
-      for (int64_t j = 0; j < dv; ++j) {
-        A.kv_b.row_to_f32(h * (dn + dv) + dn + j, row.data());
-        for (int64_t r = 0; r < R; ++r) W.uv_t[size_t((h * R + r) * dv + j)] = row[size_t(r)];
+    if (absorbed_fp8_ok(A.kv_b)) {
+      pack_absorbed_fp8(A.kv_b, W);
+    } else {
+      // Per head, K-major for gemm_f32_kn: W_UK [dn, R] (kv_b_proj rows h * (dn + dv) + d, as
+      // they are) and W_UV^T [R, dv] (rows h * (dn + dv) + dn + j, transposed), in F32.
+      W.uk.resize(size_t(nh * dn * R));
+      W.uv_t.resize(size_t(nh * R * dv));
+      for (int64_t h = 0; h < nh; ++h) {
+        for (int64_t d = 0; d < dn; ++d) A.kv_b.row_to_f32(h * (dn + dv) + d, &W.uk[size_t((h * dn + d) * R)]);
+        for (int64_t j = 0; j < dv; ++j) {
+          A.kv_b.row_to_f32(h * (dn + dv) + dn + j, row.data());
+          for (int64_t r = 0; r < R; ++r) W.uv_t[size_t((h * R + r) * dv + j)] = row[size_t(r)];
+        }
       }
     }
     absorbed_.push_back(std::move(W));
     if (A.q_a) pack(*A.q_a);
     for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w);
     if (L.mlp) pack_mlp(*L.mlp);
-    if (L.moe) {
-      for (const auto& e : L.moe->experts) {
-        if (e) pack_mlp(*e);
-      }
-      if (L.moe->shared) pack_mlp(*L.moe->shared);
-      const WeightView& g = L.moe->gate;  // [E, H] router weights, exact in F32
-      std::vector<float>& gf = gate_f32_[g.data];
-      gf.resize(size_t(g.rows * g.cols));
-      for (int64_t r = 0; r < g.rows; ++r) g.row_to_f32(r, &gf[size_t(r * g.cols)]);
-    }
+    if (L.moe) pack_moe(*L.moe);
   }
   // The BF16 lm_head in the tiled layout (docs/kernels-gemm.md: no horizontal sums at M >= 8).
   const WeightView& head = weights_.lm_head;
@@ -352,8 +391,13 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
       for (int64_t i = 0; i < n; ++i) {
         std::copy_n(q + (i * nh + h) * dq + dn, dr, &qa[size_t((i * nh + h) * D + R)]);  // q_pe
       }
+      if (!W.uk_t_fp8.empty()) {  // q_lat [n, R] of head h = q_nope W_UK
+        gemm_fp8_f32x(q + h * dq, n, nh * dq, W.uk_t_fp8[size_t(h)],
+                      GemmOutput{&qa[size_t(h * D)], DType::kF32, nh * D}, nullptr);
+        continue;
+      }
       gemm_f32_kn(q + h * dq, n, nh * dq, &W.uk[size_t(h * dn * R)], R, dn, R, &qa[size_t(h * D)],
-                  nh * D, nullptr);  // q_lat [n, R] of head h = q_nope W_UK
+                  nh * D, nullptr);
     }
   };
   pool_ ? pool_->parallel_for(nh, q_heads) : q_heads(0, nh);
@@ -376,6 +420,11 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
 
   auto o_heads = [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {  // o [n, dv] of head h = o_lat W_UV^T
+      if (!W.uv_fp8.empty()) {
+        gemm_fp8_f32x(&o_lat[size_t(h * R)], n, nh * R, W.uv_fp8[size_t(h)],
+                      GemmOutput{o + h * dv, DType::kF32, nh * dv}, nullptr);
+        continue;
+      }
       gemm_f32_kn(&o_lat[size_t(h * R)], n, nh * R, &W.uv_t[size_t(h * R * dv)], dv, R, dv,
                   o + h * dv, nh * dv, nullptr);
     }

@@ -157,8 +157,15 @@ class DeepseekModel {
   struct AbsorbedWeights {
     std::vector<float> uk;    // [nh][dn][R]: W_UK, maps q_nope into the latent space
     std::vector<float> uv_t;  // [nh][R][dv]: W_UV^T, maps the attended latent to values
+    // When kv_b_proj is FP8 and every head's slices are whole 128x128 scale blocks (V3: dn = dv
+    // = 128), the same matrices stay FP8 (a quarter of the bytes; exact FP8 values, F32
+    // arithmetic via gemm_fp8_f32x) and uk/uv_t are left empty: per head, W_UK^T [R, dn] and
+    // W_UV [dv, R].
+    std::vector<PackedFp8Weight> uk_t_fp8, uv_fp8;
   };
   std::vector<AbsorbedWeights> absorbed_;  // per layer
+  bool absorbed_fp8_ok(const WeightView& kv_b) const;
+  void pack_absorbed_fp8(const WeightView& kv_b, AbsorbedWeights& W) const;
   // Fast path: router weights in F32 (routing stays FP32-exact), keyed by checkpoint bytes.
   std::unordered_map<const uint8_t*, std::vector<float>> gate_f32_;
   // Run-time experts over the checkpoint's (expert_store.cpp): installed, or null when dropped.

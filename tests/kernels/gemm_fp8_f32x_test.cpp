@@ -137,6 +137,29 @@ TEST(GemmFp8F32x, SampledRowCountsUpTo300) {
   }
 }
 
+// A row's result must not depend on how many rows run with it (the converting small-M block and
+// the converted-tile block do the same arithmetic): every prefix of 300 rows gives the same
+// bits for its rows, at every level.
+TEST(GemmFp8F32x, RowsDoNotDependOnM) {
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  Problem p = make_problem(136, 300, rng);
+  const int64_t max_m = 300;
+  std::vector<float> x = random_x(max_m, p.k, rng);
+  for (Isa isa : levels()) {
+    std::vector<float> all(size_t(max_m * p.n));
+    gemm_fp8_f32x(x.data(), max_m, p.k, p.packed, GemmOutput{all.data(), DType::kF32, p.n}, &pool,
+                  isa);
+    for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 11, 64}) {
+      std::vector<float> y(size_t(m * p.n));
+      gemm_fp8_f32x(x.data(), m, p.k, p.packed, GemmOutput{y.data(), DType::kF32, p.n}, &pool, isa);
+      for (int64_t i = 0; i < m * p.n; ++i) {
+        ASSERT_EQ(y[size_t(i)], all[size_t(i)]) << isa_name(isa) << " m=" << m << " at " << i;
+      }
+    }
+  }
+}
+
 // The tolerance above must catch the BF16 rounding of X: gemm_fp8 on the same data fails it for
 // most entries (so the F32 levels passing means they did not round X).
 TEST(GemmFp8F32x, ToleranceRejectsBf16RoundedActivations) {

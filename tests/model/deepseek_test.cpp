@@ -80,12 +80,19 @@ void expect_same(const GenerateResult& a, const GenerateResult& b, float tol) {
   }
 }
 
-// Parameters: model variant ("v3", "v2") and compute path.
+// Parameters: model variant ("v3", "v3h128", "v2") and compute path.
 class DeepseekTest : public ::testing::TestWithParam<std::tuple<std::string, ComputePath>> {
  protected:
   std::string dir() {
-    return std::get<0>(GetParam()) == "v3" ? testing::small_model_dir("fwd_v3", "tiny")
-                                           : testing::small_model_dir("fwd_v2", "v2-lite-tiny");
+    const std::string& v = std::get<0>(GetParam());
+    if (v == "v3") return testing::small_model_dir("fwd_v3", "tiny");
+    // V3's head dims (128): the fast path keeps the absorbed W_UK/W_UV in FP8 (whole scale
+    // blocks per head) instead of dequantizing them to F32.
+    if (v == "v3h128") {
+      return testing::small_model_dir("fwd_v3h128", "tiny",
+                                      {"qk_nope_head_dim=128", "v_head_dim=128"});
+    }
+    return testing::small_model_dir("fwd_v2", "v2-lite-tiny");
   }
   ComputePath path() { return std::get<1>(GetParam()); }
 };
@@ -147,7 +154,7 @@ TEST_P(DeepseekTest, RejectsBadTokenAndContext) {
 
 INSTANTIATE_TEST_SUITE_P(
     Variants, DeepseekTest,
-    ::testing::Combine(::testing::Values("v3", "v2"),
+    ::testing::Combine(::testing::Values("v3", "v3h128", "v2"),
                        ::testing::Values(ComputePath::kReference, ComputePath::kFast)),
     [](const auto& info) {
       return std::get<0>(info.param) +
