@@ -36,12 +36,20 @@ struct ExpertLayout {
   double imbalance = 1.0;
 };
 
+// Where an operator sits in DeepSeek's two-micro-batch schedule (profile-data decode figure):
+// ATTN-0 = everything before core attention (norms, q/kv projections, W_UK), ATTN-1 = core
+// attention, W_UV and o_proj, then the router gate; SHARED = shared expert; MLP = routed experts
+// (and a dense layer's MLP); dispatch and combine the all-to-all.
+enum class OpGroup { kAttnPre, kAttnCore, kAttnPost, kGate, kShared, kRouted, kDispatch, kCombine };
+inline constexpr int kOpGroups = 8;
+
 struct OpCost {
   std::string name;
   double flops = 0;
   double bytes = 0;
   double seconds = 0;
   bool comm = false;  // all-to-all (overlappable with the other micro-batch's compute)
+  OpGroup group = OpGroup::kAttnPre;
 };
 
 // Experts per device and tokens each routed expert receives from a micro-batch of `tokens` per

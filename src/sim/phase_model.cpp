@@ -9,11 +9,37 @@ namespace moeserve::sim {
 
 namespace {
 
-StepTime layer_time(const std::vector<OpCost>& ops, int micro_batches, bool overlap,
-                    double compute_share) {
+std::vector<OpCost> calibrated(std::vector<OpCost> ops, const Calibration& c) {
+  if (!c.active) return ops;
+  for (auto& op : ops) op.seconds *= c.op_scale[size_t(op.group)];
+  return ops;
+}
+
+// DeepSeek's decode schedule for two micro-batches a and b (profile-data decode figure):
+// [SHARED(a) + ATTN-0(b) | dispatch(a)], [MLP(a)], [ATTN-1(b) | combine(a)], then the same with
+// a and b swapped. The routed MLP has no all-to-all under it.
+double staged_decode_layer_s(const std::vector<OpCost>& ops) {
+  std::array<double, kOpGroups> g{};
+  for (const auto& op : ops) g[size_t(op.group)] += op.seconds;
+  auto at = [&](OpGroup x) { return g[size_t(x)]; };
+  double first = std::max(at(OpGroup::kShared) + at(OpGroup::kAttnPre), at(OpGroup::kDispatch));
+  double last = std::max(at(OpGroup::kAttnCore) + at(OpGroup::kAttnPost) + at(OpGroup::kGate),
+                         at(OpGroup::kCombine));
+  return 2 * (first + at(OpGroup::kRouted) + last);
+}
+
+StepTime layer_time(const std::vector<OpCost>& raw_ops, int micro_batches, bool overlap,
+                    double compute_share, const Calibration& cal = {}, bool decode = false) {
+  const std::vector<OpCost> ops = calibrated(raw_ops, cal);
   StepTime t;
   for (const auto& op : ops) (op.comm ? t.comm_s : t.compute_s) += op.seconds;
   bool overlapped = overlap && micro_batches >= 2 && t.comm_s > 0;
+  if (overlapped && decode && cal.active && cal.staged_decode && micro_batches == 2) {
+    t.compute_s *= micro_batches;
+    t.comm_s *= micro_batches;
+    t.total_s = staged_decode_layer_s(ops);
+    return t;
+  }
   // While the other micro-batch's all-to-all runs, its kernels hold part of the device.
   if (overlapped && compute_share > 0 && compute_share < 1) t.compute_s /= compute_share;
   t.compute_s *= micro_batches;
@@ -71,7 +97,9 @@ std::vector<OpCost> decode_layer_breakdown(const ModelSpec& m, const Hardware& h
   double s_q = 1.0 + u.mtp_draft_tokens;
   double seqs = batch / micro_batches(u);
   MicroBatch mb{seqs * s_q, seqs, seqs * s_q * kv_len, seqs * kv_len, true};
-  return layer_ops(m, hw.device, hw.node, layout(hw, u, CommMode::kLowLatency), mb, true);
+  return calibrated(
+      layer_ops(m, hw.device, hw.node, layout(hw, u, CommMode::kLowLatency), mb, true),
+      u.calibration);
 }
 
 DecodePoint decode_at(const ModelSpec& m, const Hardware& hw, const UnitDeployment& u, double batch,
@@ -88,10 +116,14 @@ DecodePoint decode_at(const ModelSpec& m, const Hardware& hw, const UnitDeployme
   const double s_q = 1.0 + u.mtp_draft_tokens;  // query tokens per sequence per step
   const double seqs = batch / nmb;
   MicroBatch mb{seqs * s_q, seqs, seqs * s_q * kv_len, seqs * kv_len, true};
-  StepTime dense = layer_time(layer_ops(m, hw.device, hw.node, e, mb, false), nmb, u.overlap, 1);
-  StepTime moe = layer_time(layer_ops(m, hw.device, hw.node, e, mb, true), nmb, u.overlap, 1);
+  const Calibration& cal = u.calibration;
+  StepTime dense =
+      layer_time(layer_ops(m, hw.device, hw.node, e, mb, false), nmb, u.overlap, 1, cal, true);
+  StepTime moe =
+      layer_time(layer_ops(m, hw.device, hw.node, e, mb, true), nmb, u.overlap, 1, cal, true);
   add(&p.layers, dense, m.first_dense_layers);
   add(&p.layers, moe, m.moe_layers());
+  p.layers.total_s *= cal.layers_scale;
 
   double head = lm_head_op(m, hw.device, batch * s_q).seconds;
   // MTP: per drafted token, the MTP module (eh_proj + one MoE layer per MTP layer + lm_head)
@@ -99,14 +131,15 @@ DecodePoint decode_at(const ModelSpec& m, const Hardware& hw, const UnitDeployme
   double mtp = 0;
   if (m.mtp_layers > 0 && u.mtp_draft_tokens > 0) {
     MicroBatch one{seqs, seqs, seqs * kv_len, seqs * kv_len, true};
-    StepTime layer = layer_time(layer_ops(m, hw.device, hw.node, e, one, true), nmb, u.overlap, 1);
+    StepTime layer =
+        layer_time(layer_ops(m, hw.device, hw.node, e, one, true), nmb, u.overlap, 1, cal, true);
     GemmShape eh{batch, double(m.hidden), 2.0 * m.hidden};
     double per_draft = m.mtp_layers * layer.total_s +
                        fp8_gemm_seconds(hw.device, GemmKind::kDense, eh) +
                        lm_head_op(m, hw.device, batch).seconds;
     mtp = u.mtp_draft_tokens * per_draft;
   }
-  p.head_and_mtp_s = head + mtp;
+  p.head_and_mtp_s = (head + mtp) * cal.head_scale;
   p.step_s = p.layers.total_s + p.head_and_mtp_s;
 
   // Draft i is kept only if drafts 1..i all are: 1 + p + p^2 + ... tokens per step.
@@ -200,6 +233,7 @@ Result<PrefillPoint> prefill_at(const ModelSpec& m, const Hardware& hw, const Un
   add(&p.layers, moe, m.moe_layers());
   p.forward_s =
       p.layers.total_s + lm_head_op(m, hw.device, p.tokens_per_forward * prompts_per_token).seconds;
+  p.forward_s *= u.calibration.forward_scale;
   p.computed_tokens_per_s = p.tokens_per_forward / p.forward_s;
   p.input_tokens_per_s = p.computed_tokens_per_s / (1.0 - cache_hit);
   return p;

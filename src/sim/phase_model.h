@@ -7,6 +7,7 @@
 // `tokens_per_device` new (uncached) prompt tokens. Pure functions; docs/sim.md has the formulas.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +18,21 @@
 #include "sim/model_spec.h"
 
 namespace moeserve::sim {
+
+// Calibration against a measured trace (trace_calibration.h). The default is the identity:
+// times straight from the kernel tables and the ideal overlap max(compute, all-to-all).
+struct Calibration {
+  bool active = false;
+  // Measured / modelled time per operator group (layer_ops.h OpGroup) at the trace's shape.
+  std::array<double, kOpGroups> op_scale{1, 1, 1, 1, 1, 1, 1, 1};
+  // Decode: time a MoE layer by DeepSeek's published two-micro-batch schedule (profile-data
+  // decode figure) instead of the ideal overlap: per micro-batch,
+  // max(SHARED + ATTN-0, dispatch) + MLP + max(ATTN-1, combine).
+  bool staged_decode = false;
+  double layers_scale = 1;   // decode: measured / modelled time of all layers of a step
+  double head_scale = 1;     // decode: measured / modelled rest of the step (MTP, heads, sampling)
+  double forward_scale = 1;  // prefill: measured / modelled forward
+};
 
 struct UnitDeployment {
   int nodes_per_unit = 1;
@@ -33,6 +49,7 @@ struct UnitDeployment {
   std::optional<double> batch_per_device;
   int mtp_draft_tokens = 0;   // speculative tokens drafted by the MTP module per step
   double mtp_acceptance = 0;  // probability each drafted token is accepted
+  Calibration calibration;
 };
 
 struct PromptBucket {
@@ -68,7 +85,8 @@ struct PrefillPoint {
   double cache_hit = 0;
 };
 
-// Per-operator breakdown of one MoE layer (for reports); decode or prefill micro-batch.
+// Per-operator breakdown of one decode MoE layer, one micro-batch (for reports), with the unit's
+// calibration scales applied.
 std::vector<OpCost> decode_layer_breakdown(const ModelSpec& m, const Hardware& hw,
                                            const UnitDeployment& u, double batch, double kv_len);
 

@@ -24,6 +24,19 @@ std::string format_report(const SimResult& r) {
   std::string o;
   o += fmt::format("scenario: {}\nmodel: {} | device: {} | node: {} x {}\n\n", s.name, s.model.name,
                    s.hardware.device.name, s.hardware.node.devices, s.hardware.device.name);
+  if (s.trace_calibration) {
+    const Calibration& pc = s.prefill.calibration;
+    const Calibration& dc = s.decode.calibration;
+    o += fmt::format("calibrated to measured traces: {}\n", s.trace_calibration->source);
+    o += fmt::format("  prefill forward x{:.3f}", pc.forward_scale);
+    o += fmt::format(
+        "; decode (staged schedule {}) attn-pre x{:.2f} core x{:.2f} post x{:.2f} gate x{:.2f} "
+        "shared x{:.2f} routed x{:.2f} dispatch x{:.2f} combine x{:.2f}, layers x{:.3f}, "
+        "head+MTP x{:.2f}\n\n",
+        dc.staged_decode ? "on" : "off", dc.op_scale[0], dc.op_scale[1], dc.op_scale[2],
+        dc.op_scale[3], dc.op_scale[4], dc.op_scale[5], dc.op_scale[6], dc.op_scale[7],
+        dc.layers_scale, dc.head_scale);
+  }
   o += fmt::format(
       "prefill unit: {} nodes, EP{}, {} micro-batches{}, {:.0f} new tokens/device/forward\n",
       s.prefill.nodes_per_unit, s.prefill.ep, s.prefill.micro_batches,
@@ -97,6 +110,7 @@ std::string to_json(const SimResult& r) {
       day.prefill_input_tokens_per_s_per_node_day;
   j["decode_output_tokens_per_s_per_node_day_average"] =
       day.decode_output_tokens_per_s_per_node_day;
+  j["trace_calibrated"] = r.scenario.trace_calibration.has_value();
   j["prefill_forward_s"] = r.prefill.forward_s;
   j["prefill_computed_tokens_per_s_per_device"] = r.prefill.computed_tokens_per_s;
   j["decode_batch_per_device"] = r.decode.batch;

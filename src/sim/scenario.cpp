@@ -236,6 +236,55 @@ Status parse_workload(const json& j, Workload* wl) {
   return Status::Ok();
 }
 
+Status parse_trace_calibration(const json& j, TraceCalibration* tc) {
+  const std::string w = "trace_calibration";
+  RETURN_IF_ERROR(need_object(j, w));
+  tc->source = j.value("source", "");
+  if (auto d = j.find("decode"); d != j.end() && !d->is_null()) {
+    const std::string dw = w + ".decode";
+    RETURN_IF_ERROR(need_object(*d, dw));
+    DecodeTrace t;
+    RETURN_IF_ERROR(num(*d, dw, "batch_per_device", &t.batch_per_device, true));
+    RETURN_IF_ERROR(num(*d, dw, "ep", &t.ep, true));
+    RETURN_IF_ERROR(num(*d, dw, "redundant_experts", &t.redundant_experts));
+    RETURN_IF_ERROR(num(*d, dw, "kv_tokens", &t.kv_tokens, true));
+    RETURN_IF_ERROR(integer(*d, dw, "mtp_draft_tokens", &t.mtp_draft_tokens));
+    double layers_ms = 0, step_ms = 0;
+    RETURN_IF_ERROR(num(*d, dw, "layers_ms", &layers_ms, true));
+    RETURN_IF_ERROR(num(*d, dw, "step_ms", &step_ms, true));
+    t.layers_s = layers_ms / 1e3;
+    t.step_s = step_ms / 1e3;
+    auto ops = d->find("op_us");
+    if (ops == d->end()) return InvalidArgument("missing '" + dw + ".op_us'");
+    const std::string ow = dw + ".op_us";
+    RETURN_IF_ERROR(need_object(*ops, ow));
+    static constexpr std::pair<const char*, OpGroup> kKeys[] = {
+        {"attn_pre", OpGroup::kAttnPre},   {"attn_core", OpGroup::kAttnCore},
+        {"attn_post", OpGroup::kAttnPost}, {"gate", OpGroup::kGate},
+        {"shared", OpGroup::kShared},      {"routed", OpGroup::kRouted},
+        {"dispatch", OpGroup::kDispatch},  {"combine", OpGroup::kCombine}};
+    for (const auto& [key, group] : kKeys) {
+      double us = 0;
+      RETURN_IF_ERROR(num(*ops, ow, key, &us, true));
+      t.op_s[size_t(group)] = us / 1e6;
+    }
+    tc->decode = t;
+  }
+  if (auto p = j.find("prefill"); p != j.end() && !p->is_null()) {
+    const std::string pw = w + ".prefill";
+    RETURN_IF_ERROR(need_object(*p, pw));
+    PrefillTrace t;
+    RETURN_IF_ERROR(num(*p, pw, "tokens_per_device", &t.tokens_per_device, true));
+    RETURN_IF_ERROR(num(*p, pw, "ep", &t.ep, true));
+    RETURN_IF_ERROR(num(*p, pw, "redundant_experts", &t.redundant_experts));
+    RETURN_IF_ERROR(num(*p, pw, "prompt_tokens", &t.prompt_tokens, true));
+    RETURN_IF_ERROR(
+        num(*p, pw, "computed_tokens_per_s_per_node", &t.computed_tokens_per_s_per_node, true));
+    tc->prefill = t;
+  }
+  return Status::Ok();
+}
+
 // Sets j[a][b][c] = value for "a.b.c", creating objects on the way.
 Status apply_override(json* j, const Override& o) {
   json* node = j;
@@ -313,6 +362,11 @@ Result<Scenario> parse_scenario(const std::string& json_text, const std::string&
   auto wl = j.find("workload");
   if (wl == j.end()) return InvalidArgument("missing 'workload' object");
   RETURN_IF_ERROR(parse_workload(*wl, &s.workload));
+  if (auto tc = j.find("trace_calibration"); tc != j.end() && !tc->is_null()) {
+    TraceCalibration cal;
+    RETURN_IF_ERROR(parse_trace_calibration(*tc, &cal));
+    s.trace_calibration = cal;
+  }
   return s;
 }
 
@@ -326,9 +380,19 @@ Result<Scenario> load_scenario(const std::string& path, const std::vector<Overri
   return s;
 }
 
-Result<SimResult> run_scenario(const Scenario& s) {
+Result<SimResult> run_scenario(const Scenario& scenario) {
   SimResult r;
-  r.scenario = s;
+  r.scenario = scenario;
+  if (const auto& tc = scenario.trace_calibration) {
+    Scenario& c = r.scenario;
+    if (tc->decode) {
+      ASSIGN_OR_RETURN(c.decode, calibrate_decode(c.model, c.hardware, c.decode, *tc->decode));
+    }
+    if (tc->prefill) {
+      ASSIGN_OR_RETURN(c.prefill, calibrate_prefill(c.model, c.hardware, c.prefill, *tc->prefill));
+    }
+  }
+  const Scenario& s = r.scenario;
   const Workload& w = s.workload;
   ASSIGN_OR_RETURN(r.prefill, prefill_at(s.model, s.hardware, s.prefill, w.prompts, w.cache_hit()));
   ASSIGN_OR_RETURN(r.decode, decode_operating_point(s.model, s.hardware, s.decode,

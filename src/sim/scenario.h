@@ -17,6 +17,7 @@
 #include "sim/hardware.h"
 #include "sim/model_spec.h"
 #include "sim/phase_model.h"
+#include "sim/trace_calibration.h"
 
 namespace moeserve::sim {
 
@@ -42,6 +43,9 @@ struct Scenario {
   double max_utilization = 1.0;
   double fleet_nodes = 0;  // if set: how much of this traffic a fleet of this size can serve
   Workload workload;
+  // Measured traces to calibrate against instead of the kernel tables alone (run_scenario
+  // applies them to the units; the result's scenario carries the calibrated units).
+  std::optional<TraceCalibration> trace_calibration;
 };
 
 struct SimResult {
