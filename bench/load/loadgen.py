@@ -282,7 +282,7 @@ async def run_stream(sid, args, url, headers, rng, results, system):
             messages.append({"role": "assistant", "content": text})
 
 
-def summarize(args, results, wall, m0, m1):
+def summarize(args, results, wall, m0, m1, client_cpu=None):
     recs = results.records
     ttfts = [r["ttft"] for r in recs if r["ttft"] is not None]
     tpots = [r["tpot"] for r in recs if r["tpot"] is not None]
@@ -304,6 +304,7 @@ def summarize(args, results, wall, m0, m1):
            "ttft_ms": pcts(ttfts, 1e3), "tpot_ms": pcts(tpots, 1e3),
            "e2e_s": pcts(e2es), "cached_prompt_tokens": n_cached,
            "usage_cache_hit_rate": round(n_cached / n_in, 4) if n_in else None,
+           "client_cpu_s": None if client_cpu is None else round(client_cpu, 2),
            "seed": args.seed}
     if m0 is not None and m1 is not None:
         q = m1["queries"] - m0["queries"]
@@ -336,6 +337,9 @@ def print_human(s):
               f" = {pc['hit_rate']}; preemptions {pc['preemptions']:.0f}")
     print(f"prefix cache (usage.cached_tokens): {s['cached_prompt_tokens']} / "
           f"{s['input_tokens']} = {s['usage_cache_hit_rate']}")
+    if s.get("client_cpu_s") is not None:
+        print(f"load generator CPU {s['client_cpu_s']} s "
+              f"({100 * s['client_cpu_s'] / max(s['duration_s'], 1e-9):.1f}% of one core)")
     for e in s.get("first_errors", []):
         print(f"error: {e}")
 
@@ -365,11 +369,13 @@ async def main_async(args):
     # One generator per stream, seeded from the run's seed: the load does not depend on timing.
     rngs = [random.Random(rng.randrange(1 << 62)) for _ in range(args.concurrency)]
     t0 = time.perf_counter()
+    cpu0 = time.process_time()  # the generator's own CPU: it may share the server's cores
     await asyncio.gather(*(run_stream(i, args, url, headers, rngs[i], results, system)
                            for i in range(args.concurrency)))
     wall = time.perf_counter() - t0
+    client_cpu = time.process_time() - cpu0
     m1 = read_metrics(base, headers)
-    return summarize(args, results, wall, m0, m1)
+    return summarize(args, results, wall, m0, m1, client_cpu)
 
 
 def main():

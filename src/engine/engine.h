@@ -29,15 +29,19 @@ struct EngineRequest {
   std::optional<uint64_t> seed;  // nullopt: the engine picks one
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // besides EOS (unless ignore_eos)
-  int64_t top_logprobs = 0;             // >= 0; 0: only the chosen token's logprob
+  // false: no log-softmax over the vocabulary per generated token (~8% of a 32-row decode step
+  // on the bench model); GeneratedToken::logprob is then 0 and top empty.
+  bool logprobs = true;
+  int64_t top_logprobs = 0;  // >= 0, 0 unless logprobs; 0: only the chosen token's logprob
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kError };
 
 struct GeneratedToken {
   int32_t id = 0;
-  float logprob = 0.0f;              // of the chosen token, under the model (before temperature)
-  std::vector<TokenLogprob> top;     // top_logprobs entries, descending
+  float logprob = 0.0f;           // of the chosen token, under the model (before temperature);
+                                  // computed only when the request's logprobs is set
+  std::vector<TokenLogprob> top;  // top_logprobs entries, descending
 };
 
 // One callback's worth of progress for one request.

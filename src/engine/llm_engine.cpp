@@ -140,6 +140,7 @@ class LlmEngine final : public Engine {
     if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) return InvalidArgument("top_p must be in (0, 1]");
     if (r.sampling.top_k < 0) return InvalidArgument("top_k must be >= 0");
     if (r.top_logprobs < 0) return InvalidArgument("top_logprobs must be >= 0");
+    if (r.top_logprobs > 0 && !r.logprobs) return InvalidArgument("top_logprobs needs logprobs");
     return Status::Ok();
   }
 
@@ -363,8 +364,9 @@ class LlmEngine final : public Engine {
         continue;
       }
       scheduler_.complete(plan);
-      // Sampling and log-softmax over the vocabulary, the rows in parallel: each row uses only
-      // its own sequence's sampler state, so the results do not depend on the split.
+      // Sampling (and log-softmax over the vocabulary for requests that want logprobs), the rows
+      // in parallel: each row uses only its own sequence's sampler state, so the results do not
+      // depend on the split.
       std::vector<Sequence*> sampled;
       for (const ScheduledSeq& p : plan) {
         if (p.want_logits) sampled.push_back(p.seq);
@@ -372,13 +374,16 @@ class LlmEngine final : public Engine {
       std::vector<GeneratedToken> drawn(sampled.size());
       const int64_t V = config_.vocab_size;
       pool_.parallel_for(int64_t(sampled.size()), [&](int64_t i0, int64_t i1) {
-        std::vector<float> lp(static_cast<size_t>(V));
+        std::vector<float> lp;  // [V], sized on first use
         for (int64_t i = i0; i < i1; ++i) {
           Sequence& s = *sampled[size_t(i)];
           const float* l = &logits[size_t(i * V)];
           int32_t tok = sample_token(l, V, s.req.sampling, s.rng);
+          drawn[size_t(i)] = GeneratedToken{tok, 0.0f, {}};
+          if (!s.req.logprobs) continue;
+          lp.resize(static_cast<size_t>(V));
           log_softmax(l, V, lp.data());
-          drawn[size_t(i)] = GeneratedToken{tok, lp[size_t(tok)], {}};
+          drawn[size_t(i)].logprob = lp[size_t(tok)];
           if (s.req.top_logprobs > 0) drawn[size_t(i)].top = top_logprobs(lp.data(), V, s.req.top_logprobs);
         }
       });

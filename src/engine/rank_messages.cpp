@@ -96,6 +96,7 @@ void put_request(Writer& w, const EngineRequest& r) {
   w.put<uint64_t>(r.seed.value_or(0));
   w.put<uint8_t>(r.ignore_eos);
   w.vec(r.stop_token_ids);
+  w.put<uint8_t>(r.logprobs);
   w.put<int64_t>(r.top_logprobs);
 }
 
@@ -112,6 +113,7 @@ EngineRequest get_request(Reader& rd) {
   if (has_seed) r.seed = seed;
   r.ignore_eos = rd.get<uint8_t>() != 0;
   r.stop_token_ids = rd.vec<int32_t>();
+  r.logprobs = rd.get<uint8_t>() != 0;
   r.top_logprobs = rd.get<int64_t>();
   return r;
 }

@@ -420,6 +420,7 @@ Reply OpenAiService::generate(Prepared p) {
   er.seed = p.gen.seed;
   er.ignore_eos = p.gen.ignore_eos;
   er.stop_token_ids = p.gen.stop_token_ids;
+  er.logprobs = p.gen.logprobs;  // without them the engine skips a log-softmax per token
   er.top_logprobs = p.gen.logprobs ? p.gen.top_logprobs : 0;
 
   const std::string id = new_id(p.chat ? "chatcmpl" : "cmpl");

@@ -170,6 +170,63 @@ TEST(Engine, ValidatesRequests) {
   EXPECT_EQ(bad(r).code(), StatusCode::kInvalidArgument);
   r = request("zero", 3, 1, 0);
   EXPECT_EQ(bad(r).code(), StatusCode::kInvalidArgument);
+  r = request("top-without-logprobs", 3, 1);
+  r.logprobs = false;
+  r.top_logprobs = 2;
+  EXPECT_EQ(bad(r).code(), StatusCode::kInvalidArgument);
+}
+
+// Skipping the log-softmax (logprobs = false, what the server asks when the client does not)
+// must not change the tokens, greedy or sampled; with logprobs the values are real.
+TEST(Engine, LogprobsOffChangesNoTokens) {
+  auto e = make_engine(options());
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  struct Run {
+    std::vector<int32_t> ids;
+    std::vector<float> logprobs;
+    size_t tops = 0;
+  };
+  auto run = [&](EngineRequest r) {
+    Run out;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    OutputCallback collect = [&](const RequestOutput& o) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const GeneratedToken& t : o.tokens) {
+        out.ids.push_back(t.id);
+        out.logprobs.push_back(t.logprob);
+        out.tops += t.top.size();
+      }
+      if (o.finished) {
+        done = true;
+        cv.notify_all();
+      }
+    };
+    EXPECT_TRUE((*e)->submit(std::move(r), collect).ok());
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return done; }));
+    return out;
+  };
+  for (float temperature : {0.0f, 0.8f}) {
+    EngineRequest on = request("on", 40, 9, 10);
+    on.sampling.temperature = temperature;
+    on.seed = 11;
+    on.top_logprobs = 2;
+    EngineRequest off = on;
+    off.id = "off";
+    off.logprobs = false;
+    off.top_logprobs = 0;
+    Run a = run(on), b = run(off);
+    EXPECT_EQ(a.ids, b.ids) << "temperature " << temperature;
+    ASSERT_EQ(a.ids.size(), 10u);
+    EXPECT_EQ(a.tops, 2 * a.ids.size());
+    EXPECT_EQ(b.tops, 0u);
+    for (size_t i = 0; i < a.ids.size(); ++i) {
+      EXPECT_LT(a.logprobs[i], 0.0f) << i;  // a real log-probability (random model: never 1)
+      EXPECT_EQ(b.logprobs[i], 0.0f) << i;
+    }
+  }
 }
 
 TEST(Engine, AdmissionLimit) {
