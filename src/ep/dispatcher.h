@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "ep/row_pool.h"
 
 namespace moeserve {
 
@@ -38,10 +39,12 @@ struct ExpertBatch {
   int64_t hidden = 0;
   int64_t n_tokens = 0;  // tokens this rank dispatched (rows of combine's y)
   ExpertLayout layout = ExpertLayout::kContiguous;
-  std::vector<float> x;           // [n_rows(), hidden] received rows (dequantized), by expert
+  // The row arrays are RowVectors (row_pool.h): storage recycled by the dispatcher that made
+  // the batch once the batch is destroyed, so a dispatch does not page-fault fresh memory.
+  RowVector<float> x;  // [n_rows(), hidden] received rows (dequantized), by expert
   // Instead of x, when the dispatcher delivers BF16 rows (EpOptions::bf16_rows): the values x
   // would hold, rounded to BF16 (what the fast path's expert GEMMs read anyway). x is then empty.
-  std::vector<uint16_t> x_bf16;   // [n_rows(), hidden]
+  RowVector<uint16_t> x_bf16;     // [n_rows(), hidden]
   std::vector<int32_t> experts;   // global ids of this rank's experts with a segment
   std::vector<int64_t> offsets;   // [experts.size() + 1] first row of each segment, end
   std::vector<int64_t> counts;    // [experts.size()] rows in use in each segment
@@ -98,6 +101,7 @@ class LocalDispatcher final : public Dispatcher {
 
  private:
   int64_t n_experts_;
+  std::shared_ptr<RowPool> rows_ = std::make_shared<RowPool>();  // storage of the batches' x
 };
 
 }  // namespace moeserve

@@ -1,13 +1,17 @@
 #include "ep/ep_dispatcher.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <fmt/format.h>
 
 #include "core/dtype.h"
 #include "kernels/convert.h"
-#include "kernels/gemm_bf16.h"
 #include "kernels/quant.h"
 
 namespace moeserve {
@@ -36,6 +40,36 @@ std::vector<size_t> fixed_bases(size_t n_ranks, size_t capacity) {
   std::vector<size_t> base(n_ranks);
   for (size_t p = 0; p < n_ranks; ++p) base[p] = p * capacity;
   return base;
+}
+
+// Rows of a batch at least this large are written with non-temporal stores: they are larger than
+// a core's share of the cache, so reading each line in before overwriting it (what a plain store
+// does) only doubles the memory traffic; 0.47-0.58 against 0.76-0.85 ms for 8 MB of rows
+// (docs/ep-wire-format.md, "Cost beyond the exchange").
+constexpr size_t kStreamRowsBytes = size_t(4) << 20;
+
+// memcpy with non-temporal stores where dst is 16-byte aligned (SSE2, in every x86-64); a
+// plain memcpy elsewhere. stream_fence() orders the stores before the rows are handed on.
+void stream_copy(uint8_t* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    const auto* s = static_cast<const uint8_t*>(src);
+    size_t i = 0;
+    for (; i + 16 <= bytes; i += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    }
+    if (i < bytes) std::memcpy(dst + i, s + i, bytes - i);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 template <typename T>
@@ -86,8 +120,8 @@ EpDispatcher::EpDispatcher(Communicator& comm, ExpertPlacement placement, EpOpti
   dispatch_recv_.assign(R * T * L.bytes, 0);
   const size_t bytes =
       R * T * size_t(options_.top_k) * combine_row_bytes(options_.hidden, options_.dtype);
-  combine_send_.assign(bytes, 0);
-  combine_recv_.assign(bytes, 0);
+  combine_send_.assign(bytes / 2, 0);  // BF16 (or F32) rows as 16-bit units
+  combine_recv_.assign(bytes / 2, 0);
 }
 
 Status EpDispatcher::set_placement(ExpertPlacement placement) {
@@ -174,16 +208,20 @@ Result<ExpertBatch> EpDispatcher::dispatch(int64_t moe_layer, const float* x, in
   route.sum_order.resize(size_t(n_tokens * top_k));
   for (int64_t t = 0; t < n_tokens; ++t) {
     int32_t* order = &route.sum_order[size_t(t * top_k)];
-    for (int64_t j = 0; j < top_k; ++j) order[j] = int32_t(j);
-    std::stable_sort(order, order + top_k, [&](int32_t a, int32_t b) {
-      return topk_ids[t * top_k + a] < topk_ids[t * top_k + b];
-    });
+    const int32_t* ids = topk_ids + t * top_k;
+    // Stable insertion sort by expert id (top_k is small; std::stable_sort would allocate a
+    // buffer per token).
+    for (int64_t j = 0; j < top_k; ++j) {
+      int64_t i = j;
+      for (; i > 0 && ids[order[i - 1]] > ids[j]; --i) order[i] = order[i - 1];
+      order[i] = int32_t(j);
+    }
   }
 
   // Payload: each token converted once, whatever the number of ranks it goes to.
   if (L.dtype != DispatchDType::kF32) {
     x_bf16_.resize(size_t(n_tokens * hidden));  // [n_tokens, hidden]
-    f32_to_bf16_row(x, n_tokens * hidden, x_bf16_.data());
+    f32_to_bf16_row_isa(x, n_tokens * hidden, x_bf16_.data());
   }
   if (L.dtype == DispatchDType::kFp8 && n_tokens > 0) {
     x_fp8_.resize(size_t(n_tokens * hidden));         // [n_tokens, hidden]
@@ -193,10 +231,13 @@ Result<ExpertBatch> EpDispatcher::dispatch(int64_t moe_layer, const float* x, in
   }
 
   // Pack the records, rank by rank in token order.
+  const size_t payload_bytes = L.dtype == DispatchDType::kFp8    ? 1
+                               : L.dtype == DispatchDType::kBf16 ? 2
+                                                                 : 4;
   if (!low_latency) {
     size_t total = 0;
     for (size_t r : records) total += r;
-    dispatch_send_.assign(total * L.bytes, 0);
+    dispatch_send_.resize(total * L.bytes);  // every byte of every record is written below
   }
   std::vector<size_t> rec_cursor(size_t(R), 0), entry_cursor(size_t(R), 0);
   for (int64_t t = 0; t < n_tokens; ++t) {
@@ -227,6 +268,8 @@ Result<ExpertBatch> EpDispatcher::dispatch(int64_t moe_layer, const float* x, in
       } else {
         std::memcpy(rec + L.payload_offset, x + t * hidden, size_t(hidden) * 4);
       }
+      const size_t payload_end = L.payload_offset + size_t(hidden) * payload_bytes;
+      std::memset(rec + payload_end, 0, L.bytes - payload_end);  // the padding
     }
     for (int64_t j = 0; j < top_k; ++j) seen[size_t(dest[j])] = 0;
   }
@@ -339,10 +382,25 @@ Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecord
   }
   const int64_t n_rows = b.offsets.back();
   const bool bf16_rows = options_.bf16_rows && L.dtype != DispatchDType::kF32;
+  // Rows from the pool, not zeroed: every row in use is written below, and the masked layout's
+  // padding rows are zeroed here (a fresh zeroed vector per call page-faults it all in).
   if (bf16_rows) {
-    b.x_bf16.assign(size_t(n_rows * H), 0);  // [n_rows, H]
+    b.x_bf16 = RowVector<uint16_t>(RowAllocator<uint16_t>(rows_));
+    b.x_bf16.resize(size_t(n_rows * H));  // [n_rows, H]
   } else {
-    b.x.assign(size_t(n_rows * H), 0.0f);  // [n_rows, H]
+    b.x = RowVector<float>(RowAllocator<float>(rows_));
+    b.x.resize(size_t(n_rows * H));  // [n_rows, H]
+  }
+  if (masked) {
+    for (size_t s = 0; s < b.counts.size(); ++s) {
+      const size_t used_end = size_t((b.offsets[s] + b.counts[s]) * H),
+                   end = size_t(b.offsets[s + 1] * H);
+      if (bf16_rows) {
+        std::fill(b.x_bf16.begin() + ptrdiff_t(used_end), b.x_bf16.begin() + ptrdiff_t(end), 0);
+      } else {
+        std::fill(b.x.begin() + ptrdiff_t(used_end), b.x.begin() + ptrdiff_t(end), 0.0f);
+      }
+    }
   }
   b.row_weight.assign(size_t(n_rows), 0.0f);
 
@@ -351,50 +409,57 @@ Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecord
   route.send_row_base =
       masked ? fixed_bases(size_t(R), T * size_t(L.top_k)) : prefix_bases(route.send_rows);
   std::vector<int64_t> fill(mine.size(), 0);
+  size_t total_rows = 0;
+  for (size_t n : route.send_rows) total_rows += n;
+  route.return_row.reserve(total_rows);
+  // Each token is decoded once into a scratch row (it stays in L1), then written to each of its
+  // expert rows; large batches with non-temporal stores (see stream_copy).
+  const size_t row_bytes = size_t(H) * (bf16_rows ? 2 : 4);
+  const bool stream = size_t(n_rows) * row_bytes >= kStreamRowsBytes;
+  row_tmp_.resize(size_t(H));
+  row_f32_.resize(size_t(H));
+  uint8_t* rows = bf16_rows ? reinterpret_cast<uint8_t*>(b.x_bf16.data())
+                            : reinterpret_cast<uint8_t*>(b.x.data());
   for (int p = 0; p < R; ++p) {
     for (size_t i = 0; i < records[size_t(p)]; ++i) {
       const uint8_t* rec = recv + (base[size_t(p)] + i) * L.bytes;
-      int32_t count = get<int32_t>(rec, kRecordCountOffset);
-      int64_t first_row = 0;  // the token's payload is decoded once, then copied
+      const int32_t count = get<int32_t>(rec, kRecordCountOffset);
+      const uint8_t* payload = rec + L.payload_offset;
+      // The token's row: F32, or its BF16 rounding (a BF16 payload is taken as it is).
+      const void* src = nullptr;
+      if (L.dtype == DispatchDType::kFp8) {
+        scales_tmp_.resize(size_t(L.n_scales));
+        std::memcpy(scales_tmp_.data(), rec + L.scales_offset, size_t(L.n_scales) * 4);
+        if (bf16_rows) {
+          fp8_1x128_to_bf16_row(payload, scales_tmp_.data(), H, row_tmp_.data());
+          src = row_tmp_.data();
+        } else {
+          fp8_1x128_to_f32_row(payload, scales_tmp_.data(), H, row_f32_.data());
+          src = row_f32_.data();
+        }
+      } else if (L.dtype == DispatchDType::kBf16 && !bf16_rows) {
+        std::memcpy(row_tmp_.data(), payload, size_t(H) * 2);
+        bf16_to_f32_row(row_tmp_.data(), H, row_f32_.data());
+        src = row_f32_.data();
+      } else {
+        src = payload;  // BF16 payload into BF16 rows, or F32 into F32
+      }
       for (int32_t c = 0; c < count; ++c) {
         int32_t e = get<int32_t>(rec, L.ids_offset + 4 * size_t(c));
         size_t le = size_t(placement_.local_index(moe_layer, me, e));
         int64_t row = seg_start[le] + fill[le]++;
         b.row_weight[size_t(row)] = get<float>(rec, L.weights_offset + 4 * size_t(c));
         route.return_row.push_back(row);
-        if (c > 0) {  // the same token for another local expert: copy its first row
-          if (bf16_rows) {
-            std::memcpy(&b.x_bf16[size_t(row * H)], &b.x_bf16[size_t(first_row * H)], size_t(H) * 2);
-          } else {
-            std::memcpy(&b.x[size_t(row * H)], &b.x[size_t(first_row * H)], size_t(H) * 4);
-          }
-          continue;
-        }
-        first_row = row;
-        const uint8_t* payload = rec + L.payload_offset;
-        // F32 rows; BF16 rows are their rounding (a BF16 payload is copied as it is).
-        float* xr = bf16_rows ? nullptr : &b.x[size_t(row * H)];
-        if (L.dtype == DispatchDType::kFp8) {
-          scales_tmp_.resize(size_t(L.n_scales));
-          std::memcpy(scales_tmp_.data(), rec + L.scales_offset, size_t(L.n_scales) * 4);
-          row_f32_tmp_.resize(size_t(H));
-          if (!xr) xr = row_f32_tmp_.data();
-          fp8_1x128_to_f32_row(payload, scales_tmp_.data(), H, xr);
-          if (bf16_rows) f32_to_bf16_row(xr, H, &b.x_bf16[size_t(row * H)]);
-        } else if (L.dtype == DispatchDType::kBf16) {
-          if (bf16_rows) {
-            std::memcpy(&b.x_bf16[size_t(row * H)], payload, size_t(H) * 2);
-          } else {
-            row_tmp_.resize(size_t(H));
-            std::memcpy(row_tmp_.data(), payload, size_t(H) * 2);
-            bf16_to_f32_row(row_tmp_.data(), H, xr);
-          }
+        uint8_t* dst = rows + size_t(row) * row_bytes;
+        if (stream) {
+          stream_copy(dst, src, row_bytes);
         } else {
-          std::memcpy(xr, payload, size_t(H) * 4);
+          std::memcpy(dst, src, row_bytes);
         }
       }
     }
   }
+  if (stream) stream_fence();  // the rows are read next, maybe by other threads
   b.route = std::make_shared<const EpRoute>(std::move(route));
   return b;
 }
@@ -402,44 +467,62 @@ Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecord
 Status EpDispatcher::combine(const ExpertBatch& b, const float* expert_out, float* y) {
   if (!b.route) return Internal("combine: the batch was not made by an EpDispatcher");
   const EpRoute& route = *b.route;
-  const int R = comm_.size();
+  const int R = comm_.size(), me = comm_.rank();
   const int64_t H = b.hidden, k = route.top_k;
   const bool f32 = options_.dtype == DispatchDType::kF32;
-  const size_t rb = combine_row_bytes(H, options_.dtype);
+  const size_t rb = combine_row_bytes(H, options_.dtype), ru = rb / 2;  // bytes, u16 per row
   const bool low_latency = options_.mode == EpMode::kLowLatency;
 
-  // Expert side: every row in use back to its source rank (BF16), in arrival order.
+  // Rows of this rank's own tokens skip the wire: the source side reads them from expert_out,
+  // rounded to BF16 as the wire would (the same bits). Only other ranks' rows are packed.
+  size_t self_first = 0;  // index in return_row of the first row back to this rank
+  for (int p = 0; p < me; ++p) self_first += route.send_rows[size_t(p)];
+  std::vector<size_t> send_rows = route.send_rows, recv_rows = route.recv_rows;
+  send_rows[size_t(me)] = recv_rows[size_t(me)] = 0;
+  // Where rows sit in the buffers: low-latency keeps its fixed slabs (the self slab unused);
+  // normal mode packs the other ranks' chunks without a gap for the self chunk, so a route row
+  // index past the self chunk moves down by its size.
+  std::vector<size_t> send_base = route.send_row_base, recv_base = route.recv_row_base;
+  const size_t send_gap = low_latency ? 0 : route.send_rows[size_t(me)],
+               recv_gap = low_latency ? 0 : route.recv_rows[size_t(me)];
+  for (int p = me + 1; p < R; ++p) {
+    send_base[size_t(p)] -= send_gap;
+    recv_base[size_t(p)] -= recv_gap;
+  }
   if (!low_latency) {
     size_t send_total = 0, recv_total = 0;
     for (int p = 0; p < R; ++p) {
-      send_total += route.send_rows[size_t(p)];
-      recv_total += route.recv_rows[size_t(p)];
+      send_total += send_rows[size_t(p)];
+      recv_total += recv_rows[size_t(p)];
     }
-    combine_send_.resize(send_total * rb);
-    combine_recv_.resize(recv_total * rb);
+    combine_send_.resize(send_total * ru);
+    combine_recv_.resize(recv_total * ru);
   }
   size_t i = 0;
   for (int p = 0; p < R; ++p) {
+    if (p == me) {
+      i += route.send_rows[size_t(p)];
+      continue;
+    }
     for (size_t n = 0; n < route.send_rows[size_t(p)]; ++n, ++i) {
       const float* o = expert_out + route.return_row[i] * H;  // [H]
-      uint8_t* dst = &combine_send_[(route.send_row_base[size_t(p)] + n) * rb];
+      uint16_t* dst = &combine_send_[(send_base[size_t(p)] + n) * ru];
       if (f32) {
         std::memcpy(dst, o, rb);
-        continue;
+      } else {
+        f32_to_bf16_row_isa(o, H, dst);
       }
-      row_tmp_.resize(size_t(H));
-      f32_to_bf16_row(o, H, row_tmp_.data());
-      std::memcpy(dst, row_tmp_.data(), size_t(H) * 2);
     }
   }
   // Both sides know every size: no round trip in either mode.
-  Chunks send(route.send_rows, route.send_row_base, rb),
-      recv(route.recv_rows, route.recv_row_base, rb);
+  Chunks send(send_rows, send_base, rb), recv(recv_rows, recv_base, rb);
   RETURN_IF_ERROR(
       comm_.all_to_all_exact(combine_send_.data(), send.view(), combine_recv_.data(), recv.view())
           .with_context("EP combine"));
 
   // Source side: y[t] = sum over slots j, by ascending expert id, of w[t, j] * row(t, j).
+  const size_t self_lo = route.recv_row_base[size_t(me)],
+               self_hi = self_lo + route.recv_rows[size_t(me)];
   std::vector<float>& rowf = combine_row_f32_;
   rowf.resize(size_t(H));
   for (int64_t t = 0; t < b.n_tokens; ++t) {
@@ -448,14 +531,22 @@ Status EpDispatcher::combine(const ExpertBatch& b, const float* expert_out, floa
     for (int64_t jj = 0; jj < k; ++jj) {
       const int64_t j = route.sum_order[size_t(t * k + jj)];
       const float w = route.weights[size_t(t * k + j)];
-      const uint8_t* row = &combine_recv_[size_t(route.slot_row[size_t(t * k + j)]) * rb];
+      size_t r = size_t(route.slot_row[size_t(t * k + j)]);
+      if (r >= self_lo && r < self_hi) {  // computed here: row n of the self chunk
+        const float* o = expert_out + route.return_row[self_first + (r - self_lo)] * H;  // [H]
+        if (f32) {
+          for (int64_t c = 0; c < H; ++c) yt[c] += w * o[c];
+        } else {
+          bf16_round_axpy_row(w, o, H, yt);
+        }
+        continue;
+      }
+      if (r >= self_hi) r -= recv_gap;
       if (f32) {
-        std::memcpy(rowf.data(), row, size_t(H) * 4);
+        std::memcpy(rowf.data(), &combine_recv_[r * ru], rb);
         for (int64_t c = 0; c < H; ++c) yt[c] += w * rowf[size_t(c)];
       } else {
-        row_tmp_.resize(size_t(H));
-        std::memcpy(row_tmp_.data(), row, size_t(H) * 2);  // the receive buffer is bytes
-        bf16_axpy_row(w, row_tmp_.data(), H, yt);
+        bf16_axpy_row(w, &combine_recv_[r * ru], H, yt);
       }
     }
   }

@@ -118,14 +118,16 @@ class EpDispatcher final : public Dispatcher {
   std::vector<std::vector<uint64_t>> seq_;
   // Scratch, reused across calls (fixed size in low-latency mode).
   std::vector<uint8_t> dispatch_send_, dispatch_recv_;
-  std::vector<uint8_t> combine_send_, combine_recv_;  // rows of combine_row_bytes
-  std::vector<uint16_t> x_bf16_;                      // [n_tokens, hidden]
-  std::vector<uint8_t> x_fp8_;                        // [n_tokens, hidden]
-  std::vector<float> x_scales_;                       // [n_tokens, n_scales]
-  std::vector<float> scales_tmp_;                     // [n_scales] of one received record
-  std::vector<uint16_t> row_tmp_;                     // [hidden] one BF16 row
-  std::vector<float> combine_row_f32_;                // [hidden] one combine row as F32
-  std::vector<float> row_f32_tmp_;                    // [hidden] one dequantized FP8 row
+  std::vector<uint16_t> combine_send_, combine_recv_;  // rows of combine_row_bytes
+  std::vector<uint16_t> x_bf16_;                       // [n_tokens, hidden]
+  std::vector<uint8_t> x_fp8_;                         // [n_tokens, hidden]
+  std::vector<float> x_scales_;                        // [n_tokens, n_scales]
+  std::vector<float> scales_tmp_;                      // [n_scales] of one received record
+  std::vector<uint16_t> row_tmp_;                      // [hidden] one BF16 row
+  std::vector<float> row_f32_;                         // [hidden] one F32 row
+  std::vector<float> combine_row_f32_;                 // [hidden] one combine row as F32
+  // Storage of the batches' rows (x, x_bf16), shared with every batch this dispatcher made.
+  std::shared_ptr<RowPool> rows_ = std::make_shared<RowPool>();
 };
 
 }  // namespace moeserve

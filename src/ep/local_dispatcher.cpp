@@ -29,7 +29,8 @@ Result<ExpertBatch> LocalDispatcher::dispatch(int64_t /*moe_layer*/, const float
     b.counts.push_back(count[size_t(e)]);
   }
   const int64_t n_rows = b.offsets.back();
-  b.x.resize(size_t(n_rows * hidden));  // [n_rows, hidden]
+  b.x = RowVector<float>(RowAllocator<float>(rows_));
+  b.x.resize(size_t(n_rows * hidden));  // [n_rows, hidden], every row written below
   b.row_token.resize(size_t(n_rows));
   b.row_weight.resize(size_t(n_rows));
   for (int64_t t = 0; t < n_tokens; ++t) {

@@ -98,4 +98,47 @@ void f32_to_bf16_avx512(const float* x, int64_t n, uint16_t* out) {
   }
 }
 
+void bf16_round_axpy_avx512(float w, const float* x, int64_t n, float* y) {
+  const __m512 wv = _mm512_set1_ps(w);
+  // x rounded to BF16 and widened back (what load_bf16 would read from the rounded row), in the
+  // F32 lanes: f32_bits_to_bf16's arithmetic with the low half masked off instead of shifted.
+  auto rounded = [](__m512 v) {
+    const __m512i u = _mm512_castps_si512(v), high = _mm512_set1_epi32(int32_t(0xffff0000u));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_and_si512(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), high);
+    const __m512i quiet = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x00400000)), high);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, quiet));
+  };
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    const __m512 p = _mm512_mul_ps(wv, rounded(_mm512_loadu_ps(x + c)));  // not fused
+    _mm512_storeu_ps(y + c, _mm512_add_ps(_mm512_loadu_ps(y + c), p));
+  }
+  if (c < n) {
+    const __mmask16 m = tail_mask(n - c);
+    const __m512 p = _mm512_mul_ps(wv, rounded(_mm512_maskz_loadu_ps(m, x + c)));
+    _mm512_mask_storeu_ps(y + c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + c), p));
+  }
+}
+
+void fp8_1x128_to_bf16_avx512(const uint8_t* q, const float* scales, int64_t n, uint16_t* out) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    const __m512 s = _mm512_set1_ps(scales[c / 128]);  // 16 | 128: one block per step
+    const __m512 v = e4m3_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c),
+                        f32_bits_to_bf16(_mm512_castps_si512(_mm512_mul_ps(v, s))));
+  }
+  if (c < n) {
+    const __mmask16 m = tail_mask(n - c);
+    const __m512 s = _mm512_set1_ps(scales[c / 128]);
+    const __m512 v = e4m3_to_f32(_mm_maskz_loadu_epi8(m, q + c));
+    _mm256_mask_storeu_epi16(out + c, m,
+                             f32_bits_to_bf16(_mm512_castps_si512(_mm512_mul_ps(v, s))));
+  }
+}
+
 }  // namespace moeserve::convert_detail
