@@ -58,7 +58,9 @@ struct StepSequence {
 // The two micro-batches of a step (docs/ep-overlap.md): indices into the batch, ascending, each
 // sequence in exactly one. Balances attention work (the sum over new tokens of their context
 // length) by longest-first greedy assignment; a sequence is never split. Either may be empty.
-std::array<std::vector<size_t>, 2> split_micro_batches(std::span<const StepSequence> batch);
+// A batch of fewer than min_tokens new tokens is not split: everything goes to the first.
+std::array<std::vector<size_t>, 2> split_micro_batches(std::span<const StepSequence> batch,
+                                                       int64_t min_tokens = 0);
 
 class DeepseekModel {
  public:
@@ -86,6 +88,15 @@ class DeepseekModel {
   // how many exchanges a layer makes). Set it at construction or between forward() calls.
   void set_overlap(bool on) { overlap_ = on; }
   bool overlap() const { return overlap_; }
+  // Per step and per rank, with overlap on: a step with fewer new tokens than this runs as one
+  // micro-batch (the second is empty: its exchanges still happen, with no rows, so the ranks
+  // need not agree). Below it each micro-batch would give this rank's experts fewer rows than
+  // the GEMMs need to leave the memory-bound regime, and splitting would read every expert's
+  // weights twice for little hidden communication. -1 (the default) = automatic:
+  // 2 * kOverlapRidgeRows * n_routed_experts / (ranks * top_k); 0 = always split.
+  static constexpr int64_t kOverlapRidgeRows = 9;  // docs/kernels-gemm.md: FP8 ridge M ~ 9
+  void set_overlap_min_tokens(int64_t n) { overlap_min_tokens_ = n; }
+  int64_t overlap_min_tokens() const;
 
   // logits: resized to [number of sequences with want_logits, vocab_size], in batch order.
   Status forward(std::span<const StepSequence> batch, LatentKvCache& cache,
@@ -144,6 +155,7 @@ class DeepseekModel {
   Tracer* tracer_ = nullptr;
   RouteObserver route_observer_;
   bool overlap_ = true;
+  int64_t overlap_min_tokens_ = -1;
   std::unique_ptr<CommWorker> comm_worker_;  // made by the first overlapped forward()
   int64_t layer_ = 0;  // the layer forward() is in (trace labels)
   RopeTable rope_;

@@ -58,9 +58,13 @@ void add_rows(float* x, const float* y, int64_t count) {
 
 }  // namespace
 
-std::array<std::vector<size_t>, 2> split_micro_batches(std::span<const StepSequence> batch) {
+std::array<std::vector<size_t>, 2> split_micro_batches(std::span<const StepSequence> batch,
+                                                       int64_t min_tokens) {
   std::vector<size_t> order(batch.size());
   std::iota(order.begin(), order.end(), size_t(0));
+  int64_t total = 0;
+  for (const StepSequence& s : batch) total += int64_t(s.tokens.size());
+  if (total < min_tokens) return {order, {}};
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return attention_work(batch[a]) > attention_work(batch[b]);
   });
@@ -106,6 +110,12 @@ struct DeepseekModel::MicroBatch {
   ~MicroBatch() { drain(); }
 };
 
+int64_t DeepseekModel::overlap_min_tokens() const {
+  if (overlap_min_tokens_ >= 0) return overlap_min_tokens_;
+  const int64_t ranks = std::max(1, dispatcher_.world_size()), k = std::max<int64_t>(1, config_.num_experts_per_tok);
+  return (2 * kOverlapRidgeRows * config_.n_routed_experts + ranks * k - 1) / (ranks * k);
+}
+
 Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, LatentKvCache& cache,
                                         std::vector<float>& x) {
   const int64_t H = config_.hidden_size;
@@ -114,7 +124,7 @@ Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, Lat
   for (size_t i = 0; i < batch.size(); ++i) {
     first_row[i + 1] = first_row[i] + int64_t(batch[i].tokens.size());
   }
-  const std::array<std::vector<size_t>, 2> split = split_micro_batches(batch);
+  const std::array<std::vector<size_t>, 2> split = split_micro_batches(batch, overlap_min_tokens());
   std::array<MicroBatch, 2> mbs;
   for (int m = 0; m < 2; ++m) {
     MicroBatch& mb = mbs[size_t(m)];

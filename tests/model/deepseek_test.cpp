@@ -161,6 +161,22 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
     });
 
+// Below min_tokens new tokens a step stays one micro-batch (the second empty); at or above it
+// the split balances as before.
+TEST(MicroBatches, SmallStepsStayWhole) {
+  std::vector<int32_t> toks(40, 1), table(4, 0);
+  std::vector<StepSequence> b;
+  for (int i = 0; i < 4; ++i) b.push_back({std::span<const int32_t>(toks).first(size_t(10)), 5 * i, table, true});
+  auto whole = split_micro_batches(b, 41);  // 40 tokens
+  EXPECT_EQ(whole[0], (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_TRUE(whole[1].empty());
+  auto split = split_micro_batches(b, 40);
+  EXPECT_EQ(split[0].size() + split[1].size(), 4u);
+  EXPECT_FALSE(split[0].empty());
+  EXPECT_FALSE(split[1].empty());
+  EXPECT_EQ(split_micro_batches(b)[1], split[1]);  // default 0: always split
+}
+
 TEST(Sampling, SeededSamplingIsReproducible) {
   Harness h(testing::small_model_dir("fwd_v3", "tiny"));
   GenerateRequest r = request(prompt(5, 9), 12);
