@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 namespace moeserve {
@@ -34,41 +35,105 @@ std::vector<TokenLogprob> top_logprobs(const float* lp, int64_t n, int64_t k) {
   return out;
 }
 
+namespace {
+
+// Descending logit, then ascending id, as one ascending integer (so candidates sort and select
+// as plain integers, without an indirect comparator).
+uint64_t rank_key(float logit, int32_t id) {
+  uint32_t u;
+  std::memcpy(&u, &logit, 4);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // float order as unsigned order
+  return (uint64_t(~u) << 32) | uint32_t(id);
+}
+
+int32_t key_id(uint64_t key) { return int32_t(uint32_t(key)); }
+
+}  // namespace
+
 int32_t sample_token(const float* logits, int64_t n, const SamplingParams& p,
                      std::mt19937_64& rng) {
   if (p.temperature <= 0.0f) return argmax(logits, n);
-  // Candidates sorted by logit, cut by top-k, then by top-p on the tempered distribution.
-  std::vector<int32_t> idx(n);
-  std::iota(idx.begin(), idx.end(), 0);
-  int64_t k = (p.top_k > 0 && p.top_k < n) ? p.top_k : n;
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  idx.resize(k);
-  std::vector<double> prob(k);
-  double mx = logits[idx[0]], sum = 0.0;
-  for (int64_t i = 0; i < k; ++i) {
-    prob[i] = std::exp((double(logits[idx[i]]) - mx) / p.temperature);
-    sum += prob[i];
+  const double inv_t = 1.0 / double(p.temperature);
+  const bool cut_k = p.top_k > 0 && p.top_k < n;
+  // The candidates, as rank keys, sorted: a prefix of the rank order that holds every token the
+  // cuts can keep. Their tempered weights relative to the best logit go into `prob` (by id).
+  std::vector<uint64_t> keys;
+  std::vector<double> prob;
+  double total = 0.0;  // top-p is a share of what top-k left (of everything without top-k)
+  if (cut_k) {
+    // Top-k: select k, sort them; weights of those k only.
+    keys.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = rank_key(logits[i], int32_t(i));
+    if (p.top_k <= 4096) {  // heap selection: ~one compare per token for small k
+      std::partial_sort(keys.begin(), keys.begin() + p.top_k, keys.end());
+    } else {
+      std::nth_element(keys.begin(), keys.begin() + (p.top_k - 1), keys.end());
+      std::sort(keys.begin(), keys.begin() + p.top_k);
+    }
+    keys.resize(size_t(p.top_k));
+    prob.resize(static_cast<size_t>(n));
+    const double mx = logits[key_id(keys[0])];
+    for (uint64_t key : keys) total += prob[size_t(key_id(key))] = std::exp((double(logits[key_id(key)]) - mx) * inv_t);
+  } else {
+    const double mx = *std::max_element(logits, logits + n);
+    prob.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) total += prob[size_t(i)] = std::exp((double(logits[i]) - mx) * inv_t);
+    if (p.top_p >= 1.0f) {
+      // Nothing cut: inverse CDF over the vocabulary in id order, no sorting at all.
+      double u = std::uniform_real_distribution<double>(0.0, total)(rng);
+      int64_t last = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (prob[size_t(i)] <= 0.0) continue;
+        last = i;
+        u -= prob[size_t(i)];
+        if (u <= 0.0) return int32_t(i);
+      }
+      return int32_t(last);
+    }
+    // Top-p alone: bucket the tokens by tempered log-weight (8 buckets per e-fold; bucket order
+    // is rank order, strictly across buckets), find the bucket where the weight from the top
+    // reaches top_p, and take everything up to it: a rank-order prefix holding the nucleus.
+    constexpr int kBuckets = 256;
+    std::vector<double> mass(kBuckets, 0.0);
+    auto bucket = [&](int64_t i) {
+      double b = (mx - double(logits[i])) * inv_t * 8.0;
+      return b < double(kBuckets - 1) ? int(b) : kBuckets - 1;
+    };
+    for (int64_t i = 0; i < n; ++i) mass[size_t(bucket(i))] += prob[size_t(i)];
+    int last_bucket = kBuckets - 1;
+    double cum = 0.0;
+    for (int b = 0; b < kBuckets; ++b) {
+      cum += mass[size_t(b)];
+      if (cum >= double(p.top_p) * total) {
+        last_bucket = b;
+        break;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (bucket(i) <= last_bucket) keys.push_back(rank_key(logits[i], int32_t(i)));
+    }
+    std::sort(keys.begin(), keys.end());
   }
-  int64_t keep = k;
+  const int64_t m = int64_t(keys.size());
+  int64_t keep = m;
   if (p.top_p < 1.0f) {
     double cum = 0.0;
-    for (int64_t i = 0; i < k; ++i) {
-      cum += prob[i] / sum;
+    for (int64_t i = 0; i < m; ++i) {
+      cum += prob[size_t(key_id(keys[size_t(i)]))] / total;
       if (cum >= p.top_p) {
         keep = i + 1;
         break;
       }
     }
   }
-  double total = std::accumulate(prob.begin(), prob.begin() + keep, 0.0);
-  double u = std::uniform_real_distribution<double>(0.0, total)(rng);
+  double kept = 0.0;
+  for (int64_t i = 0; i < keep; ++i) kept += prob[size_t(key_id(keys[size_t(i)]))];
+  double u = std::uniform_real_distribution<double>(0.0, kept)(rng);
   for (int64_t i = 0; i < keep; ++i) {
-    u -= prob[i];
-    if (u <= 0.0) return idx[i];
+    u -= prob[size_t(key_id(keys[size_t(i)]))];
+    if (u <= 0.0) return key_id(keys[size_t(i)]);
   }
-  return idx[keep - 1];
+  return key_id(keys[size_t(keep - 1)]);
 }
 
 }  // namespace moeserve

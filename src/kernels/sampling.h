@@ -28,7 +28,12 @@ int32_t argmax(const float* v, int64_t n);
 // The k largest entries of logprobs, descending (ties: lower id first).
 std::vector<TokenLogprob> top_logprobs(const float* logprobs, int64_t n, int64_t k);
 
-// Draws a token from logits under params (greedy when temperature == 0).
+// Draws a token from logits under params: greedy when temperature == 0; otherwise the softmax
+// of logits / temperature, restricted to the top_k highest logits (ties: lower id first), then
+// to the smallest set of highest logits whose probability (within what top-k kept) reaches top_p,
+// renormalised. One uniform draw from rng picks the token by inverse CDF (over ids in order when
+// nothing is cut; over the kept tokens in rank order otherwise): the same rng state gives the
+// same token. O(vocab) plus a sort of the kept candidates only.
 int32_t sample_token(const float* logits, int64_t n, const SamplingParams& params,
                      std::mt19937_64& rng);
 
