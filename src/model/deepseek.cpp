@@ -519,7 +519,8 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(moe_layer_index(layer_), x, n, H,
                                                        ids.data(), wts.data(), k));
   comm_span.reset();
-  std::vector<float> expert_out(size_t(b.n_rows() * H));  // [rows, H]
+  std::vector<float>& expert_out = scratch_.expert_out;  // [rows, H]
+  expert_out.resize(size_t(b.n_rows() * H));
   {
     TraceSpan span(tracer_, "experts", layer_);
     RETURN_IF_ERROR(routed_experts(w, b, expert_out.data()));
@@ -612,22 +613,30 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, f
     up[size_t(s)] = &packed_.at(ex.up.data);
     down[size_t(s)] = &packed_.at(ex.down.data);
   }
-  std::vector<uint16_t> xb(size_t(rows * std::max(H, I)));  // [rows, H] then [rows, I], BF16
-  if (b.x.empty() && !b.x_bf16.empty()) {
-    std::copy(b.x_bf16.begin(), b.x_bf16.end(), xb.begin());  // delivered as BF16 already
-  } else {
+  // Scratch kept across calls (the step thread is the only caller): megabytes per layer that a
+  // fresh allocation would page-fault in again every time.
+  std::vector<uint16_t>& xb = scratch_.xb;  // [rows, H] BF16 input, unless delivered as BF16
+  std::vector<uint16_t>& act = scratch_.act;  // [rows, I] BF16 SiLU(g) * u
+  std::vector<float>& g = scratch_.g;
+  std::vector<float>& u = scratch_.u;  // [rows, I]
+  const uint16_t* xin = b.x_bf16.data();
+  if (!(b.x.empty() && !b.x_bf16.empty())) {
+    xb.resize(size_t(rows * H));
     f32_to_bf16_row(b.x.data(), rows * H, xb.data());
+    xin = xb.data();
   }
-  std::vector<float> g(size_t(rows * I)), u(size_t(rows * I));  // [rows, I]
-  gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
-  gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
+  g.resize(size_t(rows * I));
+  u.resize(size_t(rows * I));
+  act.resize(size_t(rows * I));
+  gemm_fp8_grouped_contiguous(xin, H, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
+  gemm_fp8_grouped_contiguous(xin, H, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
   elementwise(pool_, rows * I, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       float a = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
-      xb[size_t(i)] = f32_to_bf16(a);  // [rows, I]
+      act[size_t(i)] = f32_to_bf16(a);  // [rows, I]
     }
   });
-  gemm_fp8_grouped_contiguous(xb.data(), I, b.offsets.data(), down.data(), n_seg, {out, DType::kF32, H}, pool_);
+  gemm_fp8_grouped_contiguous(act.data(), I, b.offsets.data(), down.data(), n_seg, {out, DType::kF32, H}, pool_);
 }
 
 void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* out) {
