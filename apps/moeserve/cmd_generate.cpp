@@ -212,6 +212,7 @@ int run_generate(const GenerateOptions& o) {
                       o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
                       o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast,
                       /*overlap=*/!o.ep.no_overlap, /*progress=*/print);
+  model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
   int32_t n_blocks = 0;
   for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
   LatentKvCache cache(c.num_hidden_layers, c.kv_cache_dim(), n_blocks,

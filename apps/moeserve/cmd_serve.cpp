@@ -98,6 +98,7 @@ int run_serve(ServeOptions o) {
   }
   o.engine.kv_dtype = o.kv_dtype == "f32" ? DType::kF32 : DType::kBF16;
   o.engine.overlap = !o.ep.no_overlap;
+  o.engine.overlap_min_tokens = o.ep.overlap_min_tokens;
   o.engine.progress = true;
 
   if (std::string usage = check_ep_flags(o.ep); !usage.empty()) {

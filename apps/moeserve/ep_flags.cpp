@@ -16,6 +16,11 @@ void add_ep_flags(CLI::App& app, EpFlags& f) {
   app.add_flag("--no-overlap", f.no_overlap,
                "Expert parallelism: one batch per step, no dual micro-batch overlap of "
                "communication and compute (same flag on every rank)");
+  app.add_option("--overlap-min-tokens", f.overlap_min_tokens,
+                 "Expert parallelism: a rank splits a step into two micro-batches only from this "
+                 "many new tokens (-1: automatic, 2*9*experts/(ranks*top_k); 0: always)")
+      ->check(CLI::Range(int64_t(-1), int64_t(1) << 40))
+      ->capture_default_str();
   app.add_option("--dispatch-dtype", f.dispatch_dtype,
                  "EP dispatch payload: fp8 | bf16 | f32 (lossless, for checking)")
       ->check(CLI::IsMember({"fp8", "bf16", "f32"}))

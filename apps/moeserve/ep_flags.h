@@ -19,6 +19,7 @@ struct EpFlags {
   std::string ep_mode = "normal";
   double ep_timeout_s = 30;
   bool no_overlap = false;       // one batch per step instead of two overlapped micro-batches
+  int64_t overlap_min_tokens = -1;  // split a step only from this many new tokens (-1: auto)
   std::string expert_stats_out;  // write the group's expert loads (stats format) at the end
   std::string eplb_init;         // plan the placement from these loads
   int32_t redundant_experts = 0;

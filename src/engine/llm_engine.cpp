@@ -54,6 +54,7 @@ class LlmEngine final : public Engine {
         rank_stats_(size_t(n_ranks_)),
         thread_([this] { loop(); }) {
     model_.set_tracer(o.tracer);
+    model_.set_overlap_min_tokens(o.overlap_min_tokens);
   }
 
   ~LlmEngine() override {

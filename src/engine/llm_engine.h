@@ -50,6 +50,7 @@ struct EngineOptions {
   bool progress = false;         // loading progress on stderr
   Tracer* tracer = nullptr;      // records each step's stages when set (borrowed)
   bool overlap = true;           // EP: dual micro-batch overlap (DeepseekModel::set_overlap)
+  int64_t overlap_min_tokens = -1;  // EP: DeepseekModel::set_overlap_min_tokens (-1: auto)
 };
 
 struct EngineParallel {

@@ -207,6 +207,7 @@ std::vector<std::vector<TestSeq>> run_group(int R, bool overlap, Tracer* tracer0
       }
       DeepseekModel model(c, (*ck)->weights(), **d, nullptr, AttentionMode::kAbsorbed,
                           ComputePath::kFast, overlap);
+      model.set_overlap_min_tokens(0);  // every step splits (the automatic rule would not here)
       if (r == 0) model.set_tracer(tracer0);
       LatentKvCache cache(c.num_hidden_layers, c.kv_cache_dim(), cache_blocks(), DType::kF32);
       status[size_t(r)] = run_steps(model, cache, out[size_t(r)]);
@@ -323,6 +324,7 @@ std::vector<Served> serve(int R, bool overlap, int n_requests) {
   o.max_batch_tokens = 64;  // long prompts prefill in chunks while others decode
   o.kv_dtype = DType::kF32;
   o.overlap = overlap;
+  o.overlap_min_tokens = 0;  // every step splits
   std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < R; ++r) {
     EngineParallel par;

@@ -7,8 +7,9 @@
 #     1e-4 (the fast path rounds GEMM inputs and expert outputs to BF16 as the wire does);
 #   - FP8 dispatch: R = 1, 2, 4 and both modes agree with each other (tokens, logprobs within
 #     1e-4); their distance to the single-process logprobs is printed and bounded loosely;
-#   - dual micro-batch overlap (on by default) and --no-overlap print identical output
-#     (F32 and FP8 dispatch, R = 2, 4: the same rows go through the same kernels);
+#   - dual micro-batch overlap (on by default; automatic and --overlap-min-tokens 0, every step
+#     split) and --no-overlap print identical output (F32 and FP8 dispatch, R = 2, 4: the same
+#     rows go through the same kernels);
 #   - a group that cannot split the experts evenly fails with a clear message.
 set -euo pipefail
 bin=$1
@@ -38,9 +39,14 @@ for dt in f32 fp8; do
       > "$dir/r${np}_${dt}_no_overlap.jsonl" 2> "$dir/err" || { cat "$dir/err" >&2; fail "R=$np $dt --no-overlap"; }
     cmp -s "$dir/r${np}_${dt}_no_overlap.jsonl" "$dir/r${np}_${dt}_normal.jsonl" \
       || fail "R=$np $dt: --no-overlap output differs from overlap on"
+    # The automatic threshold leaves these small steps whole; force every step to split.
+    $mpirun -np $np "$bin" "${args[@]}" --dispatch-dtype $dt --overlap-min-tokens 0 \
+      > "$dir/r${np}_${dt}_split.jsonl" 2> "$dir/err" || { cat "$dir/err" >&2; fail "R=$np $dt split"; }
+    cmp -s "$dir/r${np}_${dt}_split.jsonl" "$dir/r${np}_${dt}_normal.jsonl" \
+      || fail "R=$np $dt: --overlap-min-tokens 0 output differs from the default"
   done
 done
-echo "overlap on == --no-overlap (f32, fp8; R=2,4)"
+echo "overlap on (automatic and always split) == --no-overlap (f32, fp8; R=2,4)"
 
 python3 - "$dir" <<'PY' || fail "agreement"
 import json, sys
