@@ -251,12 +251,24 @@ void gemm_bf16_packed(const uint16_t* x, int64_t m, int64_t ldx, const PackedBf1
   CHECK(isa_at_most(isa, cpu_isa()), "gemm_bf16_packed: ISA level above what this CPU supports");
   CHECK(ldx >= w.k && ldy >= w.n, "gemm_bf16_packed: row stride shorter than a row");
   if (m <= 0) return;
-  PanelFn fn = isa == Isa::kAvx512Bf16 ? gemm_detail::panels_avx512bf16 : gemm_detail::panels_scalar;
   GemmJob job{x,  m,       ldx,   reinterpret_cast<const uint8_t*>(w.data.get()),
               nullptr, w.n, w.k, w.k_blocks(),
               y,  false,   ldy,   nullptr,
               true};
-  run_jobs({job}, fn, pool);
+  if (isa == Isa::kAvx512Bf16 || isa == Isa::kScalar) {
+    run_jobs({job}, isa == Isa::kScalar ? gemm_detail::panels_scalar : gemm_detail::panels_avx512bf16,
+             pool);
+    return;
+  }
+  // Without BF16 dot products: the F32-activation kernels on tiles converted exactly to F32
+  // (X widened to F32 once; BF16 -> F32 is exact, so only the summation differs).
+  std::vector<float> xf(size_t(m * w.k));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < w.k; ++c) xf[size_t(i * w.k + c)] = bf16_to_f32(x[i * ldx + c]);
+  job.x = nullptr;
+  job.xf = xf.data();
+  job.ldx = w.k;
+  run_jobs({job}, panel_fn_f32x(isa), pool);
 }
 
 void gemm_fp8_f32x(const float* x, int64_t m, int64_t ldx, const PackedFp8Weight& w, GemmOutput y,

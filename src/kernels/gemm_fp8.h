@@ -93,8 +93,8 @@ void gemm_fp8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
 // then across blocks (so a row's result never depends on M or on the thread split). Repacked
 // once at load: same 2 bytes per weight, zero-padded to whole tiles. At M >= 8 the 6-row x
 // 64-column register blocks need no horizontal sums and reach the FP8 kernel's compute
-// efficiency; gemm_bf16 (row-major W) stays for unpacked weights. Levels below AVX-512 BF16 run
-// a scalar loop, as gemm_bf16 does.
+// efficiency; gemm_bf16 (row-major W) stays for unpacked weights. The AVX-512F and AVX2 levels
+// run gemm_fp8_f32x's F32 kernels on tiles converted exactly to F32 (X widened to F32 once).
 struct PackedBf16Weight {
   static constexpr int64_t kPanelCols = PackedFp8Weight::kPanelCols;
   static constexpr int64_t kBlockK = PackedFp8Weight::kBlockK;

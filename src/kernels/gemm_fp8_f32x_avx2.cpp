@@ -32,6 +32,19 @@ void convert_tile(const uint8_t* src, float* dst) {
   }
 }
 
+// The same for a BF16 tile (PackedBf16Weight): each 32-bit pair (k even low, k odd high) of 8
+// columns gives both F32 rows exactly.
+void convert_tile_bf16(const uint16_t* src, float* dst) {
+  const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+  for (int kp = 0; kp < 64; ++kp) {
+    for (int g = 0; g < 8; ++g) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + kp * 128 + 16 * g));
+      _mm256_store_ps(dst + (2 * kp) * 64 + 8 * g, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+      _mm256_store_ps(dst + (2 * kp + 1) * 64 + 8 * g, _mm256_castsi256_ps(_mm256_and_si256(v, high)));
+    }
+  }
+}
+
 uint16_t to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -112,8 +125,15 @@ void panels_f32x_avx2(const GemmJob& job, int64_t p0, int64_t p1) {
     const int64_t mb = job.m - m0 < mb_cap ? job.m - m0 : mb_cap;
     for (int64_t p = p0; p < p1; ++p) {
       for (int64_t kb = 0; kb < job.k_blocks; ++kb) {
-        convert_tile(job.tiles + (p * job.k_blocks + kb) * kTileBytes, wf);
-        const float scale = job.scales[(p / 2) * job.k_blocks + kb];
+        float scale = 1.0f;  // BF16 tiles (PackedBf16Weight) have none
+        if (job.bf16_tiles) {
+          convert_tile_bf16(reinterpret_cast<const uint16_t*>(job.tiles) +
+                                (p * job.k_blocks + kb) * kTileBytes,
+                            wf);
+        } else {
+          convert_tile(job.tiles + (p * job.k_blocks + kb) * kTileBytes, wf);
+          scale = job.scales[(p / 2) * job.k_blocks + kb];
+        }
         const int64_t kw = job.k - kb * kBlockK < kBlockK ? job.k - kb * kBlockK : kBlockK;
         for (int64_t i = 0; i < mb; i += kRows) {
           int rows = mb - i < kRows ? int(mb - i) : kRows;

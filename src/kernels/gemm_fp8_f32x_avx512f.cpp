@@ -146,6 +146,14 @@ void convert_tile(const uint8_t* src, float* dst) {
   for (int i = 0; i < kTileBytes; i += 16) _mm512_store_ps(dst + i, fp8x16_to_f32_pairs(src + i));
 }
 
+// The same for a BF16 tile (PackedBf16Weight): each value exactly, as F32 (a 16-bit shift).
+void convert_tile_bf16(const uint16_t* src, float* dst) {
+  for (int i = 0; i < kTileBytes; i += 16) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm512_store_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+  }
+}
+
 struct Scratch {
   void* p = nullptr;
   explicit Scratch(size_t bytes) : p(std::aligned_alloc(64, (bytes + 63) / 64 * 64)) {}
@@ -174,18 +182,27 @@ void panels_f32x_avx512(const GemmJob& job, int64_t p0, int64_t p1) {
     if (tail) pad_tail(xblk, job.ldx, mb, job.k - job.k % kBlockK, job.k, tail_buf.as<float>());
     for (int64_t p = p0; p < p1; ++p) {
       for (int64_t kb = 0; kb < job.k_blocks; ++kb) {
-        const uint8_t* src = job.tiles + (p * job.k_blocks + kb) * kTileBytes;
-        const float scale = job.scales[(p / 2) * job.k_blocks + kb];
         const float* x = xblk + kb * kBlockK;
         int64_t ld = job.ldx;
         if (tail && kb == job.k_blocks - 1) x = tail_buf.as<float>(), ld = kBlockK;
-        // Up to 4 rows: convert in registers. More: convert the tile once to F32 (its cost is
-        // shared by all rows), then 6-row blocks on it.
-        if (mb <= kConvRows) {
-          micro_pairs_rows<false>(int(mb), x, ld, src, nullptr, scale, tot, kb == 0);
-          continue;
+        float scale;
+        if (job.bf16_tiles) {
+          // BF16 weights: converted to F32 exactly whatever M is; the blocks' scale*256 is 1.
+          convert_tile_bf16(reinterpret_cast<const uint16_t*>(job.tiles) +
+                                (p * job.k_blocks + kb) * kTileBytes,
+                            wf);
+          scale = 1.0f / 256.0f;
+        } else {
+          const uint8_t* src = job.tiles + (p * job.k_blocks + kb) * kTileBytes;
+          scale = job.scales[(p / 2) * job.k_blocks + kb];
+          // Up to 4 rows: convert in registers. More: convert the tile once to F32 (its cost
+          // is shared by all rows), then 6-row blocks on it.
+          if (mb <= kConvRows) {
+            micro_pairs_rows<false>(int(mb), x, ld, src, nullptr, scale, tot, kb == 0);
+            continue;
+          }
+          convert_tile(src, wf);
         }
-        convert_tile(src, wf);
         for (int64_t i = 0; i < mb; i += kRows) {
           // The next row block's 6 x 512 bytes of X come from L3: ask for them early.
           for (int64_t r = i + kRows; r < i + 2 * kRows && r < mb; ++r)

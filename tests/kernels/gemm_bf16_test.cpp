@@ -64,9 +64,10 @@ TEST(GemmBf16Packed, PackPlacesEveryElement) {
   }
 }
 
-// Against the reference on random data, M = 1..300 sampled (every register-block remainder),
-// N and K not multiples of 64/128; a row's result must not depend on M (batch invariance) or on
-// the thread count.
+// Against the reference on random data at every ISA level (below AVX-512 BF16: the F32 kernels
+// on exactly converted tiles), M = 1..300 sampled (every register-block remainder), N and K not
+// multiples of 64/128; a row's result must not depend on M (batch invariance) or on the thread
+// count.
 TEST(GemmBf16Packed, MatchesReferenceAndIsBatchInvariant) {
   std::mt19937 rng(17);
   struct Shape {
@@ -79,7 +80,7 @@ TEST(GemmBf16Packed, MatchesReferenceAndIsBatchInvariant) {
     PackedBf16Weight p = pack_bf16_weight(w.data(), s.n, s.k, s.k);
     std::vector<float> want(size_t(max_m * ldy));
     gemm_bf16_ref(x.data(), max_m, ldx, w.data(), s.n, s.k, s.k, want.data(), ldy);
-    for (Isa isa : {Isa::kScalar, Isa::kAvx512Bf16}) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
       if (!isa_at_most(isa, cpu_isa())) continue;
       std::vector<float> first;  // rows of the m = 300 run, for the invariance check
       for (int64_t m : {300, 1, 2, 5, 6, 7, 13, 64, 127}) {
