@@ -39,22 +39,29 @@ uint16_t e4m3_bf16_bits(int v) {
   return uint16_t(u >> 16);
 }
 
-Consts make_consts() {
+// The tables, built once (make_consts runs per GEMM job and thread).
+struct Tables {
   alignas(64) uint8_t lo[128], hi[128], perm[64];
-  for (int v = 0; v < 128; ++v) {
-    lo[v] = uint8_t(e4m3_bf16_bits(v) & 0xff);
-    hi[v] = uint8_t(e4m3_bf16_bits(v) >> 8);
-  }
-  // unpacklo/hi_epi8 take bytes 0-7 / 8-15 of each 128-bit lane L into words 8L..8L+7; the
-  // first output zmm must hold source bytes 0-31 in order, the second bytes 32-63.
-  for (int L = 0; L < 4; ++L) {
-    for (int w = 0; w < 8; ++w) {
-      perm[16 * L + w] = uint8_t(8 * L + w);
-      perm[16 * L + 8 + w] = uint8_t(32 + 8 * L + w);
+  Tables() {
+    for (int v = 0; v < 128; ++v) {
+      lo[v] = uint8_t(e4m3_bf16_bits(v) & 0xff);
+      hi[v] = uint8_t(e4m3_bf16_bits(v) >> 8);
+    }
+    // unpacklo/hi_epi8 take bytes 0-7 / 8-15 of each 128-bit lane L into words 8L..8L+7; the
+    // first output zmm must hold source bytes 0-31 in order, the second bytes 32-63.
+    for (int L = 0; L < 4; ++L) {
+      for (int w = 0; w < 8; ++w) {
+        perm[16 * L + w] = uint8_t(8 * L + w);
+        perm[16 * L + 8 + w] = uint8_t(32 + 8 * L + w);
+      }
     }
   }
-  return Consts{_mm512_load_si512(perm), _mm512_load_si512(lo), _mm512_load_si512(lo + 64),
-                _mm512_load_si512(hi), _mm512_load_si512(hi + 64)};
+};
+
+Consts make_consts() {
+  static const Tables t;
+  return Consts{_mm512_load_si512(t.perm), _mm512_load_si512(t.lo), _mm512_load_si512(t.lo + 64),
+                _mm512_load_si512(t.hi), _mm512_load_si512(t.hi + 64)};
 }
 
 // 64 FP8 bytes -> 64 BF16 in two zmm (each 16 columns x 2 k in the packed order: out0 from bytes
