@@ -331,17 +331,23 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
   const int64_t dn = c.qk_nope_head_dim, dv = c.v_head_dim, dq = c.qk_head_dim();
   const int64_t R = c.kv_lora_rank, D = c.kv_cache_dim();
 
-  std::vector<float> q(size_t(n * nh * dq));  // [n, nh, dn + dr]
+  // Buffers reused across layers and steps (attn_scratch_: tens of MB in a prefill step, which
+  // fresh allocations would page-fault in again for every layer); every element is written
+  // before it is read.
+  std::vector<float>& q = attn_scratch_.q;  // [n, nh, dn + dr]
+  q.resize(size_t(n * nh * dq));
   if (A.q_a) {
     const int64_t QR = A.q_a->rows;
-    std::vector<float> qa(size_t(n * QR));  // [n, q_lora_rank]
+    std::vector<float>& qa = attn_scratch_.q_lora;  // [n, q_lora_rank]
+    qa.resize(size_t(n * QR));
     linear(x, n, H, *A.q_a, qa.data(), QR);
     rmsnorm_ref(qa.data(), n, QR, QR, A.q_a_norm.data(), kLoraNormEps, qa.data(), QR);
     linear(qa.data(), n, QR, A.q_b, q.data(), nh * dq);
   } else {
     linear(x, n, H, A.q_b, q.data(), nh * dq);
   }
-  std::vector<float> kv(size_t(n * D));  // [n, R + dr]: latent, then the shared rope key
+  std::vector<float>& kv = attn_scratch_.kv;  // [n, R + dr]: latent, then the shared rope key
+  kv.resize(size_t(n * D));
   linear(x, n, H, A.kv_a, kv.data(), D);
   rmsnorm_ref(kv.data(), n, R, D, A.kv_a_norm.data(), kLoraNormEps, kv.data(), D);
 
@@ -355,7 +361,8 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
     }
   }
 
-  std::vector<float> o(size_t(n * nh * dv));  // [n, nh, dv]
+  std::vector<float>& o = attn_scratch_.o;  // [n, nh, dv]
+  o.resize(size_t(n * nh * dv));
   if (path_ == ComputePath::kFast && mode_ == AttentionMode::kAbsorbed) {
     attend_absorbed_fast(layer, batch, q.data(), n, cache, o.data());
     linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
@@ -384,7 +391,8 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   const int64_t dv = c.v_head_dim, dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
   const AbsorbedWeights& W = absorbed_[size_t(layer)];
 
-  std::vector<float> qa(size_t(n * nh * D));  // [n, nh, R + dr] absorbed queries
+  std::vector<float>& qa = attn_scratch_.q_lat;  // [n, nh, R + dr] absorbed queries
+  qa.resize(size_t(n * nh * D));
   // Heads in parallel (one pool pass per projection, not one per head).
   auto q_heads = [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {
@@ -402,7 +410,8 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   };
   pool_ ? pool_->parallel_for(nh, q_heads) : q_heads(0, nh);
 
-  std::vector<float> o_lat(size_t(n * nh * R));  // [n, nh, R]
+  std::vector<float>& o_lat = attn_scratch_.o_lat;  // [n, nh, R]
+  o_lat.resize(size_t(n * nh * R));
   MlaShape shape{nh, R, dr, float(c.softmax_scale())};
   MlaCacheView view{cache.block_data(layer, 0), cache.dtype(), cache.num_blocks(), D};
   // The whole step in one kernel call (one pass over the pool, not one per sequence), with
@@ -530,7 +539,8 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   comm_span.reset();
   if (w.shared) {
     TraceSpan span(tracer_, "shared experts", layer_);
-    std::vector<float> shared(size_t(n * H));  // [n, H]
+    std::vector<float>& shared = scratch_.shared;  // [n, H]
+    shared.resize(size_t(n * H));
     mlp(*w.shared, x, n, shared.data());
     add_into(out, shared.data(), n * H);
   }
@@ -641,7 +651,10 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, f
 
 void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* out) {
   const int64_t H = w.gate.cols, I = w.gate.rows;
-  std::vector<float> g(size_t(n * I)), u(size_t(n * I));  // [n, I]
+  std::vector<float>& g = scratch_.mlp_g;
+  std::vector<float>& u = scratch_.mlp_u;  // [n, I], reused (see ExpertScratch)
+  g.resize(size_t(n * I));
+  u.resize(size_t(n * I));
   linear(x, n, H, w.gate, g.data(), I);
   linear(x, n, H, w.up, u.data(), I);
   elementwise(pool_, n * I, [&](int64_t i0, int64_t i1) {

@@ -163,11 +163,16 @@ class DeepseekModel {
   std::unordered_map<const uint8_t*, PackedFp8Weight> packed_;
   std::unordered_map<const uint8_t*, PackedBf16Weight> packed_bf16_;  // the lm_head
   std::vector<uint16_t> x_bf16_;  // scratch: the GEMM input in BF16
-  // Scratch of the routed experts (moe, experts_grouped), reused by every layer and step.
+  // Scratch of the routed experts (moe, experts_grouped) and of mlp() (shared experts, dense
+  // layers), reused by every layer and step: fresh multi-MB vectors page-fault every time.
   struct ExpertScratch {
-    std::vector<float> expert_out, g, u;
+    std::vector<float> expert_out, g, u, shared, mlp_g, mlp_u;
     std::vector<uint16_t> xb, act;
   } scratch_;
+  // Scratch of attention() and attend_absorbed_fast(), reused by every layer and step.
+  struct AttentionScratch {
+    std::vector<float> q, q_lora, kv, o, q_lat, o_lat;
+  } attn_scratch_;
   // Fast absorbed attention: kv_b_proj split per head and dequantized to F32 (BF16 rounding
   // of these small matrices moved logprobs by up to 0.3 on the test models: the scores
   // q_lat . c amplify it).
