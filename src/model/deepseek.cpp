@@ -599,11 +599,15 @@ Status DeepseekModel::routed_experts(const MoeWeights& w, const ExpertBatch& b,
     // The fast path hands every expert output on as BF16, as a BF16 model does and as the EP
     // combine sends it (DeepEP combines in BF16): one process and any number of ranks then sum
     // the same values in the same order, so BF16 dispatch changes no bit of the result.
-    std::vector<uint16_t> row(static_cast<size_t>(H));
-    for (int64_t r = 0; r < b.n_rows(); ++r) {
-      f32_to_bf16_row(&expert_out[size_t(r * H)], H, row.data());
-      bf16_to_f32_row(row.data(), H, &expert_out[size_t(r * H)]);
-    }
+    // (Element-wise, so split over the pool in chunks of 4096 values: same bits either way.)
+    elementwise(pool_, b.n_rows() * H, [&](int64_t i0, int64_t i1) {
+      uint16_t chunk[4096];
+      for (int64_t i = i0; i < i1; i += 4096) {
+        const int64_t len = std::min<int64_t>(4096, i1 - i);
+        f32_to_bf16_row(&expert_out[size_t(i)], len, chunk);
+        bf16_to_f32_row(chunk, len, &expert_out[size_t(i)]);
+      }
+    });
   }
   return Status::Ok();
 }
