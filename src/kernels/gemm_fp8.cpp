@@ -16,11 +16,52 @@ using gemm_detail::GemmJob;
 
 static_assert(PackedFp8Weight::kPanelCols == gemm_detail::kPanelCols);
 static_assert(PackedFp8Weight::kBlockK == gemm_detail::kBlockK);
+static_assert(PackedBf16Weight::kTileElems == gemm_detail::kTileBytes);
+
+namespace {
+
+// Both packed formats share one tile layout: tiles [n_panels][k_blocks], each
+// [64 k-pairs][64 columns][2 k] elements (kTileBytes of them), zero-padded past N and K.
+// Offset of W[row, col] in elements:
+int64_t tile_offset(int64_t row, int64_t col, int64_t k_blocks) {
+  const int64_t kk = col % gemm_detail::kBlockK;
+  return ((row / gemm_detail::kPanelCols) * k_blocks + col / gemm_detail::kBlockK) *
+             gemm_detail::kTileBytes +
+         (kk / 2) * (gemm_detail::kPanelCols * 2) + (row % gemm_detail::kPanelCols) * 2 + kk % 2;
+}
+
+// Fills panels [p0, p1) of dst from w [n, k] (row stride ldw).
+template <class T>
+void pack_panels(const T* w, int64_t n, int64_t k, int64_t ldw, T* dst, int64_t p0, int64_t p1) {
+  const int64_t kb_n = (k + gemm_detail::kBlockK - 1) / gemm_detail::kBlockK;
+  for (int64_t panel = p0; panel < p1; ++panel) {
+    for (int64_t kb = 0; kb < kb_n; ++kb) {
+      T* t = dst + (panel * kb_n + kb) * gemm_detail::kTileBytes;
+      std::memset(t, 0, gemm_detail::kTileBytes * sizeof(T));
+      const int64_t k0 = kb * gemm_detail::kBlockK;
+      const int64_t kw = std::min<int64_t>(gemm_detail::kBlockK, k - k0);
+      for (int64_t c = 0; c < gemm_detail::kPanelCols; ++c) {
+        const int64_t row = panel * gemm_detail::kPanelCols + c;
+        if (row >= n) break;
+        const T* src = w + row * ldw + k0;  // [kw]
+        for (int64_t kk = 0; kk < kw; ++kk) t[(kk / 2) * 128 + c * 2 + kk % 2] = src[kk];
+      }
+    }
+  }
+}
+
+// A 64-byte aligned block of `bytes`, freed with the last owner.
+template <class T>
+std::shared_ptr<T[]> aligned_block(size_t bytes) {
+  std::shared_ptr<T[]> p(static_cast<T*>(std::aligned_alloc(64, bytes)), [](T* q) { std::free(q); });
+  CHECK(p != nullptr, "packing a weight: out of memory");
+  return p;
+}
+
+}  // namespace
 
 uint8_t PackedFp8Weight::at(int64_t row, int64_t col) const {
-  int64_t kk = col % kBlockK;
-  return tile(row / kPanelCols,
-              col / kBlockK)[(kk / 2) * (kPanelCols * 2) + (row % kPanelCols) * 2 + kk % 2];
+  return data[size_t(tile_offset(row, col, k_blocks()))];
 }
 
 PackedFp8Weight pack_fp8_weight(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k) {
@@ -28,33 +69,14 @@ PackedFp8Weight pack_fp8_weight(const uint8_t* w, const float* scale_inv, int64_
   PackedFp8Weight p;
   p.n = n;
   p.k = k;
-  size_t bytes = p.bytes();
-  p.data = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)),
-                                      [](uint8_t* q) { std::free(q); });
-  CHECK(p.data != nullptr, "pack_fp8_weight: out of memory");
-  const int64_t kb_n = p.k_blocks();
-  for (int64_t panel = 0; panel < p.n_panels(); ++panel) {
-    for (int64_t kb = 0; kb < kb_n; ++kb) {
-      uint8_t* t = p.data.get() + (panel * kb_n + kb) * PackedFp8Weight::kTileBytes;
-      std::memset(t, 0, PackedFp8Weight::kTileBytes);
-      int64_t k0 = kb * PackedFp8Weight::kBlockK;
-      int64_t kw = std::min<int64_t>(PackedFp8Weight::kBlockK, k - k0);
-      for (int64_t c = 0; c < PackedFp8Weight::kPanelCols; ++c) {
-        int64_t row = panel * PackedFp8Weight::kPanelCols + c;
-        if (row >= n) break;
-        const uint8_t* src = w + row * k + k0;  // [kw]
-        for (int64_t kk = 0; kk < kw; ++kk) t[(kk / 2) * 128 + c * 2 + kk % 2] = src[kk];
-      }
-    }
-  }
-  p.scale_inv.assign(scale_inv, scale_inv + p.n_blocks() * kb_n);
+  p.data = aligned_block<uint8_t>(p.bytes());
+  pack_panels(w, n, k, k, p.data.get(), 0, p.n_panels());
+  p.scale_inv.assign(scale_inv, scale_inv + p.n_blocks() * p.k_blocks());
   return p;
 }
 
 uint16_t PackedBf16Weight::at(int64_t row, int64_t col) const {
-  int64_t kk = col % kBlockK;
-  return tile(row / kPanelCols,
-              col / kBlockK)[(kk / 2) * (kPanelCols * 2) + (row % kPanelCols) * 2 + kk % 2];
+  return data[size_t(tile_offset(row, col, k_blocks()))];
 }
 
 PackedBf16Weight pack_bf16_weight(const uint16_t* w, int64_t n, int64_t k, int64_t ldw,
@@ -63,26 +85,8 @@ PackedBf16Weight pack_bf16_weight(const uint16_t* w, int64_t n, int64_t k, int64
   PackedBf16Weight p;
   p.n = n;
   p.k = k;
-  p.data = std::shared_ptr<uint16_t[]>(static_cast<uint16_t*>(std::aligned_alloc(64, p.bytes())),
-                                       [](uint16_t* q) { std::free(q); });
-  CHECK(p.data != nullptr, "pack_bf16_weight: out of memory");
-  const int64_t kb_n = p.k_blocks();
-  auto panels = [&](int64_t p0, int64_t p1) {
-    for (int64_t panel = p0; panel < p1; ++panel) {
-      for (int64_t kb = 0; kb < kb_n; ++kb) {
-        uint16_t* t = p.data.get() + (panel * kb_n + kb) * PackedBf16Weight::kTileElems;
-        std::memset(t, 0, PackedBf16Weight::kTileElems * 2);
-        int64_t k0 = kb * PackedBf16Weight::kBlockK;
-        int64_t kw = std::min<int64_t>(PackedBf16Weight::kBlockK, k - k0);
-        for (int64_t c = 0; c < PackedBf16Weight::kPanelCols; ++c) {
-          int64_t row = panel * PackedBf16Weight::kPanelCols + c;
-          if (row >= n) break;
-          const uint16_t* src = w + row * ldw + k0;  // [kw]
-          for (int64_t kk = 0; kk < kw; ++kk) t[(kk / 2) * 128 + c * 2 + kk % 2] = src[kk];
-        }
-      }
-    }
-  };
+  p.data = aligned_block<uint16_t>(p.bytes());
+  auto panels = [&](int64_t p0, int64_t p1) { pack_panels(w, n, k, ldw, p.data.get(), p0, p1); };
   if (pool) {
     pool->parallel_for(p.n_panels(), panels);
   } else {
