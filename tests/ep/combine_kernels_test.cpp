@@ -14,25 +14,10 @@
 
 #include "core/dtype.h"
 #include "kernels/convert.h"
+#include "../test_isa.h"
 
 namespace moeserve {
 namespace {
-
-std::vector<Isa> levels() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
-    if (isa_at_most(isa, cpu_isa())) out.push_back(isa);
-  }
-  return out;
-}
-
-bool same(float a, float b) {  // same bits, or both NaN
-  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
-  uint32_t x, y;
-  std::memcpy(&x, &a, 4);
-  std::memcpy(&y, &b, 4);
-  return x == y;
-}
 
 std::vector<float> tricky(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -63,12 +48,12 @@ TEST(CombineKernels, RoundAxpyEqualsRoundingThenBf16Axpy) {
       for (int64_t i = 0; i < n; ++i) rounded[size_t(i)] = f32_to_bf16(x[size_t(i)]);
       std::vector<float> want = y0;
       bf16_axpy_row(w, rounded.data(), n, want.data(), Isa::kScalar);
-      for (Isa isa : levels()) {
+      for (Isa isa : testing::isa_levels()) {
         std::vector<float> y = y0;
         y.push_back(9.0f);
         bf16_round_axpy_row(w, x.data(), n, y.data(), isa);
         for (int64_t i = 0; i < n; ++i) {
-          ASSERT_TRUE(same(y[size_t(i)], want[size_t(i)]))
+          ASSERT_TRUE(testing::same_bits(y[size_t(i)], want[size_t(i)]))
               << isa_name(isa) << " n=" << n << " w=" << w << " i=" << i << ": " << y[size_t(i)]
               << " vs " << want[size_t(i)];
         }
@@ -89,7 +74,7 @@ TEST(CombineKernels, Fp8ToBf16EqualsDequantizeThenRound) {
     s[0] = 3e-39f;  // a subnormal scale: products round below the normal range
     std::vector<float> f(static_cast<size_t>(n));
     fp8_1x128_to_f32_row(q.data(), s.data(), n, f.data(), Isa::kScalar);
-    for (Isa isa : levels()) {
+    for (Isa isa : testing::isa_levels()) {
       std::vector<uint16_t> out(static_cast<size_t>(n + 1), 0xabcd);
       fp8_1x128_to_bf16_row(q.data(), s.data(), n, out.data(), isa);
       for (int64_t c = 0; c < n; ++c) {

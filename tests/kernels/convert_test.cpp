@@ -13,26 +13,10 @@
 
 #include "core/dtype.h"
 #include "kernels/gemm_bf16.h"
+#include "../test_isa.h"
 
 namespace moeserve {
 namespace {
-
-std::vector<Isa> levels() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
-    if (isa_at_most(isa, cpu_isa())) out.push_back(isa);
-  }
-  return out;
-}
-
-// Same value, or both NaN.
-bool same(float a, float b) {
-  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
-  uint32_t x, y;
-  std::memcpy(&x, &a, 4);
-  std::memcpy(&y, &b, 4);
-  return x == y;
-}
 
 TEST(Convert, Fp8RowsMatchTheTableAtEveryLevel) {
   std::mt19937 rng(11);
@@ -42,12 +26,12 @@ TEST(Convert, Fp8RowsMatchTheTableAtEveryLevel) {
     for (int64_t c = 0; c < n; ++c) q[size_t(c)] = uint8_t(c < 256 ? c : rng());  // every byte
     std::vector<float> s(static_cast<size_t>((n + 127) / 128));
     for (float& v : s) v = scale(rng);
-    for (Isa isa : levels()) {
+    for (Isa isa : testing::isa_levels()) {
       std::vector<float> out(size_t(n), -7.0f);
       fp8_1x128_to_f32_row(q.data(), s.data(), n, out.data(), isa);
       for (int64_t c = 0; c < n; ++c) {
         float want = fp8e4m3_to_f32(q[size_t(c)]) * s[size_t(c / 128)];
-        ASSERT_TRUE(same(out[size_t(c)], want))
+        ASSERT_TRUE(testing::same_bits(out[size_t(c)], want))
             << isa_name(isa) << " n=" << n << " c=" << c << " byte " << int(q[size_t(c)]) << ": "
             << out[size_t(c)] << " vs " << want;
       }
@@ -74,7 +58,7 @@ TEST(Convert, Bf16RowsMatchTheScalarConversionsAtEveryLevel) {
     std::vector<float> x = tricky_floats(n, uint32_t(n));
     std::vector<uint16_t> want_b(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) want_b[size_t(i)] = f32_to_bf16(x[size_t(i)]);
-    for (Isa isa : levels()) {
+    for (Isa isa : testing::isa_levels()) {
       std::vector<uint16_t> b(static_cast<size_t>(n + 1), 0xabcd);
       f32_to_bf16_row_isa(x.data(), n, b.data(), isa);
       for (int64_t i = 0; i < n; ++i) {
@@ -85,7 +69,7 @@ TEST(Convert, Bf16RowsMatchTheScalarConversionsAtEveryLevel) {
       std::vector<float> f(static_cast<size_t>(n + 1), 5.0f);
       bf16_to_f32_row(want_b.data(), n, f.data(), isa);
       for (int64_t i = 0; i < n; ++i) {
-        ASSERT_TRUE(same(f[size_t(i)], bf16_to_f32(want_b[size_t(i)]))) << isa_name(isa) << " i=" << i;
+        ASSERT_TRUE(testing::same_bits(f[size_t(i)], bf16_to_f32(want_b[size_t(i)]))) << isa_name(isa) << " i=" << i;
       }
       EXPECT_EQ(f[size_t(n)], 5.0f);
 
@@ -95,9 +79,9 @@ TEST(Convert, Bf16RowsMatchTheScalarConversionsAtEveryLevel) {
       for (int64_t i = 0; i < n; ++i) {
         float p = w * bf16_to_f32(want_b[size_t(i)]);
         float want = y_ref[size_t(i)] + p;
-        ASSERT_TRUE(same(y[size_t(i)], want)) << isa_name(isa) << " i=" << i << " got " << y[size_t(i)] << " want " << want << " ref " << y_ref[size_t(i)] << " x " << bf16_to_f32(want_b[size_t(i)]);
+        ASSERT_TRUE(testing::same_bits(y[size_t(i)], want)) << isa_name(isa) << " i=" << i << " got " << y[size_t(i)] << " want " << want << " ref " << y_ref[size_t(i)] << " x " << bf16_to_f32(want_b[size_t(i)]);
       }
-      EXPECT_TRUE(same(y[size_t(n)], y_ref[size_t(n)]));
+      EXPECT_TRUE(testing::same_bits(y[size_t(n)], y_ref[size_t(n)]));
     }
   }
   // The public row conversion of gemm_bf16.h is the dispatched one.

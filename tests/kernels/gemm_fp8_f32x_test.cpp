@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "gemm_fp8_problem.h"
+#include "../test_isa.h"
 
 namespace moeserve {
 namespace {
@@ -78,13 +79,6 @@ int mismatches(const float* x, int64_t rows, int64_t ldx, const Problem& p, cons
   return failures;
 }
 
-std::vector<Isa> levels() {
-  std::vector<Isa> v;
-  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
-    if (isa_at_most(i, cpu_isa())) v.push_back(i);
-  return v;
-}
-
 TEST(GemmFp8F32x, DenseMatchesReferenceAtEveryLevel) {
   std::mt19937 rng(12);
   ThreadPool pool(2);
@@ -100,7 +94,7 @@ TEST(GemmFp8F32x, DenseMatchesReferenceAtEveryLevel) {
       if (s.n * s.k * m > 4'000'000) continue;  // keep the double reference fast
       int64_t ldx = s.k + 3;
       std::vector<float> x = random_x(m, ldx, rng);
-      for (Isa isa : levels()) {
+      for (Isa isa : testing::isa_levels()) {
         for (DType dt : {DType::kF32, DType::kBF16}) {
           int64_t ldy = s.n + 5;
           std::vector<uint8_t> y(size_t(m * ldy) * dtype_size(dt), 0xcd);
@@ -128,7 +122,7 @@ TEST(GemmFp8F32x, SampledRowCountsUpTo300) {
   for (int trial = 0; trial < 12; ++trial) {
     int64_t m = mdist(rng);
     std::vector<float> x = random_x(m, p.k, rng);
-    for (Isa isa : levels()) {
+    for (Isa isa : testing::isa_levels()) {
       std::vector<float> y(size_t(m * p.n));
       gemm_fp8_f32x(x.data(), m, p.k, p.packed, GemmOutput{y.data(), DType::kF32, p.n}, &pool, isa);
       std::string what = std::string(isa_name(isa)) + " m=" + std::to_string(m);
@@ -146,7 +140,7 @@ TEST(GemmFp8F32x, RowsDoNotDependOnM) {
   Problem p = make_problem(136, 300, rng);
   const int64_t max_m = 300;
   std::vector<float> x = random_x(max_m, p.k, rng);
-  for (Isa isa : levels()) {
+  for (Isa isa : testing::isa_levels()) {
     std::vector<float> all(size_t(max_m * p.n));
     gemm_fp8_f32x(x.data(), max_m, p.k, p.packed, GemmOutput{all.data(), DType::kF32, p.n}, &pool,
                   isa);
@@ -190,7 +184,7 @@ TEST(GemmFp8F32x, GroupedContiguousWithEmptyAndOneRowExperts) {
   for (size_t e = 0; e < rows.size(); ++e) off[e + 1] = off[e] + rows[e];
   const int64_t total = off.back();
   std::vector<float> x = random_x(total, k, rng);
-  for (Isa isa : levels()) {
+  for (Isa isa : testing::isa_levels()) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       std::vector<uint8_t> y(size_t(total * n) * dtype_size(dt));
       gemm_fp8_f32x_grouped_contiguous(x.data(), k, off.data(), ptrs.data(), int64_t(ptrs.size()),
@@ -219,7 +213,7 @@ TEST(GemmFp8F32x, GroupedMaskedLeavesRowsPastCountUntouched) {
   for (auto& e : ex) ptrs.push_back(&e.packed);
   const int64_t ne = int64_t(counts.size());
   std::vector<float> x = random_x(ne * cap, k, rng);
-  for (Isa isa : levels()) {
+  for (Isa isa : testing::isa_levels()) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       const size_t es = dtype_size(dt);
       std::vector<uint8_t> y(size_t(ne * cap * n) * es, 0xab);
@@ -257,7 +251,7 @@ TEST(GemmFp8F32x, EveryFp8ValueConvertsExactly) {
   const int64_t m = int64_t(cols.size());
   std::vector<float> x(size_t(m * k), 0.0f);
   for (int64_t r = 0; r < m; ++r) x[size_t(r * k + cols[size_t(r)])] = 1.0f;
-  for (Isa isa : levels()) {
+  for (Isa isa : testing::isa_levels()) {
     for (int64_t rows : {int64_t(1), int64_t(4), m}) {  // in-register path (<= 4), tile path
       std::vector<float> y(size_t(rows * n));
       gemm_fp8_f32x(x.data(), rows, k, p, GemmOutput{y.data(), DType::kF32, n}, nullptr, isa);

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "gemm_fp8_problem.h"
+#include "../test_isa.h"
 
 namespace moeserve {
 namespace {
@@ -68,13 +69,6 @@ void expect_matches(const uint16_t* x, int64_t rows, int64_t ldx, const Problem&
   }
 }
 
-std::vector<Isa> levels() {
-  std::vector<Isa> v;
-  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
-    if (isa_at_most(i, cpu_isa())) v.push_back(i);
-  return v;
-}
-
 TEST(GemmFp8, PackRoundTripsEveryByte) {
   std::mt19937 rng(1);
   Problem p = make_problem(200, 513, rng);
@@ -97,7 +91,7 @@ TEST(GemmFp8, DenseMatchesReferenceAtEveryLevel) {
       if (s.n * s.k * m > 4'000'000) continue;  // keep the double reference fast
       int64_t ldx = s.k + 3;
       std::vector<uint16_t> x = random_x(m, ldx, rng);
-      for (Isa isa : levels()) {
+      for (Isa isa : testing::isa_levels()) {
         for (DType dt : {DType::kF32, DType::kBF16}) {
           int64_t ldy = s.n + 5;
           std::vector<uint8_t> y(size_t(m * ldy) * dtype_size(dt), 0xcd);
@@ -125,7 +119,7 @@ TEST(GemmFp8, SampledRowCountsUpTo300) {
   for (int trial = 0; trial < 12; ++trial) {
     int64_t m = mdist(rng);
     std::vector<uint16_t> x = random_x(m, p.k, rng);
-    for (Isa isa : levels()) {
+    for (Isa isa : testing::isa_levels()) {
       std::vector<float> y(size_t(m * p.n));
       gemm_fp8(x.data(), m, p.k, p.packed, GemmOutput{y.data(), DType::kF32, p.n}, &pool, isa);
       expect_matches(x.data(), m, p.k, p, y.data(), DType::kF32, p.n,
@@ -147,7 +141,7 @@ TEST(GemmFp8, GroupedContiguousWithEmptyAndOneRowExperts) {
   for (size_t e = 0; e < rows.size(); ++e) off[e + 1] = off[e] + rows[e];
   const int64_t total = off.back();
   std::vector<uint16_t> x = random_x(total, k, rng);
-  for (Isa isa : levels()) {
+  for (Isa isa : testing::isa_levels()) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       std::vector<uint8_t> y(size_t(total * n) * dtype_size(dt));
       gemm_fp8_grouped_contiguous(x.data(), k, off.data(), ptrs.data(), int64_t(ptrs.size()),
@@ -173,7 +167,7 @@ TEST(GemmFp8, GroupedMaskedLeavesRowsPastCountUntouched) {
   for (auto& e : ex) ptrs.push_back(&e.packed);
   const int64_t ne = int64_t(counts.size());
   std::vector<uint16_t> x = random_x(ne * cap, k, rng);
-  for (Isa isa : levels()) {
+  for (Isa isa : testing::isa_levels()) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
       const size_t es = dtype_size(dt);
       std::vector<uint8_t> y(size_t(ne * cap * n) * es, 0xab);
@@ -206,7 +200,7 @@ TEST(GemmFp8, EveryFp8ValueConvertsExactly) {
   for (int64_t col : {0, 1, 5, 127}) {
     std::vector<uint16_t> x(size_t(k), 0);
     x[size_t(col)] = f32_to_bf16(1.0f);
-    for (Isa isa : levels()) {
+    for (Isa isa : testing::isa_levels()) {
       std::vector<float> y(static_cast<size_t>(n));
       gemm_fp8(x.data(), 1, k, p, GemmOutput{y.data(), DType::kF32, n}, nullptr, isa);
       for (int64_t i = 0; i < n; ++i)
