@@ -158,33 +158,15 @@ TEST(EpDispatcher, Bf16RowsAreTheRoundedF32Rows) {
       const int R = 2;
       auto group = make_in_process_group(R, CommOptions{std::chrono::milliseconds(20000)});
       ExpertPlacement pl = *ExpertPlacement::contiguous(E, R);
-      std::vector<ExpertBatch> f32(R), b16(R);
-      std::vector<Status> st(R);
-      std::vector<std::thread> threads;
-      for (int r = 0; r < R; ++r) {
-        threads.emplace_back([&, r] {
-          Tokens t = random_tokens(20 + 7 * r, 90 + uint32_t(r), any_expert);
-          for (bool rows16 : {false, true}) {
-            EpOptions o{dt, mode, H, K, 64, rows16};
-            auto d = EpDispatcher::create(*group[size_t(r)], pl, o);
-            if (!d.ok()) {
-              st[size_t(r)] = d.status();
-              return;
-            }
-            auto b = (*d)->dispatch(t.x.data(), t.n, H, t.ids.data(), t.w.data(), K);
-            if (!b.ok()) {
-              st[size_t(r)] = b.status();
-              return;
-            }
-            (rows16 ? b16 : f32)[size_t(r)] = std::move(*b);
-          }
-        });
-      }
-      for (auto& t : threads) t.join();
+      BothRowKinds got =
+          dispatch_both_row_kinds(group, pl, EpOptions{dt, mode, H, K, 64}, [](int r) {
+            return random_tokens(20 + 7 * r, 90 + uint32_t(r), any_expert);
+          });
       const std::string what = std::string(dispatch_dtype_name(dt)) + " " + ep_mode_name(mode);
       for (int r = 0; r < R; ++r) {
-        ASSERT_TRUE(st[size_t(r)].ok()) << what << ": " << st[size_t(r)].to_string();
-        const ExpertBatch &a = f32[size_t(r)], &b = b16[size_t(r)];
+        const Status& st = got.status[size_t(r)];
+        ASSERT_TRUE(st.ok()) << what << ": " << st.to_string();
+        const ExpertBatch &a = got.f32[size_t(r)], &b = got.bf16[size_t(r)];
         EXPECT_EQ(a.offsets, b.offsets) << what;
         EXPECT_EQ(a.experts, b.experts) << what;
         EXPECT_EQ(a.row_weight, b.row_weight) << what;

@@ -61,32 +61,12 @@ TEST(EpLargeBatch, StreamedRowsGiveTheSameBitsTwoStepsInARow) {
 TEST(EpLargeBatch, StreamedBf16RowsAreTheRoundedF32Rows) {
   auto group = make_in_process_group(kR, CommOptions{std::chrono::milliseconds(20000)});
   ExpertPlacement pl = *ExpertPlacement::contiguous(E, kR);
-  std::vector<ExpertBatch> f32(kR), b16(kR);
-  std::vector<Status> st(kR);
-  std::vector<std::thread> threads;
+  BothRowKinds got = dispatch_both_row_kinds(
+      group, pl, EpOptions{DispatchDType::kFp8, EpMode::kNormal, H, K, 0},
+      [](int r) { return random_tokens(2 * kTokens + 11 * r, 500 + uint32_t(r), any_expert); });
   for (int r = 0; r < kR; ++r) {
-    threads.emplace_back([&, r] {
-      Tokens t = random_tokens(2 * kTokens + 11 * r, 500 + uint32_t(r), any_expert);
-      for (bool rows16 : {false, true}) {
-        EpOptions o{DispatchDType::kFp8, EpMode::kNormal, H, K, 0, rows16};
-        auto d = EpDispatcher::create(*group[size_t(r)], pl, o);
-        if (!d.ok()) {
-          st[size_t(r)] = d.status();
-          return;
-        }
-        auto b = (*d)->dispatch(t.x.data(), t.n, H, t.ids.data(), t.w.data(), K);
-        if (!b.ok()) {
-          st[size_t(r)] = b.status();
-          return;
-        }
-        (rows16 ? b16 : f32)[size_t(r)] = std::move(*b);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < kR; ++r) {
-    ASSERT_TRUE(st[size_t(r)].ok()) << st[size_t(r)].to_string();
-    const ExpertBatch &a = f32[size_t(r)], &b = b16[size_t(r)];
+    ASSERT_TRUE(got.status[size_t(r)].ok()) << got.status[size_t(r)].to_string();
+    const ExpertBatch &a = got.f32[size_t(r)], &b = got.bf16[size_t(r)];
     ASSERT_GE(b.x_bf16.size() * 2, size_t(4) << 20) << "too small to take the streaming path";
     EXPECT_EQ(a.offsets, b.offsets);
     EXPECT_EQ(a.row_weight, b.row_weight);

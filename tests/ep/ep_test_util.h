@@ -10,10 +10,12 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
 #include "ep/dispatcher.h"
+#include "ep/ep_dispatcher.h"
 #include "ep/wire_format.h"
 #include "kernels/quant.h"
 
@@ -154,6 +156,44 @@ inline void expect_matches(const Tokens& t, const std::vector<float>& y, Dispatc
   }
   EXPECT_EQ(bad_exact, 0) << what << ": elements differing from the wire emulation";
   EXPECT_EQ(bad_tol, 0) << what << ": elements beyond the payload tolerance of LocalDispatcher";
+}
+
+// Every rank of `group` (one thread each) dispatches tokens(rank) twice with options `o`: once
+// with F32 rows and once with BF16 rows (EpOptions::bf16_rows). Per rank the two batches, or in
+// status the first error.
+struct BothRowKinds {
+  std::vector<ExpertBatch> f32, bf16;
+  std::vector<Status> status;
+};
+inline BothRowKinds dispatch_both_row_kinds(std::vector<std::unique_ptr<Communicator>>& group,
+                                            const ExpertPlacement& placement, EpOptions o,
+                                            const std::function<Tokens(int)>& tokens) {
+  const size_t R = group.size();
+  BothRowKinds out{std::vector<ExpertBatch>(R), std::vector<ExpertBatch>(R),
+                   std::vector<Status>(R)};
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < R; ++r) {
+    threads.emplace_back([&, r] {
+      Tokens t = tokens(int(r));
+      for (bool rows16 : {false, true}) {
+        EpOptions opt = o;  // (o is shared by the threads)
+        opt.bf16_rows = rows16;
+        auto d = EpDispatcher::create(*group[r], placement, opt);
+        if (!d.ok()) {
+          out.status[r] = d.status();
+          return;
+        }
+        auto b = (*d)->dispatch(t.x.data(), t.n, H, t.ids.data(), t.w.data(), K);
+        if (!b.ok()) {
+          out.status[r] = b.status();
+          return;
+        }
+        (rows16 ? out.bf16 : out.f32)[r] = std::move(*b);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
 }
 
 }  // namespace moeserve::ep_testing
