@@ -79,7 +79,7 @@ Result<EpGroup> join_ep_group(const EpFlags& f, const ModelConfig& c, int64_t ma
   eo.max_tokens_per_rank = max_tokens_per_rank;
   eo.bf16_rows = bf16_rows;
   eo.count_loads = f.eplb();
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) eo.moe_layers += c.is_moe_layer(l);
+  eo.moe_layers = int32_t(c.num_moe_layers());
   eo.eplb.redundant_experts = f.redundant_experts;
   eo.eplb.groups = f.eplb_groups > 0 ? f.eplb_groups : int32_t(c.n_group);
   eo.eplb.nodes = f.eplb_nodes;

@@ -73,6 +73,11 @@ struct ModelConfig {
     return n_routed_experts > 0 && layer >= first_k_dense_replace &&
            layer % moe_layer_freq == 0;
   }
+  int64_t num_moe_layers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < num_hidden_layers; ++l) n += is_moe_layer(l);
+    return n;
+  }
   // Softmax scale of attention, including the YaRN mscale (mscale_all_dim) correction.
   double softmax_scale() const;
 };

@@ -97,8 +97,7 @@ struct RankOutcome {
 std::vector<RankOutcome> run_group(const std::string& dir, int R,
                                    std::optional<eplb::ExpertLoads> eplb_loads, int32_t redundant) {
   const ModelConfig config = *load_model_config(dir + "/config.json");
-  int32_t moe_layers = 0;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) moe_layers += config.is_moe_layer(l);
+  const int32_t moe_layers = int32_t(config.num_moe_layers());
   auto comms = make_in_process_group(R, CommOptions{std::chrono::milliseconds(60000)});
   std::vector<RankOutcome> out(static_cast<size_t>(R));
   std::vector<std::thread> threads;
@@ -212,8 +211,7 @@ struct OnlineOutcome {
 std::vector<OnlineOutcome> run_online(const std::string& dir, int R, int64_t interval,
                                       int64_t bytes_per_step) {
   const ModelConfig config = *load_model_config(dir + "/config.json");
-  int32_t moe_layers = 0;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) moe_layers += config.is_moe_layer(l);
+  const int32_t moe_layers = int32_t(config.num_moe_layers());
   auto comms = make_in_process_group(R, CommOptions{std::chrono::milliseconds(60000)});
   std::vector<OnlineOutcome> out(static_cast<size_t>(R));
   std::vector<std::thread> threads;
