@@ -206,7 +206,7 @@ int run_generate(const GenerateOptions& o) {
   double load_s = seconds_since(t0);
 
   ThreadPool pool(o.threads);
-  LocalDispatcher local(c.n_routed_experts);
+  LocalDispatcher local(c.n_routed_experts, /*bf16_rows=*/o.compute != "reference");
   Dispatcher& dispatcher = ep ? static_cast<Dispatcher&>(*ep->dispatcher) : local;
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
                       o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,

@@ -6,7 +6,8 @@
 // Every rank routes its tokens uniformly at random (top-k distinct experts, contiguous
 // placement) and times, in both EP modes, the whole dispatch (layout, quantize, pack, exchange,
 // unpack into expert rows: BF16 as the fast path takes them, or F32 with --rows f32) and the
-// whole combine (pack BF16, exchange, weighted reduction), and, on the exact byte matrix the
+// whole combine of expert outputs in the same form (pack BF16, exchange, weighted reduction),
+// and, on the exact byte matrix the
 // dispatch (or combine) put on the wire:
 //   comm    Communicator::all_to_all_v alone (the EP transport, with its timeout polling)
 //   raw     MPI_Alltoallv (the baseline: what the bytes cost with MPI's own collective)
@@ -27,7 +28,6 @@
 
 #include "ep/communicator.h"
 #include "ep/ep_dispatcher.h"
-#include "kernels/convert.h"
 
 namespace moeserve {
 namespace {
@@ -166,14 +166,18 @@ int run(const Args& a) {
       if (!r.ok()) std::exit(1);
       b = std::move(*r);
     });
+    // The expert outputs: the rows themselves, F32 or BF16 (the fast path's expert GEMMs write
+    // BF16 rows, and combine takes them as they are).
     std::vector<float> y(size_t(a.tokens * a.hidden));
-    std::vector<float> out(b.x.begin(), b.x.end());  // the expert outputs: the rows themselves
-    if (out.empty()) {
-      out.resize(b.x_bf16.size());
-      bf16_to_f32_row(b.x_bf16.data(), int64_t(b.x_bf16.size()), out.data());
+    std::vector<float> out(b.x.begin(), b.x.end());
+    std::vector<uint16_t> out16;
+    if (b.has_bf16_rows()) {
+      for (int64_t r = 0; r < b.n_rows(); ++r) out16.insert(out16.end(), b.bf16_row(r), b.bf16_row(r) + a.hidden);
     }
     Timing t_combine = time_it(c, a.iters, [&] {
-      if (!(*d)->combine(b, out.data(), y.data()).ok()) std::exit(1);
+      Status s = out16.empty() ? (*d)->combine(b, out.data(), y.data())
+                               : (*d)->combine(b, out16.data(), y.data());
+      if (!s.ok()) std::exit(1);
     });
     // The byte matrices this rank put on the wire.
     const auto L = DispatchRecordLayout::make(a.hidden, a.top_k, *dtype);

@@ -57,7 +57,7 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
     return 1;
   }
   const ModelConfig& c = (*ck)->config();
-  LocalDispatcher dispatcher(c.n_routed_experts);
+  LocalDispatcher dispatcher(c.n_routed_experts, /*bf16_rows=*/true);
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool, AttentionMode::kAbsorbed,
                       ComputePath::kFast);
   const int64_t total = o.prompt_tokens + o.decode_tokens;

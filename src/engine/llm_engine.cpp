@@ -40,7 +40,7 @@ class LlmEngine final : public Engine {
         balancer_(par ? par->balancer : nullptr),
         on_clean_stop_(par ? par->on_clean_stop : nullptr),
         pool_(o.threads),
-        local_dispatcher_(config_.n_routed_experts),
+        local_dispatcher_(config_.n_routed_experts, /*bf16_rows=*/o.compute == ComputePath::kFast),
         model_(config_, ck_->weights(),
                par && par->dispatcher ? *par->dispatcher : local_dispatcher_, &pool_, o.attention,
                o.compute, o.overlap, o.progress),

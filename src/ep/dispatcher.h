@@ -13,7 +13,9 @@
 //      [segment_begin(s), + segment_rows(s)), writing out rows [n_rows(), hidden]; rows of
 //      padding may be computed or not, they are ignored.
 //   3. combine(batch, out) -> y[n_tokens, hidden] on the source rank: the gate-weighted sum of
-//      each token's top-k expert outputs.
+//      each token's top-k expert outputs. The outputs may be F32 or already BF16 (what the fast
+//      path's expert GEMMs write, and what DeepEP's combine carries): BF16 rows give the same y,
+//      bit for bit, as their F32 values would, without an F32 pass over them.
 // A Dispatcher is used by one thread at a time (the rank's step thread).
 #pragma once
 
@@ -30,7 +32,7 @@ namespace moeserve {
 enum class ExpertLayout {
   kContiguous,  // segment s is rows [offsets[s], offsets[s+1]), all in use (normal mode)
   kMasked,      // segment s is a slab of `capacity` rows from offsets[s] = s * capacity; the first
-                // counts[s] are in use, the rest are zero padding (low-latency mode)
+                // counts[s] are in use, the rest are padding (zero rows in x; low-latency mode)
 };
 
 struct EpRoute;  // EpDispatcher's routing state (ep_dispatcher.h)
@@ -42,9 +44,13 @@ struct ExpertBatch {
   // The row arrays are RowVectors (row_pool.h): storage recycled by the dispatcher that made
   // the batch once the batch is destroyed, so a dispatch does not page-fault fresh memory.
   RowVector<float> x;  // [n_rows(), hidden] received rows (dequantized), by expert
-  // Instead of x, when the dispatcher delivers BF16 rows (EpOptions::bf16_rows): the values x
-  // would hold, rounded to BF16 (what the fast path's expert GEMMs read anyway). x is then empty.
-  RowVector<uint16_t> x_bf16;     // [n_rows(), hidden]
+  // Instead of x, when the dispatcher delivers BF16 rows (EpOptions::bf16_rows; x is then
+  // empty): each received token once, rounded to BF16 (what the fast path's expert GEMMs read
+  // anyway), and for each row the token it reads, so row r holds the values x would hold,
+  // rounded: bf16_row(r). A token is not copied once per expert (DeepEP's normal-mode receive
+  // buffer); the grouped GEMM gathers the rows (gemm_fp8_grouped_contiguous_gather).
+  RowVector<uint16_t> tokens_bf16;  // [tokens received, hidden]
+  std::vector<int32_t> row_source;  // [n_rows()] token row of each row (padding rows: 0)
   std::vector<int32_t> experts;   // global ids of this rank's experts with a segment
   std::vector<int64_t> offsets;   // [experts.size() + 1] first row of each segment, end
   std::vector<int64_t> counts;    // [experts.size()] rows in use in each segment
@@ -55,6 +61,10 @@ struct ExpertBatch {
   std::shared_ptr<const EpRoute> route;  // EpDispatcher
 
   int64_t n_rows() const { return offsets.empty() ? 0 : offsets.back(); }
+  bool has_bf16_rows() const { return x.empty() && !row_source.empty(); }
+  const uint16_t* bf16_row(int64_t r) const {  // [hidden], when has_bf16_rows()
+    return tokens_bf16.data() + size_t(row_source[size_t(r)]) * size_t(hidden);
+  }
   int64_t segment_begin(size_t s) const { return offsets[s]; }
   int64_t segment_rows(size_t s) const { return counts[s]; }
 };
@@ -80,14 +90,18 @@ class Dispatcher {
                                const int32_t* topk_ids, const float* topk_weights, int64_t top_k) {
     return dispatch(0, x, n_tokens, hidden, topk_ids, topk_weights, top_k);
   }
-  // expert_out: [batch.n_rows(), hidden]; y: [n_tokens, hidden] (overwritten).
+  // expert_out: [batch.n_rows(), hidden], F32 or BF16 bits; y: [n_tokens, hidden] (overwritten).
   virtual Status combine(const ExpertBatch& batch, const float* expert_out, float* y) = 0;
+  virtual Status combine(const ExpertBatch& batch, const uint16_t* expert_out, float* y) = 0;
 };
 
-// All experts in this process: dispatch is a gather, combine a weighted scatter-add.
+// All experts in this process: dispatch is a gather, combine a weighted scatter-add. With
+// bf16_rows (the fast path, like EpOptions::bf16_rows) dispatch rounds each token to BF16 once
+// and delivers token rows (ExpertBatch::tokens_bf16) instead of a copy per expert.
 class LocalDispatcher final : public Dispatcher {
  public:
-  explicit LocalDispatcher(int64_t n_experts) : n_experts_(n_experts) {}
+  explicit LocalDispatcher(int64_t n_experts, bool bf16_rows = false)
+      : n_experts_(n_experts), bf16_rows_(bf16_rows) {}
 
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
@@ -98,10 +112,12 @@ class LocalDispatcher final : public Dispatcher {
                                const int32_t* topk_ids, const float* topk_weights,
                                int64_t top_k) override;
   Status combine(const ExpertBatch& batch, const float* expert_out, float* y) override;
+  Status combine(const ExpertBatch& batch, const uint16_t* expert_out, float* y) override;
 
  private:
   int64_t n_experts_;
-  std::shared_ptr<RowPool> rows_ = std::make_shared<RowPool>();  // storage of the batches' x
+  bool bf16_rows_;
+  std::shared_ptr<RowPool> rows_ = std::make_shared<RowPool>();  // storage of x, tokens_bf16
 };
 
 }  // namespace moeserve

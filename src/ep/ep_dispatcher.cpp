@@ -382,81 +382,96 @@ Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecord
   }
   const int64_t n_rows = b.offsets.back();
   const bool bf16_rows = options_.bf16_rows && L.dtype != DispatchDType::kF32;
-  // Rows from the pool, not zeroed: every row in use is written below, and the masked layout's
-  // padding rows are zeroed here (a fresh zeroed vector per call page-faults it all in).
-  if (bf16_rows) {
-    b.x_bf16 = RowVector<uint16_t>(RowAllocator<uint16_t>(rows_));
-    b.x_bf16.resize(size_t(n_rows * H));  // [n_rows, H]
-  } else {
-    b.x = RowVector<float>(RowAllocator<float>(rows_));
-    b.x.resize(size_t(n_rows * H));  // [n_rows, H]
-  }
-  if (masked) {
-    for (size_t s = 0; s < b.counts.size(); ++s) {
-      const size_t used_end = size_t((b.offsets[s] + b.counts[s]) * H),
-                   end = size_t(b.offsets[s + 1] * H);
-      if (bf16_rows) {
-        std::fill(b.x_bf16.begin() + ptrdiff_t(used_end), b.x_bf16.begin() + ptrdiff_t(end), 0);
-      } else {
-        std::fill(b.x.begin() + ptrdiff_t(used_end), b.x.begin() + ptrdiff_t(end), 0.0f);
-      }
-    }
-  }
   b.row_weight.assign(size_t(n_rows), 0.0f);
-
-  // Fill rows in (source rank, record, entry) order; that is also the combine send order.
   const size_t T = size_t(options_.max_tokens_per_rank);
   route.send_row_base =
       masked ? fixed_bases(size_t(R), T * size_t(L.top_k)) : prefix_bases(route.send_rows);
-  std::vector<int64_t> fill(mine.size(), 0);
-  size_t total_rows = 0;
+  size_t total_rows = 0, total_records = 0;
   for (size_t n : route.send_rows) total_rows += n;
+  for (size_t n : records) total_records += n;
   route.return_row.reserve(total_rows);
+  std::vector<int64_t> fill(mine.size(), 0);
+  // Assigns the batch rows of record rec's entries (in entry order) and calls row_fn(row) for
+  // each; rows fill each expert's segment in (source rank, record, entry) order, which is also
+  // the combine send order.
+  auto place_entries = [&](const uint8_t* rec, auto&& row_fn) {
+    const int32_t count = get<int32_t>(rec, kRecordCountOffset);
+    for (int32_t c = 0; c < count; ++c) {
+      int32_t e = get<int32_t>(rec, L.ids_offset + 4 * size_t(c));
+      size_t le = size_t(placement_.local_index(moe_layer, me, e));
+      int64_t row = seg_start[le] + fill[le]++;
+      b.row_weight[size_t(row)] = get<float>(rec, L.weights_offset + 4 * size_t(c));
+      route.return_row.push_back(row);
+      row_fn(row);
+    }
+  };
+
+  if (bf16_rows) {
+    // Each received token once, in BF16; rows refer to it (padding rows to token 0, unread).
+    b.tokens_bf16 = RowVector<uint16_t>(RowAllocator<uint16_t>(rows_));
+    b.tokens_bf16.resize(total_records * size_t(H));  // [records, H], every row written below
+    b.row_source.assign(size_t(n_rows), 0);
+    int32_t token = 0;
+    for (int p = 0; p < R; ++p) {
+      for (size_t i = 0; i < records[size_t(p)]; ++i, ++token) {
+        const uint8_t* rec = recv + (base[size_t(p)] + i) * L.bytes;
+        const uint8_t* payload = rec + L.payload_offset;
+        uint16_t* dst = &b.tokens_bf16[size_t(token) * size_t(H)];
+        if (L.dtype == DispatchDType::kFp8) {
+          scales_tmp_.resize(size_t(L.n_scales));
+          std::memcpy(scales_tmp_.data(), rec + L.scales_offset, size_t(L.n_scales) * 4);
+          fp8_1x128_to_bf16_row(payload, scales_tmp_.data(), H, dst);
+        } else {
+          std::memcpy(dst, payload, size_t(H) * 2);  // a BF16 payload is taken as it is
+        }
+        place_entries(rec, [&](int64_t row) { b.row_source[size_t(row)] = token; });
+      }
+    }
+    b.route = std::make_shared<const EpRoute>(std::move(route));
+    return b;
+  }
+
+  // F32 rows, one per (token, expert): from the pool, not zeroed (every row in use is written
+  // below, and the masked layout's padding rows are zeroed here; a fresh zeroed vector per call
+  // page-faults it all in).
+  b.x = RowVector<float>(RowAllocator<float>(rows_));
+  b.x.resize(size_t(n_rows * H));  // [n_rows, H]
+  if (masked) {
+    for (size_t s = 0; s < b.counts.size(); ++s) {
+      std::fill(b.x.begin() + ptrdiff_t((b.offsets[s] + b.counts[s]) * H),
+                b.x.begin() + ptrdiff_t(b.offsets[s + 1] * H), 0.0f);
+    }
+  }
   // Each token is decoded once into a scratch row (it stays in L1), then written to each of its
   // expert rows; large batches with non-temporal stores (see stream_copy).
-  const size_t row_bytes = size_t(H) * (bf16_rows ? 2 : 4);
+  const size_t row_bytes = size_t(H) * 4;
   const bool stream = size_t(n_rows) * row_bytes >= kStreamRowsBytes;
-  row_tmp_.resize(size_t(H));
   row_f32_.resize(size_t(H));
-  uint8_t* rows = bf16_rows ? reinterpret_cast<uint8_t*>(b.x_bf16.data())
-                            : reinterpret_cast<uint8_t*>(b.x.data());
+  uint8_t* rows = reinterpret_cast<uint8_t*>(b.x.data());
   for (int p = 0; p < R; ++p) {
     for (size_t i = 0; i < records[size_t(p)]; ++i) {
       const uint8_t* rec = recv + (base[size_t(p)] + i) * L.bytes;
-      const int32_t count = get<int32_t>(rec, kRecordCountOffset);
       const uint8_t* payload = rec + L.payload_offset;
-      // The token's row: F32, or its BF16 rounding (a BF16 payload is taken as it is).
-      const void* src = nullptr;
+      const void* src = payload;  // an F32 payload is taken as it is
       if (L.dtype == DispatchDType::kFp8) {
         scales_tmp_.resize(size_t(L.n_scales));
         std::memcpy(scales_tmp_.data(), rec + L.scales_offset, size_t(L.n_scales) * 4);
-        if (bf16_rows) {
-          fp8_1x128_to_bf16_row(payload, scales_tmp_.data(), H, row_tmp_.data());
-          src = row_tmp_.data();
-        } else {
-          fp8_1x128_to_f32_row(payload, scales_tmp_.data(), H, row_f32_.data());
-          src = row_f32_.data();
-        }
-      } else if (L.dtype == DispatchDType::kBf16 && !bf16_rows) {
+        fp8_1x128_to_f32_row(payload, scales_tmp_.data(), H, row_f32_.data());
+        src = row_f32_.data();
+      } else if (L.dtype == DispatchDType::kBf16) {
+        row_tmp_.resize(size_t(H));
         std::memcpy(row_tmp_.data(), payload, size_t(H) * 2);
         bf16_to_f32_row(row_tmp_.data(), H, row_f32_.data());
         src = row_f32_.data();
-      } else {
-        src = payload;  // BF16 payload into BF16 rows, or F32 into F32
       }
-      for (int32_t c = 0; c < count; ++c) {
-        int32_t e = get<int32_t>(rec, L.ids_offset + 4 * size_t(c));
-        size_t le = size_t(placement_.local_index(moe_layer, me, e));
-        int64_t row = seg_start[le] + fill[le]++;
-        b.row_weight[size_t(row)] = get<float>(rec, L.weights_offset + 4 * size_t(c));
-        route.return_row.push_back(row);
+      place_entries(rec, [&](int64_t row) {
         uint8_t* dst = rows + size_t(row) * row_bytes;
         if (stream) {
           stream_copy(dst, src, row_bytes);
         } else {
           std::memcpy(dst, src, row_bytes);
         }
-      }
+      });
     }
   }
   if (stream) stream_fence();  // the rows are read next, maybe by other threads
@@ -464,7 +479,56 @@ Result<ExpertBatch> EpDispatcher::unpack(int64_t moe_layer, const DispatchRecord
   return b;
 }
 
+namespace {
+
+// An expert output row as it goes on the wire (F32, or rounded to BF16), into dst.
+void to_wire(const float* o, int64_t H, bool f32, uint16_t* dst) {
+  if (f32) {
+    std::memcpy(dst, o, size_t(H) * 4);
+  } else {
+    f32_to_bf16_row_isa(o, H, dst);
+  }
+}
+void to_wire(const uint16_t* o, int64_t H, bool f32, uint16_t* dst) {
+  if (f32) {
+    for (int64_t c = 0; c < H; ++c) {
+      const float v = bf16_to_f32(o[c]);
+      std::memcpy(dst + 2 * c, &v, 4);
+    }
+  } else {
+    std::memcpy(dst, o, size_t(H) * 2);
+  }
+}
+
+// y[H] += w * (the wire value of expert output row o): the source side's sum of a row that
+// stayed on its rank, with the bits it would have had after a trip over the wire.
+void add_own(float w, const float* o, int64_t H, bool f32, float* y) {
+  if (f32) {
+    for (int64_t c = 0; c < H; ++c) y[c] += w * o[c];
+  } else {
+    bf16_round_axpy_row(w, o, H, y);
+  }
+}
+void add_own(float w, const uint16_t* o, int64_t H, bool f32, float* y) {
+  if (f32) {
+    for (int64_t c = 0; c < H; ++c) y[c] += w * bf16_to_f32(o[c]);
+  } else {
+    bf16_axpy_row(w, o, H, y);
+  }
+}
+
+}  // namespace
+
 Status EpDispatcher::combine(const ExpertBatch& b, const float* expert_out, float* y) {
+  return combine_rows(b, expert_out, y);
+}
+
+Status EpDispatcher::combine(const ExpertBatch& b, const uint16_t* expert_out, float* y) {
+  return combine_rows(b, expert_out, y);
+}
+
+template <typename Row>
+Status EpDispatcher::combine_rows(const ExpertBatch& b, const Row* expert_out, float* y) {
   if (!b.route) return Internal("combine: the batch was not made by an EpDispatcher");
   const EpRoute& route = *b.route;
   const int R = comm_.size(), me = comm_.rank();
@@ -505,13 +569,8 @@ Status EpDispatcher::combine(const ExpertBatch& b, const float* expert_out, floa
       continue;
     }
     for (size_t n = 0; n < route.send_rows[size_t(p)]; ++n, ++i) {
-      const float* o = expert_out + route.return_row[i] * H;  // [H]
-      uint16_t* dst = &combine_send_[(send_base[size_t(p)] + n) * ru];
-      if (f32) {
-        std::memcpy(dst, o, rb);
-      } else {
-        f32_to_bf16_row_isa(o, H, dst);
-      }
+      const Row* o = expert_out + route.return_row[i] * H;  // [H]
+      to_wire(o, H, f32, &combine_send_[(send_base[size_t(p)] + n) * ru]);
     }
   }
   // Both sides know every size: no round trip in either mode.
@@ -533,12 +592,8 @@ Status EpDispatcher::combine(const ExpertBatch& b, const float* expert_out, floa
       const float w = route.weights[size_t(t * k + j)];
       size_t r = size_t(route.slot_row[size_t(t * k + j)]);
       if (r >= self_lo && r < self_hi) {  // computed here: row n of the self chunk
-        const float* o = expert_out + route.return_row[self_first + (r - self_lo)] * H;  // [H]
-        if (f32) {
-          for (int64_t c = 0; c < H; ++c) yt[c] += w * o[c];
-        } else {
-          bf16_round_axpy_row(w, o, H, yt);
-        }
+        const Row* o = expert_out + route.return_row[self_first + (r - self_lo)] * H;  // [H]
+        add_own(w, o, H, f32, yt);
         continue;
       }
       if (r >= self_hi) r -= recv_gap;

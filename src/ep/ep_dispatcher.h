@@ -50,7 +50,7 @@ struct EpOptions {
   int64_t hidden = 0;
   int64_t top_k = 0;
   int64_t max_tokens_per_rank = 0;  // most tokens any rank passes to one dispatch
-  // Deliver received rows as BF16 (ExpertBatch::x_bf16) rather than F32, for experts that round
+  // Deliver received rows as BF16 (ExpertBatch::tokens_bf16) rather than F32, for experts that round
   // their inputs to BF16 anyway (the fast path): half the bytes written and read, no F32 pass.
   // Ignored with the F32 payload (which exists to be lossless).
   bool bf16_rows = false;
@@ -100,8 +100,11 @@ class EpDispatcher final : public Dispatcher {
                                const int32_t* topk_ids, const float* topk_weights,
                                int64_t top_k) override;
   Status combine(const ExpertBatch& batch, const float* expert_out, float* y) override;
+  Status combine(const ExpertBatch& batch, const uint16_t* expert_out, float* y) override;
 
  private:
+  template <typename Row>  // float or uint16_t (BF16 bits)
+  Status combine_rows(const ExpertBatch& batch, const Row* expert_out, float* y);
   EpDispatcher(Communicator& comm, ExpertPlacement placement, EpOptions options);
 
   // Turns the received records (from rank p: records[p] of them at recv + base[p]) into rows.
@@ -126,7 +129,7 @@ class EpDispatcher final : public Dispatcher {
   std::vector<uint16_t> row_tmp_;                      // [hidden] one BF16 row
   std::vector<float> row_f32_;                         // [hidden] one F32 row
   std::vector<float> combine_row_f32_;                 // [hidden] one combine row as F32
-  // Storage of the batches' rows (x, x_bf16), shared with every batch this dispatcher made.
+  // Storage of the batches' rows (x, tokens_bf16), shared with every batch this dispatcher made.
   std::shared_ptr<RowPool> rows_ = std::make_shared<RowPool>();
 };
 

@@ -174,7 +174,25 @@ void run_jobs(const std::vector<GemmJob>& jobs, PanelFn fn, ThreadPool* pool) {
         return std::min(p, panels);
       };
       int64_t p0 = first_at_or_after(lo), p1 = first_at_or_after(hi);
-      if (p0 < p1) fn(jobs[j], p0, p1);
+      if (p0 >= p1) continue;
+      if (!jobs[j].x_rows) {
+        fn(jobs[j], p0, p1);
+        continue;
+      }
+      // Gathered rows: this thread copies the job's rows together (they stay in cache for
+      // all its panels) and runs the plain job on the copy.
+      thread_local std::vector<uint16_t> gathered;
+      const GemmJob& g = jobs[j];
+      gathered.resize(size_t(g.m * g.k));
+      for (int64_t i = 0; i < g.m; ++i) {
+        std::memcpy(&gathered[size_t(i * g.k)], g.x + int64_t(g.x_rows[i]) * g.ldx,
+                    size_t(g.k) * 2);
+      }
+      GemmJob copy = g;
+      copy.x = gathered.data();
+      copy.ldx = g.k;
+      copy.x_rows = nullptr;
+      fn(copy, p0, p1);
     }
   };
   if (threads == 1 || !pool) {
@@ -201,9 +219,10 @@ void dense(const uint16_t* x, const float* xf, int64_t m, int64_t ldx, const Pac
   run_jobs(jobs, fn, pool);
 }
 
-void grouped_contiguous(const uint16_t* x, const float* xf, int64_t ldx, const int64_t* offsets,
-                        const PackedFp8Weight* const* experts, int64_t n_experts, GemmOutput y,
-                        ThreadPool* pool, PanelFn fn) {
+// x_rows (BF16 x only; may be null): the gathered rows of gemm_fp8_grouped_contiguous_gather.
+void grouped_contiguous(const uint16_t* x, const float* xf, int64_t ldx, const int32_t* x_rows,
+                        const int64_t* offsets, const PackedFp8Weight* const* experts,
+                        int64_t n_experts, GemmOutput y, ThreadPool* pool, PanelFn fn) {
   CHECK(n_experts >= 0 && (n_experts == 0 || offsets[0] == 0), "grouped: offsets must start at 0");
   std::vector<GemmJob> jobs;
   for (int64_t e = 0; e < n_experts; ++e) {
@@ -211,7 +230,13 @@ void grouped_contiguous(const uint16_t* x, const float* xf, int64_t ldx, const i
     CHECK(rows >= 0, "grouped: offsets must not decrease");
     CHECK(experts[e]->n == experts[0]->n && experts[e]->k == experts[0]->k,
           "grouped: experts must share a shape");
-    if (rows > 0) jobs.push_back(make_job(x, xf, rows, ldx, *experts[e], y, offsets[e]));
+    if (rows == 0) continue;
+    GemmJob job = make_job(x, xf, rows, ldx, *experts[e], y, offsets[e]);
+    if (x_rows) {  // the segment's rows are gathered from anywhere in x
+      job.x = x;
+      job.x_rows = x_rows + offsets[e];
+    }
+    jobs.push_back(job);
   }
   run_jobs(jobs, fn, pool);
 }
@@ -241,7 +266,15 @@ void gemm_fp8(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp8Weight& 
 void gemm_fp8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
                                  const PackedFp8Weight* const* experts, int64_t n_experts,
                                  GemmOutput y, ThreadPool* pool, Isa isa) {
-  grouped_contiguous(x, nullptr, ldx, offsets, experts, n_experts, y, pool, panel_fn(isa));
+  grouped_contiguous(x, nullptr, ldx, nullptr, offsets, experts, n_experts, y, pool, panel_fn(isa));
+}
+
+void gemm_fp8_grouped_contiguous_gather(const uint16_t* x, int64_t ldx, const int32_t* x_rows,
+                                        const int64_t* offsets,
+                                        const PackedFp8Weight* const* experts, int64_t n_experts,
+                                        GemmOutput y, ThreadPool* pool, Isa isa) {
+  CHECK(x_rows != nullptr, "grouped gather: x_rows is required");
+  grouped_contiguous(x, nullptr, ldx, x_rows, offsets, experts, n_experts, y, pool, panel_fn(isa));
 }
 
 void gemm_fp8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
@@ -283,7 +316,8 @@ void gemm_fp8_f32x(const float* x, int64_t m, int64_t ldx, const PackedFp8Weight
 void gemm_fp8_f32x_grouped_contiguous(const float* x, int64_t ldx, const int64_t* offsets,
                                       const PackedFp8Weight* const* experts, int64_t n_experts,
                                       GemmOutput y, ThreadPool* pool, Isa isa) {
-  grouped_contiguous(nullptr, x, ldx, offsets, experts, n_experts, y, pool, panel_fn_f32x(isa));
+  grouped_contiguous(nullptr, x, ldx, nullptr, offsets, experts, n_experts, y, pool,
+                     panel_fn_f32x(isa));
 }
 
 void gemm_fp8_f32x_grouped_masked(const float* x, int64_t ldx, int64_t capacity,

@@ -82,6 +82,16 @@ void gemm_fp8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* 
                                  const PackedFp8Weight* const* experts, int64_t n_experts,
                                  GemmOutput y, ThreadPool* pool, Isa isa = active_isa());
 
+// The same with the rows of X gathered: row i of the grouped problem (i in [0, offsets[n]))
+// reads x + x_rows[i] * ldx, so rows that several experts share (a token's top-k) need not be
+// copied once per expert beforehand (DeepEP's receive buffer holds each token once). Each
+// thread copies its experts' rows together before the kernel runs; results equal
+// gemm_fp8_grouped_contiguous on the copied rows, bit for bit.
+void gemm_fp8_grouped_contiguous_gather(const uint16_t* x, int64_t ldx, const int32_t* x_rows,
+                                        const int64_t* offsets,
+                                        const PackedFp8Weight* const* experts, int64_t n_experts,
+                                        GemmOutput y, ThreadPool* pool, Isa isa = active_isa());
+
 // x: [n_experts][capacity][k] (row stride ldx); counts[e] in [0, capacity].
 void gemm_fp8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
                              const int32_t* counts, const PackedFp8Weight* const* experts,

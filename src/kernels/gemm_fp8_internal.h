@@ -25,6 +25,9 @@ struct GemmJob {
   int64_t ldy;
   const float* xf;  // F32 [m, k], row stride ldx (gemm_fp8_f32x); null for the BF16 variants
   bool bf16_tiles = false;  // tiles hold BF16 (PackedBf16Weight, 2 * kTileBytes each), no scales
+  // Gathered rows (BF16 x only): row i of the job is x + x_rows[i] * ldx. The ISA levels never
+  // see it: gemm_fp8.cpp copies a job's rows together before handing the job on.
+  const int32_t* x_rows = nullptr;
 };
 
 void panels_scalar(const GemmJob& job, int64_t p0, int64_t p1);

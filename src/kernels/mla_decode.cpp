@@ -4,7 +4,8 @@
 // prefill chunk) that each make one pass over the cache blocks they see. The groups' work is
 // laid end to end and cut into `parts` equal shares, as FlashMLA's tile scheduler does: a group
 // that straddles a cut is split over its KV blocks, each piece writes a partial o and lse, and
-// the combine merges the pieces with their log-sum-exp weights.
+// the combine merges the pieces with their log-sum-exp weights. The piece kernel is picked by
+// ISA level and shape (fast_piece); the partition and combine are the same at every level.
 #include "kernels/mla_decode.h"
 
 #include <algorithm>
@@ -141,7 +142,24 @@ std::vector<PieceRef> partition_fixed(const std::vector<Group>& groups, int64_t 
   return pieces;
 }
 
-void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt) {
+using PieceFn = void (*)(const mla_detail::Ctx&, const mla_detail::Piece&);
+
+// The piece kernel for this level and batch, or null where only the reference applies (an F32
+// cache, the scalar level, or a shape no kernel takes). At the BF16 level a shape the BF16
+// kernel does not take goes to the AVX-512F kernel (same CPU, FP32 arithmetic).
+PieceFn fast_piece(const MlaBatch& b, Isa isa) {
+  if (b.cache.dtype != DType::kBF16) return nullptr;
+  const MlaShape& s = b.shape;
+  if (isa == Isa::kAvx512Bf16 && s.kv_lora_rank % 32 == 0 && s.rope_dim % 2 == 0) {
+    return mla_detail::piece_avx512bf16;
+  }
+  if (s.kv_lora_rank % 16 != 0) return nullptr;
+  if (isa_at_most(Isa::kAvx512, isa)) return mla_detail::piece_avx512f;
+  if (isa == Isa::kAvx2) return mla_detail::piece_avx2;
+  return nullptr;
+}
+
+void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceFn piece_fn) {
   const int64_t H = b.shape.heads, R = b.shape.kv_lora_rank;
   const std::vector<Group> groups = make_groups(b);
   if (groups.empty()) return;
@@ -193,7 +211,7 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt) {
       pc.o = part_o.data() + slot_row[size_t(p.slot)] * R;
       pc.lse = part_lse.data() + slot_row[size_t(p.slot)];
     }
-    mla_detail::piece_avx512bf16(ctx, pc);
+    piece_fn(ctx, pc);
   };
   // Pieces come out of partition() ordered by part.
   std::vector<size_t> part_begin(size_t(parts + 1), pieces.size());
@@ -268,14 +286,12 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt) {
 void mla_decode(const MlaBatch& batch, ThreadPool* pool, const MlaOptions& opt, Isa isa) {
   CHECK(isa_at_most(isa, cpu_isa()), "mla_decode: ISA level above what this CPU supports");
   mla_detail::validate(batch);
-  const MlaShape& s = batch.shape;
-  const bool fast = isa == Isa::kAvx512Bf16 && batch.cache.dtype == DType::kBF16 &&
-                    s.kv_lora_rank % 32 == 0 && s.rope_dim % 2 == 0;
-  if (!fast) {
+  const PieceFn piece_fn = fast_piece(batch, isa);
+  if (!piece_fn) {
     mla_decode_ref(batch, pool);
     return;
   }
-  run_fast(batch, pool, opt);
+  run_fast(batch, pool, opt, piece_fn);
 }
 
 }  // namespace moeserve

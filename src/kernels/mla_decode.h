@@ -15,7 +15,7 @@
 // over the sequences in order: q [rows, heads, dim], o [rows, heads, kv_lora_rank],
 // lse [rows, heads], rows = sum of n_queries.
 //
-// The fast level (AVX-512 with BF16 dot products) reads each cached token once for all heads
+// The BF16 level (AVX-512 with BF16 dot products) reads each cached token once for all heads
 // (and for up to ~128 query rows of a prefill chunk): scores = Q[rows x dim] K^T per 64-token
 // block, online softmax in FP32, then O += P V with BF16 products and FP32 accumulation. Long
 // contexts are split over the KV length among threads; each split writes a partial o and lse
@@ -28,9 +28,19 @@
 // reference to ~1e-5, at ~2x the BF16 kernel's time). Everything else is FP32.
 // The reference (mla_decode_ref) is plain FP32 on the queries as given.
 //
-// Levels: Isa::kAvx512Bf16 runs the fast kernel when the cache is BF16, kv_lora_rank is a
-// multiple of 32 and rope_dim is even; every other case (lower ISA levels, an F32 cache, other
-// shapes) runs the reference, parallel over query rows. Shape or index errors are programming
+// Below the BF16 level (Isa::kAvx512 and Isa::kAvx2) the same blocking runs in FP32 on the exact
+// cache values: each 64-token block is widened to F32 once (a BF16 value is the high half of its
+// F32), scores are F32 FMAs of the queries as given (F32, or BF16 widened) and the cache values,
+// and P stays F32, so these levels do the reference's arithmetic in another order: o agrees
+// with it to ~1e-6 of the cache values' magnitude and lse to ~1e-6 relative, and both are held
+// to the same bound against double-precision attention (tests/kernels/mla_decode_levels_test.cpp).
+// MlaOptions::split_p does not apply.
+//
+// Levels, for a BF16 cache: Isa::kAvx512Bf16 runs the BF16 kernel when kv_lora_rank is a
+// multiple of 32 and rope_dim is even, else the AVX-512F kernel; Isa::kAvx512 and Isa::kAvx2 run
+// the FP32 kernel (zmm / ymm) when kv_lora_rank is a multiple of 16. Every other case (the scalar
+// level, an F32 cache, other shapes) runs the reference, parallel over query rows. Split-KV and
+// the combine are the same at every fast level. Shape or index errors are programming
 // errors (CHECK): callers validate configs and block tables at their boundary. Call from one
 // thread at a time per pool; distinct calls share no state (per-thread scratch only).
 #pragma once
@@ -83,9 +93,10 @@ struct MlaOptions {
   // Shares the work is cut into (each share may split a sequence's KV range); 0 = the pool's
   // thread count. Results do not depend on it beyond rounding; tests vary it to force splits.
   int64_t parts = 0;
-  // Carry the softmax weights into P V as BF16 hi + lo instead of rounding them to BF16: with
-  // F32 queries the fast level then matches the FP32 reference to ~1e-5 (the BF16 latent cache
-  // itself rounds V by 2^-9, so the served path leaves this off: docs/kernels-mla.md).
+  // BF16 level only: carry the softmax weights into P V as BF16 hi + lo instead of rounding them
+  // to BF16: with F32 queries that level then matches the FP32 reference to ~1e-5 (the BF16
+  // latent cache itself rounds V by 2^-9, so the served path leaves this off:
+  // docs/kernels-mla.md). The levels below keep P in F32 anyway.
   bool split_p = false;
   // > 0: cut every sequence's KV range at fixed multiples of this many blocks, whatever else is
   // in the batch, and spread the pieces over the parts (largest load first). A sequence's

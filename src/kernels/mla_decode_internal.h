@@ -1,4 +1,4 @@
-// Internal to mla_decode: the unit of work the fast level implements. Plain data only, and no
+// Internal to mla_decode: the unit of work the fast levels implement. Plain data only, and no
 // includes that carry inline code (see cpu_features.h on why ISA files share no inline code).
 #pragma once
 
@@ -10,8 +10,8 @@ struct Ctx {
   const uint16_t* blocks;  // BF16 pool [num_blocks][64][dim]
   int64_t heads, kv_lora_rank, dim;
   float softmax_scale;
-  bool q_split;  // F32 queries as BF16 hi + lo: two score dot products (~16 mantissa bits)
-  bool p_split;  // softmax weights as BF16 hi + lo: two P V products
+  bool q_split;  // BF16 level: F32 queries as BF16 hi + lo (two score dot products)
+  bool p_split;  // BF16 level: softmax weights as BF16 hi + lo (two P V products)
 };
 
 // A group of consecutive query rows of one sequence (n_q queries x heads rows) attending to the
@@ -29,7 +29,11 @@ struct Piece {
   float* lse;  // [n_q * heads] or null
 };
 
+// One piece at each fast level: BF16 dot products (kv_lora_rank % 32 == 0, rope_dim even), and
+// the FP32 kernel of mla_decode_f32x.h on zmm and on ymm vectors (kv_lora_rank % 16 == 0).
 void piece_avx512bf16(const Ctx& ctx, const Piece& piece);
+void piece_avx512f(const Ctx& ctx, const Piece& piece);
+void piece_avx2(const Ctx& ctx, const Piece& piece);
 
 }  // namespace moeserve::mla_detail
 

@@ -528,14 +528,12 @@ Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float*
   ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(moe_layer_index(layer_), x, n, H,
                                                        ids.data(), wts.data(), k));
   comm_span.reset();
-  std::vector<float>& expert_out = scratch_.expert_out;  // [rows, H]
-  expert_out.resize(size_t(b.n_rows() * H));
   {
     TraceSpan span(tracer_, "experts", layer_);
-    RETURN_IF_ERROR(routed_experts(w, b, expert_out.data()));
+    RETURN_IF_ERROR(routed_experts(w, b, scratch_.expert_out));
   }
   comm_span.emplace(tracer_, "combine", layer_, TraceLane::kComm);
-  RETURN_IF_ERROR(dispatcher_.combine(b, expert_out.data(), out));  // [n, H]
+  RETURN_IF_ERROR(combine(b, scratch_.expert_out, out));  // [n, H]
   comm_span.reset();
   if (w.shared) {
     TraceSpan span(tracer_, "shared experts", layer_);
@@ -573,49 +571,56 @@ void DeepseekModel::route(const MoeWeights& w, const float* x, int64_t n, int32_
 }
 
 Status DeepseekModel::routed_experts(const MoeWeights& w, const ExpertBatch& b,
-                                     float* expert_out) {
-  const int64_t H = config_.hidden_size;
+                                     ExpertRows& out) {
+  const int64_t H = config_.hidden_size, n_rows = b.n_rows();
   for (int32_t e : b.experts) {
     if (!held_expert(w, e)) return Internal(fmt::format("expert {} was dispatched here but is not loaded", e));
   }
+  const bool fast = path_ == ComputePath::kFast;
+  // The fast path hands every expert output on as BF16, as a BF16 model does and as the EP
+  // combine sends it (DeepEP combines in BF16): one process and any number of ranks then sum
+  // the same values in the same order, so BF16 dispatch changes no bit of the result.
+  out.f32.clear();
+  out.bf16.clear();
   // (A rank may receive no rows; then expert 0 need not be loaded here.)
-  if (path_ == ComputePath::kFast && b.layout == ExpertLayout::kContiguous &&
-      !b.experts.empty() && held_expert(w, b.experts[0])->gate.dtype == DType::kF8E4M3) {
-    experts_grouped(w, b, expert_out);
-  } else {
-    std::vector<float> seg_x;  // a segment's rows as F32 when the batch carries BF16 rows
-    for (size_t s = 0; s < b.experts.size(); ++s) {
-      int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
-      const float* x = b.x.data() + r0 * H;
-      if (b.x.empty() && !b.x_bf16.empty()) {
-        seg_x.resize(size_t(rows * H));
-        bf16_to_f32_row(&b.x_bf16[size_t(r0 * H)], rows * H, seg_x.data());
-        x = seg_x.data();
-      }
-      mlp(*held_expert(w, b.experts[s]), x, rows, &expert_out[size_t(r0 * H)]);
-    }
+  if (fast && b.layout == ExpertLayout::kContiguous && !b.experts.empty() &&
+      held_expert(w, b.experts[0])->gate.dtype == DType::kF8E4M3) {
+    out.bf16.resize(size_t(n_rows * H));
+    experts_grouped(w, b, out.bf16.data());
+    return Status::Ok();
   }
-  if (path_ == ComputePath::kFast) {
-    // The fast path hands every expert output on as BF16, as a BF16 model does and as the EP
-    // combine sends it (DeepEP combines in BF16): one process and any number of ranks then sum
-    // the same values in the same order, so BF16 dispatch changes no bit of the result.
-    // (Element-wise, so split over the pool in chunks of 4096 values: same bits either way.)
-    elementwise(pool_, b.n_rows() * H, [&](int64_t i0, int64_t i1) {
-      uint16_t chunk[4096];
-      for (int64_t i = i0; i < i1; i += 4096) {
-        const int64_t len = std::min<int64_t>(4096, i1 - i);
-        f32_to_bf16_row(&expert_out[size_t(i)], len, chunk);
-        bf16_to_f32_row(chunk, len, &expert_out[size_t(i)]);
-      }
+  // Expert by expert in F32 (rows of padding stay zero), rounded to BF16 on the fast path.
+  std::vector<float>& f32 = fast ? scratch_.rows_f32 : out.f32;  // [n_rows, H]
+  f32.assign(size_t(n_rows * H), 0.0f);
+  std::vector<float> seg_x;  // a segment's rows as F32 when the batch carries BF16 rows
+  for (size_t s = 0; s < b.experts.size(); ++s) {
+    int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
+    const float* x = b.x.data() + r0 * H;
+    if (b.has_bf16_rows()) {
+      seg_x.resize(size_t(rows * H));
+      for (int64_t r = 0; r < rows; ++r) bf16_to_f32_row(b.bf16_row(r0 + r), H, &seg_x[size_t(r * H)]);
+      x = seg_x.data();
+    }
+    mlp(*held_expert(w, b.experts[s]), x, rows, &f32[size_t(r0 * H)]);
+  }
+  if (fast) {
+    out.bf16.resize(size_t(n_rows * H));
+    elementwise(pool_, n_rows * H, [&](int64_t i0, int64_t i1) {
+      f32_to_bf16_row(&f32[size_t(i0)], i1 - i0, &out.bf16[size_t(i0)]);
     });
   }
   return Status::Ok();
 }
 
+Status DeepseekModel::combine(const ExpertBatch& b, const ExpertRows& rows, float* y) {
+  if (path_ == ComputePath::kFast) return dispatcher_.combine(b, rows.bf16.data(), y);
+  return dispatcher_.combine(b, rows.f32.data(), y);
+}
+
 // All of a step's routed experts in three grouped GEMMs (DeepGEMM's contiguous layout: rows
 // sorted by expert) instead of three dense GEMMs per expert: one pass over the thread pool per
 // projection, however many experts the batch touches.
-void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, float* out) {
+void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, uint16_t* out) {
   const int64_t H = b.hidden, rows = b.n_rows(), n_seg = int64_t(b.experts.size());
   if (rows == 0) return;
   const int64_t I = held_expert(w, b.experts[0])->gate.rows;
@@ -633,24 +638,28 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, f
   std::vector<uint16_t>& act = scratch_.act;  // [rows, I] BF16 SiLU(g) * u
   std::vector<float>& g = scratch_.g;
   std::vector<float>& u = scratch_.u;  // [rows, I]
-  const uint16_t* xin = b.x_bf16.data();
-  if (!(b.x.empty() && !b.x_bf16.empty())) {
-    xb.resize(size_t(rows * H));
-    f32_to_bf16_row(b.x.data(), rows * H, xb.data());
-    xin = xb.data();
-  }
   g.resize(size_t(rows * I));
   u.resize(size_t(rows * I));
   act.resize(size_t(rows * I));
-  gemm_fp8_grouped_contiguous(xin, H, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
-  gemm_fp8_grouped_contiguous(xin, H, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
+  if (b.has_bf16_rows()) {
+    // Each token's BF16 row once; the GEMMs gather a segment's rows by index.
+    const uint16_t* tok = b.tokens_bf16.data();
+    const int32_t* src = b.row_source.data();
+    gemm_fp8_grouped_contiguous_gather(tok, H, src, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
+    gemm_fp8_grouped_contiguous_gather(tok, H, src, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
+  } else {
+    xb.resize(size_t(rows * H));
+    f32_to_bf16_row(b.x.data(), rows * H, xb.data());
+    gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
+    gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
+  }
   elementwise(pool_, rows * I, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       float a = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
       act[size_t(i)] = f32_to_bf16(a);  // [rows, I]
     }
   });
-  gemm_fp8_grouped_contiguous(act.data(), I, b.offsets.data(), down.data(), n_seg, {out, DType::kF32, H}, pool_);
+  gemm_fp8_grouped_contiguous(act.data(), I, b.offsets.data(), down.data(), n_seg, {out, DType::kBF16, H}, pool_);
 }
 
 void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* out) {

@@ -123,11 +123,20 @@ class DeepseekModel {
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                             int64_t n, const LatentKvCache& cache, float* o);
   Status moe(const MoeWeights& w, const float* x, int64_t n, float* out);
+  // The routed experts' output rows [b.n_rows(), H]: BF16 on the fast path (the expert GEMMs
+  // write them rounded, as a BF16 model hands them on and as DeepEP's combine carries them),
+  // F32 on the reference path; the other vector stays empty.
+  struct ExpertRows {
+    std::vector<float> f32;
+    std::vector<uint16_t> bf16;
+  };
   // Pieces of moe(), shared with the micro-batch path. route: the router's top-k of x [n, H]
-  // into ids, wts [n, top_k]. routed_experts: every local expert on its rows of b, into
-  // expert_out [b.n_rows(), H]. moe_layer_index: layer's index among the MoE layers.
+  // into ids, wts [n, top_k]. routed_experts: every local expert on its rows of b, into out.
+  // combine: the dispatcher's combine of those rows into y [b.n_tokens, H].
+  // moe_layer_index: layer's index among the MoE layers.
   void route(const MoeWeights& w, const float* x, int64_t n, int32_t* ids, float* wts);
-  Status routed_experts(const MoeWeights& w, const ExpertBatch& b, float* expert_out);
+  Status routed_experts(const MoeWeights& w, const ExpertBatch& b, ExpertRows& out);
+  Status combine(const ExpertBatch& b, const ExpertRows& rows, float* y);
   int64_t moe_layer_index(int64_t layer) const;
   // The layers of forward() with two interleaved micro-batches (microbatch.cpp); x: [n, H]
   // residual stream in batch order, in and out.
@@ -139,7 +148,8 @@ class DeepseekModel {
   Status experts_stage(MicroBatch& mb);
   Status finish_moe(MicroBatch& mb);
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out);
-  void experts_grouped(const MoeWeights& w, const ExpertBatch& b, float* out);
+  // Contiguous layout, FP8 experts: the down projection writes BF16 rows (out [rows, H]).
+  void experts_grouped(const MoeWeights& w, const ExpertBatch& b, uint16_t* out);
   // y[m, w.rows] = x[m, w.cols] W^T on the configured compute path.
   void linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy);
   // Repacks FP8 projections, splits kv_b_proj per head and converts the router to F32.
@@ -166,7 +176,8 @@ class DeepseekModel {
   // Scratch of the routed experts (moe, experts_grouped) and of mlp() (shared experts, dense
   // layers), reused by every layer and step: fresh multi-MB vectors page-fault every time.
   struct ExpertScratch {
-    std::vector<float> expert_out, g, u, shared, mlp_g, mlp_u;
+    ExpertRows expert_out;
+    std::vector<float> rows_f32, g, u, shared, mlp_g, mlp_u;
     std::vector<uint16_t> xb, act;
   } scratch_;
   // Scratch of attention() and attend_absorbed_fast(), reused by every layer and step.

@@ -94,7 +94,7 @@ struct DeepseekModel::MicroBatch {
   std::vector<int32_t> ids;       // [n, top_k]
   std::vector<float> wts;         // [n, top_k]
   ExpertBatch batch;              // rows received for this rank's experts
-  std::vector<float> expert_out;  // [batch.n_rows(), H]
+  ExpertRows expert_out;          // [batch.n_rows(), H]
   int64_t layer = 0;              // next layer to run (front), or the MoE layer in flight
   bool moe_pending = false;       // layer `layer` is between dispatch and its residual add
   std::future<Result<ExpertBatch>> dispatched;
@@ -207,19 +207,17 @@ void DeepseekModel::advance_to_dispatch(MicroBatch& mb, LatentKvCache& cache) {
 }
 
 Status DeepseekModel::experts_stage(MicroBatch& mb) {
-  const int64_t H = config_.hidden_size;
   const MoeWeights& w = *weights_.layers[size_t(mb.layer)].moe;
   Result<ExpertBatch> got = mb.dispatched.get();
   RETURN_IF_ERROR(got.status());
   mb.batch = std::move(*got);
-  mb.expert_out.assign(size_t(mb.batch.n_rows() * H), 0.0f);  // [rows, H]
   {
     NamedSpan span(tracer_, TraceLane::kCompute, "experts", mb.layer, mb.index);
-    RETURN_IF_ERROR(routed_experts(w, mb.batch, mb.expert_out.data()));
+    RETURN_IF_ERROR(routed_experts(w, mb.batch, mb.expert_out));
   }
   mb.combined = comm_worker_->submit([this, &mb] {
     NamedSpan span(tracer_, TraceLane::kComm, "combine", mb.layer, mb.index);
-    return dispatcher_.combine(mb.batch, mb.expert_out.data(), mb.out.data());  // [n, H]
+    return combine(mb.batch, mb.expert_out, mb.out.data());  // [n, H]
   });
   return Status::Ok();
 }

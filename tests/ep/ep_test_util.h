@@ -196,4 +196,17 @@ inline BothRowKinds dispatch_both_row_kinds(std::vector<std::unique_ptr<Communic
   return out;
 }
 
+// Rows in use of b (BF16 rows) whose values are not the BF16 rounding of a's F32 rows (two
+// dispatches of the same tokens, same layout), counted per element.
+inline int64_t bf16_row_mismatches(const ExpertBatch& a, const ExpertBatch& b) {
+  int64_t bad = 0;
+  for (size_t s = 0; s < a.experts.size(); ++s) {
+    for (int64_t r = a.segment_begin(s); r < a.segment_begin(s) + a.segment_rows(s); ++r) {
+      const uint16_t* got = b.bf16_row(r);
+      for (int64_t c = 0; c < H; ++c) bad += got[c] != f32_to_bf16(a.x[size_t(r * H + c)]);
+    }
+  }
+  return bad;
+}
+
 }  // namespace moeserve::ep_testing

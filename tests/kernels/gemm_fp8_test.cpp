@@ -156,6 +156,47 @@ TEST(GemmFp8, GroupedContiguousWithEmptyAndOneRowExperts) {
   }
 }
 
+// Rows gathered by index (a token's row read by each of its experts) give the same bits as the
+// same rows copied into the contiguous layout, at every level; with more rows than one thread's
+// share so that both threads gather.
+TEST(GemmFp8, GroupedContiguousGatherEqualsTheCopiedRows) {
+  std::mt19937 rng(14);
+  ThreadPool pool(2);
+  const int64_t n = 200, k = 300, tokens = 23;
+  const std::vector<int64_t> rows = {5, 0, 1, 30, 2, 0, 9};  // per expert
+  std::vector<Problem> ex;
+  std::vector<const PackedFp8Weight*> ptrs;
+  for (size_t e = 0; e < rows.size(); ++e) ex.push_back(make_problem(n, k, rng));
+  for (auto& e : ex) ptrs.push_back(&e.packed);
+  std::vector<int64_t> off(rows.size() + 1, 0);
+  for (size_t e = 0; e < rows.size(); ++e) off[e + 1] = off[e] + rows[e];
+  const int64_t total = off.back(), ldx = k + 5;
+  std::vector<uint16_t> token_rows = random_x(tokens, ldx, rng);  // [tokens, ldx]
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(tokens - 1));
+  std::vector<int32_t> src(static_cast<size_t>(total));
+  std::vector<uint16_t> copied(size_t(total * k));  // [total, k]
+  for (int64_t i = 0; i < total; ++i) {
+    src[size_t(i)] = pick(rng);
+    std::copy_n(&token_rows[size_t(src[size_t(i)] * ldx)], k, &copied[size_t(i * k)]);
+  }
+  for (Isa isa : testing::isa_levels()) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      const size_t bytes = size_t(total * n) * dtype_size(dt);
+      std::vector<uint8_t> want(bytes), got(bytes);
+      gemm_fp8_grouped_contiguous(copied.data(), k, off.data(), ptrs.data(), int64_t(ptrs.size()),
+                                  GemmOutput{want.data(), dt, n}, &pool, isa);
+      gemm_fp8_grouped_contiguous_gather(token_rows.data(), ldx, src.data(), off.data(),
+                                         ptrs.data(), int64_t(ptrs.size()),
+                                         GemmOutput{got.data(), dt, n}, &pool, isa);
+      EXPECT_EQ(got, want) << isa_name(isa) << " " << dtype_name(dt);
+      // And it is right, not merely equal: expert 3 against the reference.
+      expect_matches(copied.data() + off[3] * k, rows[3], k, ex[3],
+                     got.data() + size_t(off[3] * n) * dtype_size(dt), dt, n,
+                     std::string(isa_name(isa)) + " gathered expert 3");
+    }
+  }
+}
+
 TEST(GemmFp8, GroupedMaskedLeavesRowsPastCountUntouched) {
   std::mt19937 rng(5);
   ThreadPool pool(2);

@@ -16,10 +16,11 @@ namespace {
 
 struct Harness {
   explicit Harness(const std::string& dir, AttentionMode mode = AttentionMode::kAbsorbed,
-                   DType kv = DType::kF32, ComputePath path = ComputePath::kReference)
+                   DType kv = DType::kF32, ComputePath path = ComputePath::kReference,
+                   bool bf16_rows = false)
       : ck(std::move(Checkpoint::open(dir).value())),
         pool(2),
-        dispatcher(ck->config().n_routed_experts),
+        dispatcher(ck->config().n_routed_experts, bf16_rows),
         model(ck->config(), ck->weights(), dispatcher, &pool, mode, path),
         cache(ck->config().num_hidden_layers, ck->config().kv_cache_dim(), 64, kv),
         blocks(64),
@@ -127,6 +128,29 @@ TEST_P(DeepseekTest, ChunkedPrefillEqualsWholePrompt) {
   for (int64_t chunk : {1, 7, 64}) {
     auto chunked = h.run({request(prompt(100, 4))}, chunk);
     expect_same(whole[0], chunked[0], 1e-4f);
+  }
+}
+
+// The fast path's experts read BF16 inputs either way: LocalDispatcher's token rows (each token
+// rounded once, gathered by the grouped GEMM) give exactly what its F32 copies per expert give.
+TEST_P(DeepseekTest, Bf16TokenRowsChangeNothing) {
+  if (path() != ComputePath::kFast) GTEST_SKIP() << "the reference path's experts read F32 rows";
+  Harness copies(dir(), AttentionMode::kAbsorbed, DType::kBF16, path(), /*bf16_rows=*/false);
+  Harness tokens(dir(), AttentionMode::kAbsorbed, DType::kBF16, path(), /*bf16_rows=*/true);
+  std::vector<GenerateRequest> reqs = {request(prompt(1, 5)), request(prompt(40, 6), 6),
+                                       request(prompt(90, 7))};
+  auto a = copies.run(reqs), b = tokens.run(reqs);
+  ASSERT_EQ(a.size(), reqs.size());
+  ASSERT_EQ(b.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens);
+    ASSERT_EQ(a[i].top_logprobs.size(), b[i].top_logprobs.size());
+    for (size_t st = 0; st < a[i].top_logprobs.size(); ++st) {
+      for (size_t j = 0; j < a[i].top_logprobs[st].size(); ++j) {
+        EXPECT_EQ(a[i].top_logprobs[st][j].id, b[i].top_logprobs[st][j].id);
+        EXPECT_EQ(a[i].top_logprobs[st][j].logprob, b[i].top_logprobs[st][j].logprob);
+      }
+    }
   }
 }
 
