@@ -8,6 +8,7 @@
 
 #include "core/thread_pool.h"
 #include "bench_mla.h"
+#include "bench_small_ops.h"
 #include "e2e_bench.h"
 #include "gemm_bench.h"
 #include "kernels/cpu_features.h"
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   kernels->add_flag("--json", json, "one JSON object per line and case");
   kernels->add_flag("--quick", quick, "a short subset of the cases");
   std::string only;
-  kernels->add_option("--only", only, "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, mla)");
+  kernels->add_option("--only", only, "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, mla, small_ops)");
   kernels->add_option("--threads", threads, "threads for kernels and baseline")
       ->check(CLI::Range(1, 1024));
   CLI::App* e2e = app.add_subcommand("e2e", "Batch-1 decode tokens/s against the roofline");
@@ -47,5 +48,7 @@ int main(int argc, char** argv) {
   bench::run_gemm_benches(bench::GemmBenchOptions{json, quick, only}, ceil, pool);
   if (std::string("mla_decode").rfind(only, 0) == 0)
     bench::run_mla_benches(bench::MlaBenchOptions{json, quick}, ceil, pool);
+  if (std::string("small_ops").rfind(only, 0) == 0)
+    bench::run_small_ops_benches(bench::SmallOpsBenchOptions{json, quick}, ceil);
   return 0;
 }

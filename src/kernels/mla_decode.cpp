@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "core/check.h"
@@ -37,6 +38,22 @@ void validate(const MlaBatch& b) {
   if (mla_rows(b.seqs) > 0) {
     CHECK(b.q && b.o && b.cache.blocks, "mla: null buffer");
   }
+}
+
+char* thread_scratch(size_t bytes) {
+  struct Scratch {
+    char* base = nullptr;
+    size_t size = 0;
+    ~Scratch() { std::free(base); }
+  };
+  thread_local Scratch t;
+  if (bytes > t.size) {
+    std::free(t.base);
+    t.size = (bytes + (bytes >> 2) + 63) / 64 * 64;
+    t.base = static_cast<char*>(std::aligned_alloc(64, t.size));
+    CHECK(t.base != nullptr, "mla: out of memory for kernel scratch");
+  }
+  return t.base;
 }
 
 }  // namespace mla_detail

@@ -52,24 +52,7 @@ inline __m512 exp2_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Per-thread scratch, grown on demand and kept for the thread's lifetime.
-struct Scratch {
-  char* base = nullptr;
-  size_t size = 0;
-  ~Scratch() { free(base); }
-  char* get(size_t bytes) {
-    if (bytes > size) {
-      free(base);
-      size = bytes + (bytes >> 2);
-      size = (size + 63) / 64 * 64;
-      base = static_cast<char*>(aligned_alloc(64, size));
-      if (!base) abort();  // out of memory in a kernel: nothing sensible to return
-    }
-    return base;
-  }
-};
-thread_local Scratch t_scratch;
-
+// Pointers into the calling thread's scratch (thread_scratch), carved per piece.
 struct Work {
   int64_t M, Mz, R, D, Dp;
   int64_t ldv;     // row stride of vp: R + 16, so its 32 rows do not crowd a few L1 sets
@@ -110,7 +93,7 @@ Work carve(int64_t M, int64_t R, int64_t D) {
                    al(size_t(D) * 4 + 64)};
   size_t total = 0;
   for (size_t b : sz) total += b;
-  char* p = t_scratch.get(total);
+  char* p = thread_scratch(total);
   w.qp = reinterpret_cast<uint32_t*>(p), p += sz[0];
   w.qlo = reinterpret_cast<uint32_t*>(p), p += sz[1];
   w.s = reinterpret_cast<float*>(p), p += sz[2];

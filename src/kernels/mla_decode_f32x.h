@@ -37,24 +37,7 @@ inline int64_t round_up(int64_t a, int64_t m) {
   return (a + m - 1) / m * m;
 }
 
-// Per-thread scratch, grown on demand and kept for the thread's lifetime.
-struct Scratch {
-  char* base = nullptr;
-  size_t size = 0;
-  ~Scratch() { free(base); }
-  char* get(size_t bytes) {
-    if (bytes > size) {
-      free(base);
-      size = bytes + (bytes >> 2);
-      size = (size + 63) / 64 * 64;
-      base = static_cast<char*>(aligned_alloc(64, size));
-      if (!base) abort();  // out of memory in a kernel: nothing sensible to return
-    }
-    return base;
-  }
-};
-thread_local Scratch t_scratch;
-
+// Pointers into the calling thread's scratch (thread_scratch), carved per piece.
 struct Work {
   int64_t M, Mz, R, D;
   int64_t ldk;     // row stride of kf: D rounded up to 16 floats (aligned rows)
@@ -84,7 +67,7 @@ Work carve(int64_t M, int64_t R, int64_t D) {
                         al(size_t(M) * 4),         al(size_t(M) * 4)};
   size_t total = 0;
   for (size_t b : sz) total += b;
-  char* p = t_scratch.get(total);
+  char* p = thread_scratch(total);
   w.qf = reinterpret_cast<float*>(p), p += sz[0];
   w.kf = reinterpret_cast<float*>(p), p += sz[1];
   w.s = reinterpret_cast<float*>(p), p += sz[2];

@@ -2,6 +2,7 @@
 // includes that carry inline code (see cpu_features.h on why ISA files share no inline code).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace moeserve::mla_detail {
@@ -45,5 +46,9 @@ namespace moeserve::mla_detail {
 
 // CHECKs the batch's shapes, block tables and buffers (mla_decode.cpp).
 void validate(const MlaBatch& batch);
+
+// The calling thread's kernel scratch: at least `bytes`, 64-byte aligned, grown on demand and
+// kept for the thread's lifetime (mla_decode.cpp; one definition for every level).
+char* thread_scratch(size_t bytes);
 
 }  // namespace moeserve::mla_detail

@@ -63,4 +63,21 @@ void RopeTable::apply(float* x, int64_t n_rows, int64_t ld, int64_t pos) const {
   }
 }
 
+void RopeTable::apply_fast(float* x, int64_t n_rows, int64_t ld, int64_t pos, Isa isa) const {
+  constexpr int64_t kMaxDim = 512;  // the stack tables below (DeepSeek uses 64)
+  if (isa == Isa::kScalar || dim_ > kMaxDim) return apply(x, n_rows, ld, pos);
+  alignas(64) float cos2[kMaxDim], sin2[kMaxDim];  // [dim]: (c, c) and (-s, s) per pair
+  for (int64_t i = 0; i < dim_ / 2; ++i) {         // apply()'s c and s
+    float angle = float(pos) * inv_freq_[i];
+    float c = std::cos(angle) * attention_factor_;
+    float s = std::sin(angle) * attention_factor_;
+    cos2[2 * i] = cos2[2 * i + 1] = c;
+    sin2[2 * i] = -s;
+    sin2[2 * i + 1] = s;
+  }
+  const int64_t pairs_dim = dim_ / 2 * 2;  // an odd last value stays as it is, as in apply()
+  if (isa == Isa::kAvx2) return rope_detail::rotate_avx2(cos2, sin2, pairs_dim, x, n_rows, ld);
+  rope_detail::rotate_avx512(cos2, sin2, pairs_dim, x, n_rows, ld);
+}
+
 }  // namespace moeserve

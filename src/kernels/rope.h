@@ -3,10 +3,16 @@
 // attention factor (Hugging Face's _compute_yarn_parameters semantics).
 //
 // RopeTable is immutable after construction and may be shared between threads.
+//
+// apply() is the reference path's kernel; apply_fast() is the fast path's: the same cos/sin
+// (std::cos/std::sin of the same F32 angle, times the attention factor) and the same rounded
+// products and sums, vectorized over the pairs, so every ISA level gives apply()'s bits.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "kernels/cpu_features.h"
 
 namespace moeserve {
 
@@ -33,11 +39,23 @@ class RopeTable {
 
   // Rotates n_rows vectors of dim values (row stride ld) in place, all at position pos.
   void apply(float* x, int64_t n_rows, int64_t ld, int64_t pos) const;
+  // apply() with the same bits, the pairs rotated 8 or 16 values at a time (the scalar level,
+  // and rotary dims above 512, run apply()).
+  void apply_fast(float* x, int64_t n_rows, int64_t ld, int64_t pos, Isa isa = active_isa()) const;
 
  private:
   int64_t dim_;
   std::vector<float> inv_freq_;  // [dim / 2]
   float attention_factor_ = 1.0f;
 };
+
+namespace rope_detail {
+// x[r * ld + i] for i in [0, dim): out[i] = x[i] * cos2[i] + x[i ^ 1] * sin2[i], the products
+// rounded before the add (cos2 = (c, c) and sin2 = (-s, s) per pair).
+void rotate_avx512(const float* cos2, const float* sin2, int64_t dim, float* x, int64_t n_rows,
+                   int64_t ld);
+void rotate_avx2(const float* cos2, const float* sin2, int64_t dim, float* x, int64_t n_rows,
+                 int64_t ld);
+}  // namespace rope_detail
 
 }  // namespace moeserve

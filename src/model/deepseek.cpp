@@ -21,6 +21,7 @@
 #include "kernels/mla_decode.h"
 #include "kernels/moe_gate.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/silu_mul.h"
 
 namespace moeserve {
 
@@ -292,13 +293,15 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache
   for (int64_t l = 0; !overlapped && l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_.layers[size_t(l)];
     layer_ = l;
-    rmsnorm_ref(x.data(), n, H, H, L.attn_norm.data(), float(c.rms_norm_eps), h.data(), H);
+    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(x.data(), n, H, H, L.attn_norm.data(),
+                                                          float(c.rms_norm_eps), h.data(), H);
     {
       TraceSpan span(tracer_, "attention", l);
       attention(l, batch, h.data(), n, cache, tmp.data());  // [n, H]
     }
     add_into(x.data(), tmp.data(), n * H);
-    rmsnorm_ref(x.data(), n, H, H, L.ffn_norm.data(), float(c.rms_norm_eps), h.data(), H);
+    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(x.data(), n, H, H, L.ffn_norm.data(),
+                                                          float(c.rms_norm_eps), h.data(), H);
     if (L.moe) {
       RETURN_IF_ERROR(moe(*L.moe, h.data(), n, tmp.data()));  // [n, H]
     } else {
@@ -315,8 +318,9 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache
   for (const StepSequence& s : batch) {
     row += int64_t(s.tokens.size());
     if (!s.want_logits || s.tokens.empty()) continue;
-    rmsnorm_ref(&x[size_t((row - 1) * H)], 1, H, H, weights_.norm.data(), float(c.rms_norm_eps),
-                &last[size_t(out_row++ * H)], H);
+    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(
+        &x[size_t((row - 1) * H)], 1, H, H, weights_.norm.data(), float(c.rms_norm_eps),
+        &last[size_t(out_row++ * H)], H);
   }
   logits->assign(size_t(n_out * c.vocab_size), 0.0f);  // [n_out, vocab]
   linear(last.data(), n_out, H, weights_.lm_head, logits->data(), c.vocab_size);
@@ -341,7 +345,8 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
     std::vector<float>& qa = attn_scratch_.q_lora;  // [n, q_lora_rank]
     qa.resize(size_t(n * QR));
     linear(x, n, H, *A.q_a, qa.data(), QR);
-    rmsnorm_ref(qa.data(), n, QR, QR, A.q_a_norm.data(), kLoraNormEps, qa.data(), QR);
+    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(qa.data(), n, QR, QR, A.q_a_norm.data(),
+                                                          kLoraNormEps, qa.data(), QR);
     linear(qa.data(), n, QR, A.q_b, q.data(), nh * dq);
   } else {
     linear(x, n, H, A.q_b, q.data(), nh * dq);
@@ -349,14 +354,20 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
   std::vector<float>& kv = attn_scratch_.kv;  // [n, R + dr]: latent, then the shared rope key
   kv.resize(size_t(n * D));
   linear(x, n, H, A.kv_a, kv.data(), D);
-  rmsnorm_ref(kv.data(), n, R, D, A.kv_a_norm.data(), kLoraNormEps, kv.data(), D);
+  (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(kv.data(), n, R, D, A.kv_a_norm.data(),
+                                                        kLoraNormEps, kv.data(), D);
 
   int64_t row = 0;
   for (const StepSequence& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i, ++row) {
       int64_t pos = s.start_pos + int64_t(i);
-      rope_.apply(&q[size_t(row * nh * dq + dn)], nh, dq, pos);  // q_pe of every head
-      rope_.apply(&kv[size_t(row * D + R)], 1, D, pos);          // k_pe
+      if (path_ == ComputePath::kFast) {  // the same bits, vectorized
+        rope_.apply_fast(&q[size_t(row * nh * dq + dn)], nh, dq, pos);  // q_pe of every head
+        rope_.apply_fast(&kv[size_t(row * D + R)], 1, D, pos);          // k_pe
+      } else {
+        rope_.apply(&q[size_t(row * nh * dq + dn)], nh, dq, pos);  // q_pe of every head
+        rope_.apply(&kv[size_t(row * D + R)], 1, D, pos);          // k_pe
+      }
       cache.write(layer, s.block_table, pos, &kv[size_t(row * D)]);
     }
   }
@@ -654,10 +665,7 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, u
     gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
   }
   elementwise(pool_, rows * I, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      float a = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
-      act[size_t(i)] = f32_to_bf16(a);  // [rows, I]
-    }
+    silu_mul_bf16(&g[size_t(i0)], &u[size_t(i0)], i1 - i0, &act[size_t(i0)]);  // [rows, I]
   });
   gemm_fp8_grouped_contiguous(act.data(), I, b.offsets.data(), down.data(), n_seg, {out, DType::kBF16, H}, pool_);
 }
@@ -671,8 +679,11 @@ void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* o
   linear(x, n, H, w.gate, g.data(), I);
   linear(x, n, H, w.up, u.data(), I);
   elementwise(pool_, n * I, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      g[size_t(i)] = g[size_t(i)] / (1.0f + std::exp(-g[size_t(i)])) * u[size_t(i)];
+    const int64_t len = i1 - i0;  // [n, I] SiLU(g) * u, into g
+    if (path_ == ComputePath::kFast) {
+      silu_mul(&g[size_t(i0)], &u[size_t(i0)], len, &g[size_t(i0)]);
+    } else {
+      silu_mul_ref(&g[size_t(i0)], &u[size_t(i0)], len, &g[size_t(i0)]);
     }
   });
   linear(g.data(), n, I, w.down, out, H);  // [n, H]

@@ -176,13 +176,15 @@ void DeepseekModel::advance_to_dispatch(MicroBatch& mb, LatentKvCache& cache) {
   for (; mb.layer < c.num_hidden_layers; ++mb.layer) {
     const int64_t l = mb.layer;
     const LayerWeights& L = weights_.layers[size_t(l)];
-    rmsnorm_ref(mb.x.data(), n, H, H, L.attn_norm.data(), eps, mb.h.data(), H);
+    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(mb.x.data(), n, H, H, L.attn_norm.data(),
+                                                          eps, mb.h.data(), H);
     {
       NamedSpan span(tracer_, TraceLane::kCompute, "attention", l, mb.index);
       attention(l, mb.seqs, mb.h.data(), n, cache, mb.out.data());  // [n, H]
     }
     add_rows(mb.x.data(), mb.out.data(), n * H);
-    rmsnorm_ref(mb.x.data(), n, H, H, L.ffn_norm.data(), eps, mb.h.data(), H);
+    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(mb.x.data(), n, H, H, L.ffn_norm.data(),
+                                                          eps, mb.h.data(), H);
     if (!L.moe) {
       NamedSpan span(tracer_, TraceLane::kCompute, "mlp", l, mb.index);
       mlp(*L.mlp, mb.h.data(), n, mb.out.data());  // [n, H]

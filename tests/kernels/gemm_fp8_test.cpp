@@ -128,17 +128,28 @@ TEST(GemmFp8, SampledRowCountsUpTo300) {
   }
 }
 
+// Experts of one shape with rows[e] rows each in the contiguous layout: the problems, pointers
+// to their packed weights, and the segment offsets [experts + 1].
+struct Grouped {
+  std::vector<Problem> ex;
+  std::vector<const PackedFp8Weight*> ptrs;
+  std::vector<int64_t> off;
+};
+Grouped make_grouped(const std::vector<int64_t>& rows, int64_t n, int64_t k, std::mt19937& rng) {
+  Grouped g;
+  for (size_t e = 0; e < rows.size(); ++e) g.ex.push_back(make_problem(n, k, rng));
+  for (auto& e : g.ex) g.ptrs.push_back(&e.packed);  // (ex no longer grows)
+  g.off.assign(rows.size() + 1, 0);
+  for (size_t e = 0; e < rows.size(); ++e) g.off[e + 1] = g.off[e] + rows[e];
+  return g;
+}
+
 TEST(GemmFp8, GroupedContiguousWithEmptyAndOneRowExperts) {
   std::mt19937 rng(4);
   ThreadPool pool(2);
   const int64_t n = 130, k = 257;
   const std::vector<int64_t> rows = {3, 0, 1, 17, 0, 0, 1, 40};  // per expert
-  std::vector<Problem> ex;
-  std::vector<const PackedFp8Weight*> ptrs;
-  for (size_t e = 0; e < rows.size(); ++e) ex.push_back(make_problem(n, k, rng));
-  for (auto& e : ex) ptrs.push_back(&e.packed);
-  std::vector<int64_t> off(rows.size() + 1, 0);
-  for (size_t e = 0; e < rows.size(); ++e) off[e + 1] = off[e] + rows[e];
+  const auto [ex, ptrs, off] = make_grouped(rows, n, k, rng);
   const int64_t total = off.back();
   std::vector<uint16_t> x = random_x(total, k, rng);
   for (Isa isa : testing::isa_levels()) {
@@ -164,12 +175,7 @@ TEST(GemmFp8, GroupedContiguousGatherEqualsTheCopiedRows) {
   ThreadPool pool(2);
   const int64_t n = 200, k = 300, tokens = 23;
   const std::vector<int64_t> rows = {5, 0, 1, 30, 2, 0, 9};  // per expert
-  std::vector<Problem> ex;
-  std::vector<const PackedFp8Weight*> ptrs;
-  for (size_t e = 0; e < rows.size(); ++e) ex.push_back(make_problem(n, k, rng));
-  for (auto& e : ex) ptrs.push_back(&e.packed);
-  std::vector<int64_t> off(rows.size() + 1, 0);
-  for (size_t e = 0; e < rows.size(); ++e) off[e + 1] = off[e] + rows[e];
+  const auto [ex, ptrs, off] = make_grouped(rows, n, k, rng);
   const int64_t total = off.back(), ldx = k + 5;
   std::vector<uint16_t> token_rows = random_x(tokens, ldx, rng);  // [tokens, ldx]
   std::uniform_int_distribution<int32_t> pick(0, int32_t(tokens - 1));
