@@ -22,17 +22,16 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr float kLogprobTol = 2e-2f;  // reference path (FP32 activations)
-// The fast path (BF16 GEMM inputs, BF16 KV cache) runs against the fixtures when
-// MOESERVE_HF_FAST=1 is set. It does not meet 5e-2 here: the BF16 latent cache alone (every
-// other input exact) leaves 0.045-0.063 (docs/hf-reference.md has the per-source table). Steps
-// where rounding flipped a near-tied expert choice of the measured token (2.65 on one
-// yarn_mscale step) are left out and counted (see the test). So it is held only to a bound
-// that catches real bugs: a missing YaRN term, mscale, bias or group limit moves logprobs by
-// 4-15 on the same fixtures. Measured: 0.079-0.150, 0-2 steps left out per fixture.
-constexpr float kFastBugBound = 2.0f;
+// The fast path (BF16 GEMM inputs, BF16 KV cache) runs against the fixtures too. It does not
+// meet 5e-2 here: the BF16 latent cache alone (every other input exact) leaves 0.045-0.063
+// (docs/hf-reference.md has the per-source table). Steps where rounding flipped a near-tied
+// expert choice of the measured token (2.65 on one yarn_mscale step) are left out and counted
+// (see the test). Measured: 0.079-0.150, 0-2 steps left out per fixture; held to twice the
+// largest, which a missing YaRN term, mscale, bias or group limit (4-15 on the same fixtures)
+// and smaller kernel errors exceed.
+constexpr float kFastBound = 0.3f;
 std::vector<ComputePath> compute_paths() {
-  if (std::getenv("MOESERVE_HF_FAST")) return {ComputePath::kReference, ComputePath::kFast};
-  return {ComputePath::kReference};
+  return {ComputePath::kReference, ComputePath::kFast};
 }
 constexpr float kNearTie = 0.05f;  // reference top-2 closer than this: order may differ
 constexpr size_t kMinSteps = 16;
@@ -178,7 +177,7 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
     }
   }
   if (fast()) {
-    EXPECT_LE(worst, kFastBugBound) << name;
+    EXPECT_LE(worst, kFastBound) << name;
     EXPECT_LE(steps_flipped * 4, steps_total) << name << ": the measured token's routing differs"
                                               << " from the reference path in many steps";
   }
