@@ -7,8 +7,7 @@
 // placement) and times, in both EP modes, the whole dispatch (layout, quantize, pack, exchange,
 // unpack into expert rows: BF16 as the fast path takes them, or F32 with --rows f32) and the
 // whole combine of expert outputs in the same form (pack BF16, exchange, weighted reduction),
-// and, on the exact byte matrix the
-// dispatch (or combine) put on the wire:
+// and, on the exact byte matrix the dispatch (or combine) put on the wire:
 //   comm    Communicator::all_to_all_v alone (the EP transport, with its timeout polling)
 //   raw     MPI_Alltoallv (the baseline: what the bytes cost with MPI's own collective)
 // GB/s = bytes this rank sends to other ranks / median time. Rank 0 prints min and mean over the
@@ -172,7 +171,9 @@ int run(const Args& a) {
     std::vector<float> out(b.x.begin(), b.x.end());
     std::vector<uint16_t> out16;
     if (b.has_bf16_rows()) {
-      for (int64_t r = 0; r < b.n_rows(); ++r) out16.insert(out16.end(), b.bf16_row(r), b.bf16_row(r) + a.hidden);
+      for (int64_t r = 0; r < b.n_rows(); ++r) {
+        out16.insert(out16.end(), b.bf16_row(r), b.bf16_row(r) + a.hidden);
+      }
     }
     Timing t_combine = time_it(c, a.iters, [&] {
       Status s = out16.empty() ? (*d)->combine(b, out.data(), y.data())

@@ -591,8 +591,12 @@ Status DeepseekModel::routed_experts(const MoeWeights& w, const ExpertBatch& b,
   // The fast path hands every expert output on as BF16, as a BF16 model does and as the EP
   // combine sends it (DeepEP combines in BF16): one process and any number of ranks then sum
   // the same values in the same order, so BF16 dispatch changes no bit of the result.
-  out.f32.clear();
-  out.bf16.clear();
+  // (Resized, not reassigned: every row in use is written below, and the vectors are reused.)
+  if (fast) {
+    out.f32.clear();
+  } else {
+    out.bf16.clear();
+  }
   // (A rank may receive no rows; then expert 0 need not be loaded here.)
   if (fast && b.layout == ExpertLayout::kContiguous && !b.experts.empty() &&
       held_expert(w, b.experts[0])->gate.dtype == DType::kF8E4M3) {
@@ -600,16 +604,23 @@ Status DeepseekModel::routed_experts(const MoeWeights& w, const ExpertBatch& b,
     experts_grouped(w, b, out.bf16.data());
     return Status::Ok();
   }
-  // Expert by expert in F32 (rows of padding stay zero), rounded to BF16 on the fast path.
+  // Expert by expert in F32 (the masked layout's padding rows zero), rounded to BF16 on the
+  // fast path.
   std::vector<float>& f32 = fast ? scratch_.rows_f32 : out.f32;  // [n_rows, H]
-  f32.assign(size_t(n_rows * H), 0.0f);
+  if (b.layout == ExpertLayout::kMasked) {
+    f32.assign(size_t(n_rows * H), 0.0f);
+  } else {
+    f32.resize(size_t(n_rows * H));
+  }
   std::vector<float> seg_x;  // a segment's rows as F32 when the batch carries BF16 rows
   for (size_t s = 0; s < b.experts.size(); ++s) {
     int64_t r0 = b.segment_begin(s), rows = b.segment_rows(s);
     const float* x = b.x.data() + r0 * H;
     if (b.has_bf16_rows()) {
       seg_x.resize(size_t(rows * H));
-      for (int64_t r = 0; r < rows; ++r) bf16_to_f32_row(b.bf16_row(r0 + r), H, &seg_x[size_t(r * H)]);
+      for (int64_t r = 0; r < rows; ++r) {
+        bf16_to_f32_row(b.bf16_row(r0 + r), H, &seg_x[size_t(r * H)]);
+      }
       x = seg_x.data();
     }
     mlp(*held_expert(w, b.experts[s]), x, rows, &f32[size_t(r0 * H)]);
@@ -652,22 +663,25 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, u
   g.resize(size_t(rows * I));
   u.resize(size_t(rows * I));
   act.resize(size_t(rows * I));
+  const int64_t* off = b.offsets.data();
+  const GemmOutput g_out{g.data(), DType::kF32, I}, u_out{u.data(), DType::kF32, I};
   if (b.has_bf16_rows()) {
     // Each token's BF16 row once; the GEMMs gather a segment's rows by index.
     const uint16_t* tok = b.tokens_bf16.data();
     const int32_t* src = b.row_source.data();
-    gemm_fp8_grouped_contiguous_gather(tok, H, src, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
-    gemm_fp8_grouped_contiguous_gather(tok, H, src, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
+    gemm_fp8_grouped_contiguous_gather(tok, H, src, off, gate.data(), n_seg, g_out, pool_);
+    gemm_fp8_grouped_contiguous_gather(tok, H, src, off, up.data(), n_seg, u_out, pool_);
   } else {
     xb.resize(size_t(rows * H));
     f32_to_bf16_row(b.x.data(), rows * H, xb.data());
-    gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), gate.data(), n_seg, {g.data(), DType::kF32, I}, pool_);
-    gemm_fp8_grouped_contiguous(xb.data(), H, b.offsets.data(), up.data(), n_seg, {u.data(), DType::kF32, I}, pool_);
+    gemm_fp8_grouped_contiguous(xb.data(), H, off, gate.data(), n_seg, g_out, pool_);
+    gemm_fp8_grouped_contiguous(xb.data(), H, off, up.data(), n_seg, u_out, pool_);
   }
   elementwise(pool_, rows * I, [&](int64_t i0, int64_t i1) {
     silu_mul_bf16(&g[size_t(i0)], &u[size_t(i0)], i1 - i0, &act[size_t(i0)]);  // [rows, I]
   });
-  gemm_fp8_grouped_contiguous(act.data(), I, b.offsets.data(), down.data(), n_seg, {out, DType::kBF16, H}, pool_);
+  gemm_fp8_grouped_contiguous(act.data(), I, off, down.data(), n_seg, {out, DType::kBF16, H},
+                              pool_);
 }
 
 void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* out) {
