@@ -218,16 +218,16 @@ Result<ExpertBatch> EpDispatcher::dispatch(int64_t moe_layer, const float* x, in
     }
   }
 
-  // Payload: each token converted once, whatever the number of ranks it goes to.
-  if (L.dtype != DispatchDType::kF32) {
+  // Payload: each token converted once, whatever the number of ranks it goes to. FP8: the
+  // quantization of the BF16 rounding of x, in one pass over x.
+  if (L.dtype == DispatchDType::kBf16) {
     x_bf16_.resize(size_t(n_tokens * hidden));  // [n_tokens, hidden]
     f32_to_bf16_row_isa(x, n_tokens * hidden, x_bf16_.data());
   }
   if (L.dtype == DispatchDType::kFp8 && n_tokens > 0) {
     x_fp8_.resize(size_t(n_tokens * hidden));         // [n_tokens, hidden]
     x_scales_.resize(size_t(n_tokens * L.n_scales));  // [n_tokens, n_scales]
-    quantize_fp8_1x128(x_bf16_.data(), n_tokens, hidden, hidden, x_fp8_.data(), hidden,
-                       x_scales_.data());
+    quantize_fp8_1x128_f32(x, n_tokens, hidden, hidden, x_fp8_.data(), hidden, x_scales_.data());
   }
 
   // Pack the records, rank by rank in token order.

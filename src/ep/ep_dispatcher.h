@@ -122,7 +122,7 @@ class EpDispatcher final : public Dispatcher {
   // Scratch, reused across calls (fixed size in low-latency mode).
   std::vector<uint8_t> dispatch_send_, dispatch_recv_;
   std::vector<uint16_t> combine_send_, combine_recv_;  // rows of combine_row_bytes
-  std::vector<uint16_t> x_bf16_;                       // [n_tokens, hidden]
+  std::vector<uint16_t> x_bf16_;                       // [n_tokens, hidden] BF16 payload
   std::vector<uint8_t> x_fp8_;                         // [n_tokens, hidden]
   std::vector<float> x_scales_;                        // [n_tokens, n_scales]
   std::vector<float> scales_tmp_;                      // [n_scales] of one received record

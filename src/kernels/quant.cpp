@@ -1,6 +1,7 @@
 #include "kernels/quant.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -31,6 +32,19 @@ void quantize_fp8_1x128(const uint16_t* x, int64_t rows, int64_t cols, int64_t l
     return quant_detail::quantize_avx512(x, rows, cols, ldx, q, ldq, scales);
   }
   quantize_fp8_1x128_ref(x, rows, cols, ldx, q, ldq, scales);
+}
+
+void quantize_fp8_1x128_f32(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
+                            int64_t ldq, float* scales, Isa isa) {
+  if (isa == Isa::kAvx512Bf16 || isa == Isa::kAvx512) {
+    return quant_detail::quantize_f32_avx512(x, rows, cols, ldx, q, ldq, scales);
+  }
+  std::vector<uint16_t> row(static_cast<size_t>(cols));  // one row rounded to BF16
+  const int64_t groups = (cols + 127) / 128;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) row[size_t(c)] = f32_to_bf16(x[r * ldx + c]);
+    quantize_fp8_1x128(row.data(), 1, cols, cols, q + r * ldq, ldq, scales + r * groups, isa);
+  }
 }
 
 void dequantize_fp8_1x128(const uint8_t* q, int64_t ldq, const float* scales, int64_t rows,

@@ -21,6 +21,12 @@ void quantize_fp8_1x128(const uint16_t* x, int64_t rows, int64_t cols, int64_t l
 void quantize_fp8_1x128_ref(const uint16_t* x, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
                             int64_t ldq, float* scales);
 
+// The same from F32 rows x [rows, cols] (row stride ldx), rounded to BF16 first (nearest even,
+// in registers): the bits quantize_fp8_1x128 gives on f32_to_bf16(x), in one pass over x and
+// without the BF16 copy (the EP dispatch's FP8 payload).
+void quantize_fp8_1x128_f32(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
+                            int64_t ldq, float* scales, Isa isa = active_isa());
+
 // y [rows, cols] BF16 (row stride ldy) = bf16(fp8(q) * scale), rounded to nearest even.
 void dequantize_fp8_1x128(const uint8_t* q, int64_t ldq, const float* scales, int64_t rows,
                           int64_t cols, uint16_t* y, int64_t ldy);
@@ -28,6 +34,8 @@ void dequantize_fp8_1x128(const uint8_t* q, int64_t ldq, const float* scales, in
 namespace quant_detail {
 void quantize_avx512(const uint16_t* x, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
                      int64_t ldq, float* scales);
+void quantize_f32_avx512(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
+                         int64_t ldq, float* scales);
 }
 
 }  // namespace moeserve

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
+#include "../test_isa.h"
 #include "core/dtype.h"
 
 namespace moeserve {
@@ -68,6 +71,44 @@ TEST(QuantFp8, EveryLevelMatchesReferenceBitForBit) {
         ASSERT_LE(std::fabs(xv - yv), std::fabs(xv) * (1.0 / 16 + 1.0 / 256) + s / 1024 * 1.01)
             << "row " << r << " col " << c;
       }
+    }
+  }
+}
+
+// F32 rows: the bits of rounding them to BF16 and quantizing, at every level; values at BF16
+// rounding ties, specials (NaN, inf, signed zero, FP32 subnormals) included.
+TEST(QuantFp8, F32RowsQuantizeLikeTheirBf16Rounding) {
+  std::mt19937 rng(8);
+  std::lognormal_distribution<float> mag(0.f, 3.f);
+  std::uniform_int_distribution<uint32_t> low(0, 0xffff);
+  for (int64_t cols : {1, 15, 128, 129, 300, 2048}) {
+    const int64_t rows = 4, ldx = cols + 5, ldq = cols + 2, groups = (cols + 127) / 128;
+    std::vector<float> x(size_t(rows * ldx));
+    for (size_t i = 0; i < x.size(); ++i) {
+      float v = mag(rng) * (i % 2 ? -1.0f : 1.0f);
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      u = (u & 0xffff0000u) | (i % 5 == 0 ? 0x8000u : low(rng));  // every fifth a tie
+      std::memcpy(&v, &u, 4);
+      x[i] = v;
+    }
+    x[3 % x.size()] = -0.0f;
+    if (x.size() > 40) {
+      x[17] = std::numeric_limits<float>::quiet_NaN();
+      x[23] = 1e-40f;  // FP32 subnormal
+      x[31] = -std::numeric_limits<float>::infinity();
+    }
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+    std::vector<uint8_t> want(size_t(rows * ldq), 0), got(size_t(rows * ldq), 0);
+    std::vector<float> ws(size_t(rows * groups)), gs(size_t(rows * groups));
+    quantize_fp8_1x128_ref(xb.data(), rows, cols, ldx, want.data(), ldq, ws.data());
+    for (Isa isa : testing::isa_levels()) {
+      std::fill(got.begin(), got.end(), 0);
+      quantize_fp8_1x128_f32(x.data(), rows, cols, ldx, got.data(), ldq, gs.data(), isa);
+      EXPECT_EQ(got, want) << isa_name(isa) << " cols " << cols;
+      EXPECT_EQ(std::memcmp(gs.data(), ws.data(), ws.size() * 4), 0)
+          << isa_name(isa) << " cols " << cols;
     }
   }
 }
