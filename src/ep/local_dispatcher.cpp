@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <cstring>
 
 #include "ep/dispatcher.h"
@@ -9,6 +10,9 @@ Result<ExpertBatch> LocalDispatcher::dispatch(int64_t /*moe_layer*/, const float
                                               int64_t n_tokens, int64_t hidden,
                                               const int32_t* topk_ids, const float* topk_weights,
                                               int64_t top_k) {
+  if (n_tokens > INT32_MAX) {  // token rows are indexed by int32 (ExpertBatch::row_source)
+    return InvalidArgument("dispatch: more than 2^31 tokens in one step");
+  }
   // Count rows per expert, then place each (token, slot) in its expert's segment, keeping
   // token order inside a segment.
   std::vector<int64_t> count(size_t(n_experts_), 0);
