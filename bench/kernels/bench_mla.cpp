@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -183,6 +184,8 @@ void baseline(const CacheSet& c, int copy, int64_t heads, const uint16_t* q, flo
 struct Case {
   const char* kernel;
   int64_t batch, context, heads, queries;
+  bool q_f32 = false;        // F32 queries (the model's fast path) instead of BF16
+  int64_t split_blocks = 0;  // MlaOptions::split_blocks (the model passes 4)
 };
 
 void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, double t,
@@ -217,22 +220,33 @@ void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, dou
                         {"bf16_peak_gflops", ceil.bf16_peak_gflops},
                         {"isa", isa_name(active_isa())}};
     if (c.queries > 1) j["queries"] = c.queries;
+    j["q_dtype"] = c.q_f32 ? "f32" : "bf16";
+    if (c.split_blocks > 0) j["split_blocks"] = c.split_blocks;
     fmt::print("{}\n", j.dump());
   } else {
     fmt::print(
         "{:<12} {:>5} {:>6} {:>5} {:>5} {:>8.1f} {:>8.1f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f}  "
-        "{}\n",
+        "{}{}\n",
         c.kernel, c.batch, c.context, c.heads, c.queries, gbps, gflops, t_roof / t,
-        gbps / ceil.dram_read_gbps, gflops / ceil.bf16_peak_gflops, t_base / t, bound);
+        gbps / ceil.dram_read_gbps, gflops / ceil.bf16_peak_gflops, t_base / t, bound,
+        c.q_f32 ? fmt::format("  f32 q, split {}", c.split_blocks) : std::string());
   }
   std::fflush(stdout);
 }
 
+// q_f32: the queries as F32 (the same values), as the model passes them (the BF16 level then
+// carries them as BF16 hi + lo pairs); split_blocks as MlaOptions.
 void run_case(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool, const CacheSet& c,
-              const char* kernel, int64_t heads, Rng& rng) {
+              const char* kernel, int64_t heads, Rng& rng, bool q_f32 = false,
+              int64_t split_blocks = 0) {
   const int64_t rows = c.batch * c.queries * heads;
   std::vector<uint16_t> q(size_t(rows * kDim));
   for (auto& v : q) v = random_bf16_bits(uint16_t(rng.next()));
+  std::vector<float> qf;
+  if (q_f32) {
+    qf.resize(q.size());
+    for (size_t i = 0; i < q.size(); ++i) qf[i] = bf16_to_f32(q[i]);
+  }
   std::vector<float> o(size_t(rows * kRank)), lse(static_cast<size_t>(rows));
   const double min_s = opt.quick ? 0.1 : 0.3;
   auto batch_of = [&](int copy) {
@@ -240,21 +254,24 @@ void run_case(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool
     b.shape = MlaShape{heads, kRank, kRope, kScale};
     b.cache = MlaCacheView{c.pool.get(), DType::kBF16, c.num_blocks, kDim};
     b.seqs = c.seqs[size_t(copy)];
-    b.q = q.data();
-    b.q_dtype = DType::kBF16;
+    b.q = q_f32 ? static_cast<const void*>(qf.data()) : static_cast<const void*>(q.data());
+    b.q_dtype = q_f32 ? DType::kF32 : DType::kBF16;
     b.o = o.data();
     b.lse = lse.data();
     return b;
   };
+  MlaOptions mla_opt;
+  mla_opt.split_blocks = split_blocks;
   const double t =
-      time_calls([&](int i) { mla_decode(batch_of(i), &pool); }, int(c.copies), min_s, 3);
+      time_calls([&](int i) { mla_decode(batch_of(i), &pool, mla_opt); }, int(c.copies), min_s, 3);
   double t_base = 0;
   if (cpu_isa() == Isa::kAvx512Bf16) {
     // The baseline is several times slower: one timed pass is enough to rank it.
     t_base = time_calls([&](int i) { baseline(c, i, heads, q.data(), o.data(), lse.data(), pool); },
                         int(c.copies), 0.0, 1);
   }
-  report(opt, ceil, Case{kernel, c.batch, c.context, heads, c.queries}, t, t_base);
+  report(opt, ceil, Case{kernel, c.batch, c.context, heads, c.queries, q_f32, split_blocks}, t,
+         t_base);
 }
 
 }  // namespace
@@ -277,7 +294,17 @@ void run_mla_benches(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPoo
       for (int64_t heads : {16, 128}) run_case(opt, ceil, pool, c, "mla_decode", heads, rng);
     }
   }
+  // Prefill as the model runs it (F32 queries, KV cut every 4 blocks), 16 heads: a 128-query
+  // chunk at the end of a 2k context, and (not --quick) a whole 2k prompt as one chunk.
+  {
+    const CacheSet c = make_cache(1, 2048, 128, /*rotate=*/false, rng);
+    run_case(opt, ceil, pool, c, "mla_prefill", 16, rng, /*q_f32=*/true, /*split_blocks=*/4);
+  }
   if (opt.quick) return;
+  {
+    const CacheSet c = make_cache(1, 2048, 2048, /*rotate=*/false, rng);
+    run_case(opt, ceil, pool, c, "mla_prefill", 16, rng, /*q_f32=*/true, /*split_blocks=*/4);
+  }
   // Prefill: one whole prompt as one causal chunk.
   struct Prefill {
     int64_t n, heads;

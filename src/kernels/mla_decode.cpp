@@ -6,9 +6,13 @@
 // that straddles a cut is split over its KV blocks, each piece writes a partial o and lse, and
 // the combine merges the pieces with their log-sum-exp weights. The piece kernel is picked by
 // ISA level and shape (fast_piece); the partition and combine are the same at every level.
+// With fixed splits (MlaOptions::split_blocks) the groups run in waves of bounded partial
+// output (a long prefill's partials would be hundreds of MB), into a scratch the calling thread
+// keeps between calls; neither changes a bit of the results.
 #include "kernels/mla_decode.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -40,20 +44,30 @@ void validate(const MlaBatch& b) {
   }
 }
 
-char* thread_scratch(size_t bytes) {
-  struct Scratch {
-    char* base = nullptr;
-    size_t size = 0;
-    ~Scratch() { std::free(base); }
-  };
-  thread_local Scratch t;
-  if (bytes > t.size) {
-    std::free(t.base);
-    t.size = (bytes + (bytes >> 2) + 63) / 64 * 64;
-    t.base = static_cast<char*>(std::aligned_alloc(64, t.size));
-    CHECK(t.base != nullptr, "mla: out of memory for kernel scratch");
+namespace {
+
+// A thread's buffer, 64-byte aligned, grown on demand (by a quarter more than asked, so that
+// slowly growing requests do not reallocate every time) and kept for the thread's lifetime.
+struct GrownBuffer {
+  char* base = nullptr;
+  size_t size = 0;
+  ~GrownBuffer() { std::free(base); }
+  char* get(size_t bytes) {
+    if (bytes > size) {
+      std::free(base);
+      size = (bytes + (bytes >> 2) + 63) / 64 * 64;
+      base = static_cast<char*>(std::aligned_alloc(64, size));
+      CHECK(base != nullptr, "mla: out of memory for kernel scratch");
+    }
+    return base;
   }
-  return t.base;
+};
+
+}  // namespace
+
+char* thread_scratch(size_t bytes) {
+  thread_local GrownBuffer t;
+  return t.get(bytes);
 }
 
 }  // namespace mla_detail
@@ -71,6 +85,20 @@ namespace {
 constexpr int64_t kGroupRows = 128;
 // Fixed cost of a piece (packing Q, writing o) in units of one block's work.
 constexpr int64_t kPieceOverheadBlocks = 1;
+// With fixed splits, groups are run in waves whose partial outputs take at most about this many
+// bytes (at least one group per wave): the partials of a long prefill (hundreds of MB in one
+// call) then stay bounded and mostly in cache. Bits do not depend on it: a piece's bounds and
+// a group's combine order depend only on its sequence.
+constexpr int64_t kWaveBytes = int64_t(32) << 20;
+
+std::atomic<uint64_t> g_next_call_id{1};
+
+// The calling thread's partial-output scratch, kept between calls (fresh pages for each call
+// cost more than the combine). Not zeroed: every piece writes all of its rows.
+float* partial_scratch(size_t floats) {
+  thread_local mla_detail::GrownBuffer t;
+  return reinterpret_cast<float*>(t.get(floats * sizeof(float)));
+}
 
 struct Group {
   const MlaSequence* seq;
@@ -176,12 +204,12 @@ PieceFn fast_piece(const MlaBatch& b, Isa isa) {
   return nullptr;
 }
 
-void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceFn piece_fn) {
+// Runs groups[g0, g1) (their pieces, then the combine of the split ones).
+void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceFn piece_fn,
+                const mla_detail::Ctx& ctx, const std::vector<Group>& all, size_t g0, size_t g1,
+                int64_t parts) {
   const int64_t H = b.shape.heads, R = b.shape.kv_lora_rank;
-  const std::vector<Group> groups = make_groups(b);
-  if (groups.empty()) return;
-  const int64_t threads = pool ? pool->size() : 1;
-  const int64_t parts = opt.parts > 0 ? opt.parts : threads;
+  const std::vector<Group> groups(all.begin() + long(g0), all.begin() + long(g1));
   std::vector<PieceRef> pieces = opt.split_blocks > 0
                                      ? partition_fixed(groups, parts, opt.split_blocks)
                                      : partition(groups, parts);
@@ -198,18 +226,12 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceF
       scratch_rows += groups[size_t(p.group)].n_q * H;
     }
   }
-  std::vector<float> part_o(size_t(scratch_rows * R));             // [scratch rows, R]
-  std::vector<float> part_lse(static_cast<size_t>(scratch_rows));  // [scratch rows]
+  float* const part_o = partial_scratch(size_t(scratch_rows * (R + 1)));  // [scratch rows, R]
+  float* const part_lse = part_o + scratch_rows * R;                      // [scratch rows]
 
-  const mla_detail::Ctx ctx{static_cast<const uint16_t*>(b.cache.blocks),
-                            H,
-                            R,
-                            b.shape.dim(),
-                            b.shape.softmax_scale,
-                            b.q_dtype == DType::kF32,
-                            opt.split_p};
   const size_t q_esize = b.q_dtype == DType::kBF16 ? 2 : 4;
-  auto run_piece = [&](const PieceRef& p) {
+  const size_t c_esize = b.cache.dtype == DType::kBF16 ? 2 : 4;
+  auto run_piece = [&](const PieceRef& p, const PieceRef* next) {
     const Group& g = groups[size_t(p.group)];
     const int64_t row = g.q_row * H;  // first query x head row
     mla_detail::Piece pc;
@@ -221,12 +243,23 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceF
     pc.context_len = g.seq->context_len;
     pc.b0 = p.b0;
     pc.b1 = p.b1;
+    pc.next_block = nullptr;
+    pc.next_bytes = 0;
+    if (next) {
+      const Group& ng = groups[size_t(next->group)];
+      const int64_t t0 = next->b0 * kMlaBlockTokens;
+      const int64_t nt = std::min(kMlaBlockTokens, ng.first_pos + ng.n_q - t0);
+      const int64_t id = ng.seq->block_table[size_t(next->b0)];
+      pc.next_block = static_cast<const char*>(b.cache.blocks) +
+                      size_t(id * kMlaBlockTokens * ctx.dim) * c_esize;
+      pc.next_bytes = nt * ctx.dim * int64_t(c_esize);
+    }
     if (p.slot < 0) {
       pc.o = b.o + row * R;
       pc.lse = b.lse ? b.lse + row : nullptr;
     } else {
-      pc.o = part_o.data() + slot_row[size_t(p.slot)] * R;
-      pc.lse = part_lse.data() + slot_row[size_t(p.slot)];
+      pc.o = part_o + slot_row[size_t(p.slot)] * R;
+      pc.lse = part_lse + slot_row[size_t(p.slot)];
     }
     piece_fn(ctx, pc);
   };
@@ -237,7 +270,10 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceF
     part_begin[size_t(p)] = std::min(part_begin[size_t(p)], part_begin[size_t(p + 1)]);
   }
   auto run_parts = [&](int64_t p0, int64_t p1) {
-    for (size_t i = part_begin[size_t(p0)]; i < part_begin[size_t(p1)]; ++i) run_piece(pieces[i]);
+    const size_t end = part_begin[size_t(p1)];
+    for (size_t i = part_begin[size_t(p0)]; i < end; ++i) {
+      run_piece(pieces[i], i + 1 < end ? &pieces[i + 1] : nullptr);
+    }
   };
   if (pool && parts > 1) {
     pool->parallel_for(parts, run_parts);
@@ -264,27 +300,45 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceF
   }
   auto combine = [&](int64_t i0, int64_t i1) {
     std::vector<float> wts;
+    std::vector<const float*> srcs;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t gi = split_groups[size_t(i)];
       const Group& g = groups[size_t(gi)];
       const std::vector<int64_t>& slots = slots_of[size_t(gi)];
       wts.resize(slots.size());
+      srcs.resize(slots.size());
       for (int64_t r = 0; r < g.n_q * H; ++r) {
         float mx = -INFINITY;
-        for (int64_t s : slots) mx = std::max(mx, part_lse[size_t(slot_row[size_t(s)] + r)]);
+        for (int64_t s : slots) mx = std::max(mx, part_lse[slot_row[size_t(s)] + r]);
         // Every row sees token 0, which lies in the group's first piece: mx is finite.
         double sum = 0;
         for (size_t k = 0; k < slots.size(); ++k) {
-          wts[k] = std::exp(part_lse[size_t(slot_row[size_t(slots[k])] + r)] - mx);
+          wts[k] = std::exp(part_lse[slot_row[size_t(slots[k])] + r] - mx);
           sum += wts[k];
         }
         const float inv = float(1.0 / sum);
-        float* out = b.o + (g.q_row * H + r) * R;  // [R]
-        std::fill(out, out + R, 0.0f);
         for (size_t k = 0; k < slots.size(); ++k) {
-          const float wk = wts[k] * inv;
-          const float* src = part_o.data() + (slot_row[size_t(slots[k])] + r) * R;  // [R]
-          for (int64_t j = 0; j < R; ++j) out[j] += wk * src[j];
+          wts[k] *= inv;
+          srcs[k] = part_o + (slot_row[size_t(slots[k])] + r) * R;  // [R]
+        }
+        float* out = b.o + (g.q_row * H + r) * R;  // [R]
+        // Accumulated in registers, 64 values at a time; the sums are those of
+        // out = 0, out += w_0 o_0, out += w_1 o_1, ... in this order.
+        constexpr int64_t kChunk = 64;
+        int64_t j0 = 0;
+        for (; j0 + kChunk <= R; j0 += kChunk) {  // a fixed trip count: vectorised
+          float acc[kChunk] = {};
+          for (size_t k = 0; k < slots.size(); ++k) {
+            const float wk = wts[k];
+            const float* src = srcs[k] + j0;
+            for (int64_t j = 0; j < kChunk; ++j) acc[j] += wk * src[j];
+          }
+          std::copy_n(acc, kChunk, out + j0);
+        }
+        for (; j0 < R; ++j0) {
+          float acc = 0.0f;
+          for (size_t k = 0; k < slots.size(); ++k) acc += wts[k] * srcs[k][j0];
+          out[j0] = acc;
         }
         if (b.lse) b.lse[g.q_row * H + r] = mx + float(std::log(sum));
       }
@@ -295,6 +349,41 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceF
     pool->parallel_for(n_split, combine);
   } else {
     combine(0, n_split);
+  }
+}
+
+void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceFn piece_fn) {
+  const int64_t H = b.shape.heads, R = b.shape.kv_lora_rank;
+  const std::vector<Group> groups = make_groups(b);
+  if (groups.empty()) return;
+  const int64_t threads = pool ? pool->size() : 1;
+  const int64_t parts = opt.parts > 0 ? opt.parts : threads;
+  const mla_detail::Ctx ctx{static_cast<const uint16_t*>(b.cache.blocks),
+                            H,
+                            R,
+                            b.shape.dim(),
+                            b.shape.softmax_scale,
+                            b.q_dtype == DType::kF32,
+                            opt.split_p,
+                            g_next_call_id.fetch_add(1, std::memory_order_relaxed)};
+  if (opt.split_blocks <= 0) {  // equal shares of the whole batch: one wave
+    run_groups(b, pool, opt, piece_fn, ctx, groups, 0, groups.size(), parts);
+    return;
+  }
+  size_t g0 = 0;
+  while (g0 < groups.size()) {
+    size_t g1 = g0;
+    int64_t bytes = 0;
+    while (g1 < groups.size()) {
+      const Group& g = groups[g1];
+      const int64_t n_split = (g.n_blocks + opt.split_blocks - 1) / opt.split_blocks;
+      const int64_t gb = n_split > 1 ? n_split * g.n_q * H * (R + 1) * 4 : 0;
+      if (g1 > g0 && bytes + gb > kWaveBytes) break;
+      bytes += gb;
+      ++g1;
+    }
+    run_groups(b, pool, opt, piece_fn, ctx, groups, g0, g1, parts);
+    g0 = g1;
   }
 }
 

@@ -1,12 +1,18 @@
 // mla_decode, AVX-512 + BF16 level: one piece (a group of query rows x a range of cache blocks)
 // per call, one 64-token cache block per tile. Per tile (docs/kernels-mla.md):
-//   1. S[t][row] = <Q[row], K[t]>: rows (query x head) in the 16 lanes, Q packed once per piece
-//      as BF16 pairs [dim/2][rows]; each token's pair K[t][2d..2d+1] is broadcast once per
-//      register block (vpbroadcastd), so every cached value is read once for all rows.
+//   1. S[t][row] = <Q[row], K[t]>: rows (query x head) in the 16 lanes, Q packed as BF16 pairs
+//      [dim/2][rows] (16 x 16 transposes; once per group and thread in a call, not per piece);
+//      each token's pair K[t][2d..2d+1] is broadcast once per register block (vpbroadcastd),
+//      so every cached value is read once for all rows. A tile stops at the last token the
+//      group's last query sees (the diagonal tile of a prefill chunk).
 //   2. Online softmax over the tile in FP32 (base 2, the scale folded into the exponent), causal
-//      and past-the-end tokens masked per lane; P rounded to BF16 pairs [t/2][rows].
+//      and past-the-end tokens masked per lane (no mask for row vectors that see the whole
+//      tile); P rounded to BF16 pairs [t/2][rows].
 //   3. O[row][:] = alpha * O + P V: V (the latent) re-laid as token pairs [t/2][kv_lora_rank][2]
-//      with two unpacks per 32 values, rows broadcast, kv_lora_rank in the lanes.
+//      with two unpacks per 32 values, rows broadcast, kv_lora_rank in the lanes. Meanwhile the
+//      next block (of the piece, or the thread's next piece) is prefetched to L2.
+// None of this changes a row's arithmetic: results are bit-identical to computing every tile
+// in full, and a row's result does not depend on the other rows of its group.
 // Compiled with -mavx512{f,bw,vl,dq,bf16}; runs only when cpu_isa() says so. Everything here has
 // internal linkage and no standard-library templates (see cpu_features.h).
 #include <immintrin.h>
@@ -67,7 +73,9 @@ struct Work {
   float* l;        // [M] running sum of P
   float* alpha;    // [M] rescale of O for the current tile
   int32_t* lim;    // [M] tokens visible to each row (0 for padding rows)
-  uint16_t* qrow;  // [2][D] one query row converted to BF16: hi, then lo
+  uint16_t* qrow;  // [2][16][D] 16 query rows converted to BF16: hi rows, then lo rows
+  const char* pf;  // next cache line of the next block to prefetch, up to pf_end
+  const char* pf_end;
 };
 
 Work carve(int64_t M, int64_t R, int64_t D) {
@@ -90,7 +98,7 @@ Work carve(int64_t M, int64_t R, int64_t D) {
                    al(size_t(M) * 4),
                    al(size_t(M) * 4),
                    al(size_t(M) * 4),
-                   al(size_t(D) * 4 + 64)};
+                   al(size_t(32 * D) * 2 + 64)};
   size_t total = 0;
   for (size_t b : sz) total += b;
   char* p = thread_scratch(total);
@@ -138,35 +146,87 @@ void f32_row_split_bf16(const float* src, int64_t n, uint16_t* hi, uint16_t* lo)
   }
 }
 
-// Q rows -> qp [Dp][M] (pairs along dim, rows along the lanes), and with q_split the residuals
-// -> qlo [Dp][M]; padding rows zero.
-void pack_q(const Piece& pc, const Ctx& c, int64_t rows, bool split, Work& w) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint32_t* src;
-    const uint32_t* src_lo = nullptr;
-    if (pc.q_bf16) {
-      src = reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(pc.q) + r * c.dim);
-    } else if (split) {
-      f32_row_split_bf16(static_cast<const float*>(pc.q) + r * c.dim, c.dim, w.qrow,
-                         w.qrow + c.dim);
-      src = reinterpret_cast<const uint32_t*>(w.qrow);
-      src_lo = reinterpret_cast<const uint32_t*>(w.qrow + c.dim);
-    } else {
-      f32_row_to_bf16(static_cast<const float*>(pc.q) + r * c.dim, c.dim, w.qrow);
-      src = reinterpret_cast<const uint32_t*>(w.qrow);
-    }
-    for (int64_t dp = 0; dp < w.Dp; ++dp) w.qp[dp * w.M + r] = src[dp];
-    if (src_lo) {
-      for (int64_t dp = 0; dp < w.Dp; ++dp) w.qlo[dp * w.M + r] = src_lo[dp];
-    }
+// 16 x 16 transpose of 32-bit elements: in[i] holds row i (columns 0..15); out[c] gets column c
+// (rows 0..15). Unpacks within 128-bit lanes, then a 4 x 4 transpose of the lanes.
+inline void transpose16(const __m512i in[16], __m512i out[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);      // lane l: a0 b0 a1 b1
+    t[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);  // lane l: a2 b2 a3 b3
   }
-  for (int64_t dp = 0; dp < w.Dp; ++dp) {
-    for (int64_t r = rows; r < w.M; ++r) w.qp[dp * w.M + r] = 0;
-    if (split) {
-      for (int64_t r = rows; r < w.M; ++r) w.qlo[dp * w.M + r] = 0;
-    }
+  // u[4g + k], lane l: column 4l + k of rows 4g .. 4g+3.
+  for (int g = 0; g < 4; ++g) {
+    const __m512i* tg = t + 4 * g;
+    u[4 * g + 0] = _mm512_unpacklo_epi64(tg[0], tg[2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(tg[0], tg[2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(tg[1], tg[3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(tg[1], tg[3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xEE);
+    out[k] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    out[4 + k] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    out[8 + k] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    out[12 + k] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
   }
 }
+
+// Rows src[0 .. 16) of Dp BF16 pairs each (null: a zero row) -> dst[dp][0 .. 16), row stride M.
+void transpose_rows(const uint32_t* const src[16], int64_t Dp, int64_t M, uint32_t* dst) {
+  for (int64_t dp0 = 0; dp0 < Dp; dp0 += 16) {
+    const int64_t n = imin(16, Dp - dp0);
+    const __mmask16 k = __mmask16((1u << n) - 1);
+    __m512i in[16], out[16];
+    for (int i = 0; i < 16; ++i) {
+      in[i] = src[i] ? _mm512_maskz_loadu_epi32(k, src[i] + dp0) : _mm512_setzero_si512();
+    }
+    transpose16(in, out);
+    for (int64_t j = 0; j < n; ++j) _mm512_store_si512(dst + (dp0 + j) * M, out[j]);
+  }
+}
+
+// Q rows -> qp [Dp][M] (pairs along dim, rows along the lanes), and with q_split the residuals
+// -> qlo [Dp][M]; padding rows zero. 16 rows at a time: converted to BF16 rows, transposed.
+void pack_q(const Piece& pc, const Ctx& c, int64_t rows, bool split, Work& w) {
+  const int64_t D = c.dim;
+  for (int64_t r0 = 0; r0 < w.M; r0 += 16) {
+    const uint32_t* hi[16];
+    const uint32_t* lo[16];
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t r = r0 + i;
+      hi[i] = lo[i] = nullptr;
+      if (r >= rows) continue;
+      uint16_t* h = w.qrow + i * D;
+      uint16_t* l = w.qrow + (16 + i) * D;
+      if (pc.q_bf16) {
+        hi[i] = reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(pc.q) + r * D);
+      } else if (split) {
+        f32_row_split_bf16(static_cast<const float*>(pc.q) + r * D, D, h, l);
+        hi[i] = reinterpret_cast<const uint32_t*>(h);
+        lo[i] = reinterpret_cast<const uint32_t*>(l);
+      } else {
+        f32_row_to_bf16(static_cast<const float*>(pc.q) + r * D, D, h);
+        hi[i] = reinterpret_cast<const uint32_t*>(h);
+      }
+    }
+    transpose_rows(hi, w.Dp, w.M, w.qp + r0);
+    if (split) transpose_rows(lo, w.Dp, w.M, w.qlo + r0);
+  }
+}
+
+// The group whose queries the calling thread packed last: another piece of it in the same call
+// (split_blocks cuts a prefill group into several) reuses qp / qlo as they are in the scratch.
+struct PackedQ {
+  uint64_t call_id;
+  const void* q;
+  int64_t rows;
+  const uint32_t* qp;
+  bool split;
+};
+thread_local PackedQ t_packed = {0, nullptr, 0, nullptr, false};
 
 // S[t][z*16..] for tokens [0, nt16) and row vectors [z0, z0 + MB), TB tokens at a time. SPLIT
 // adds the residual queries' dot products into the same accumulators.
@@ -209,12 +269,22 @@ void softmax_tile(Work& w, int64_t t0, int64_t ntp, float scale_log2, bool split
   for (int64_t z = 0; z < w.Mz; ++z) {
     const __m512i lim = _mm512_load_si512(w.lim + z * 16);
     __m512 mx = ninf;
-    for (int64_t t = 0; t < 2 * ntp; ++t) {
-      float* sp = w.s + t * M + z * 16;
-      __mmask16 vis = _mm512_cmpgt_epi32_mask(lim, _mm512_set1_epi32(int(t0 + t)));
-      __m512 v = _mm512_mask_mul_ps(ninf, vis, _mm512_load_ps(sp), sc);
-      _mm512_store_ps(sp, v);
-      mx = _mm512_max_ps(mx, v);
+    if (_mm512_cmpgt_epi32_mask(lim, _mm512_set1_epi32(int(t0 + 2 * ntp - 1))) == 0xffff) {
+      // Every row of the vector sees the whole tile: no mask.
+      for (int64_t t = 0; t < 2 * ntp; ++t) {
+        float* sp = w.s + t * M + z * 16;
+        const __m512 v = _mm512_mul_ps(_mm512_load_ps(sp), sc);
+        _mm512_store_ps(sp, v);
+        mx = _mm512_max_ps(mx, v);
+      }
+    } else {
+      for (int64_t t = 0; t < 2 * ntp; ++t) {
+        float* sp = w.s + t * M + z * 16;
+        __mmask16 vis = _mm512_cmpgt_epi32_mask(lim, _mm512_set1_epi32(int(t0 + t)));
+        __m512 v = _mm512_mask_mul_ps(ninf, vis, _mm512_load_ps(sp), sc);
+        _mm512_store_ps(sp, v);
+        mx = _mm512_max_ps(mx, v);
+      }
     }
     const __m512 m_old = _mm512_load_ps(w.m + z * 16);
     const __m512 m_new = _mm512_max_ps(m_old, mx);
@@ -290,7 +360,15 @@ void pv(Work& w, int64_t r0, int64_t c0, int64_t ntp, bool first) {
   const uint32_t* v = w.vp + c0 * 16;
   const uint32_t* p = w.pp + r0;
   const uint32_t* pl = w.pplo + r0;
+  const char* pf = w.pf;
   for (int64_t tp = 0; tp < ntp; ++tp) {
+    // Two lines of the next block per token-pair step, spread over the tile's P V: its scores
+    // then read L2, not DRAM (decode at batch > 1 works on more than the L3 holds).
+    if (pf < w.pf_end) {
+      _mm_prefetch(pf, _MM_HINT_T1);
+      _mm_prefetch(pf + 64, _MM_HINT_T1);
+      pf += 128;
+    }
     __m512bh vv[CB];
     for (int j = 0; j < CB; ++j) vv[j] = as_bh(_mm512_load_si512(v + tp * w.ldv + 16 * j));
     for (int i = 0; i < RB; ++i) {
@@ -306,6 +384,7 @@ void pv(Work& w, int64_t r0, int64_t c0, int64_t ntp, bool first) {
     float* orow = w.o + (r0 + i) * R + c0 * 16;
     for (int j = 0; j < CB; ++j) _mm512_store_ps(orow + 16 * j, acc[i][j]);
   }
+  w.pf = pf;
 }
 
 template <int CB, bool SPLIT>
@@ -380,7 +459,12 @@ void piece_avx512bf16(const Ctx& c, const Piece& pc) {
   const int64_t M = round_up(rows, 16);
   Work w = carve(M, c.kv_lora_rank, c.dim);
   const bool q_split = c.q_split && !pc.q_bf16;
-  pack_q(pc, c, rows, q_split, w);
+  PackedQ& pq = t_packed;
+  if (!(pq.call_id == c.call_id && pq.q == pc.q && pq.rows == rows && pq.qp == w.qp &&
+        pq.split == q_split)) {
+    pack_q(pc, c, rows, q_split, w);
+    pq = PackedQ{c.call_id, pc.q, rows, w.qp, q_split};
+  }
   for (int64_t r = 0; r < M; ++r) {
     w.lim[r] = r < rows ? int32_t(pc.first_pos + r / c.heads + 1) : 0;
     w.m[r] = -__builtin_inff();
@@ -388,11 +472,24 @@ void piece_avx512bf16(const Ctx& c, const Piece& pc) {
   }
   const float scale_log2 = c.softmax_scale * 1.4426950408889634f;
   const int64_t block_elems = kTile * c.dim;
+  // Tokens the group's last query sees: no row sees past it (it is <= context_len), so a tile
+  // is cut there, not at the end of the context (the diagonal tile of a prefill chunk).
+  const int64_t seen = pc.first_pos + pc.n_q;
   for (int64_t b = pc.b0; b < pc.b1; ++b) {
     const int64_t t0 = b * kTile;
-    const int64_t nt = imin(kTile, pc.context_len - t0);
+    const int64_t nt = imin(kTile, seen - t0);
     const int64_t nt16 = round_up(nt, 16), ntp = (nt + 1) / 2;
     const uint16_t* kblk = c.blocks + int64_t(pc.block_table[b]) * block_elems;
+    // Prefetch (to L2, during P V) the next block of the piece, or after the last one the first
+    // block of the thread's next piece.
+    if (b + 1 < pc.b1) {
+      const int64_t nt_next = imin(kTile, seen - t0 - kTile);
+      w.pf = reinterpret_cast<const char*>(c.blocks + int64_t(pc.block_table[b + 1]) * block_elems);
+      w.pf_end = w.pf + nt_next * c.dim * 2;
+    } else {
+      w.pf = static_cast<const char*>(pc.next_block);
+      w.pf_end = w.pf + (pc.next_block ? pc.next_bytes : 0);
+    }
     q_split ? qk_all<true>(w, kblk, nt16) : qk_all<false>(w, kblk, nt16);
     softmax_tile(w, t0, ntp, scale_log2, c.p_split);
     build_vp(w, kblk, nt, ntp);

@@ -13,6 +13,9 @@ struct Ctx {
   float softmax_scale;
   bool q_split;  // BF16 level: F32 queries as BF16 hi + lo (two score dot products)
   bool p_split;  // BF16 level: softmax weights as BF16 hi + lo (two P V products)
+  // Distinct for every mla_decode call: a thread that runs several pieces of one group in a
+  // call may keep the group's packed queries between them (BF16 level).
+  uint64_t call_id;
 };
 
 // A group of consecutive query rows of one sequence (n_q queries x heads rows) attending to the
@@ -28,6 +31,10 @@ struct Piece {
   int64_t b0, b1;
   float* o;    // [n_q * heads, kv_lora_rank]
   float* lse;  // [n_q * heads] or null
+  // The tokens of the first block the calling thread works on after this piece (null if
+  // none): a kernel may prefetch them while it works on its own last block.
+  const void* next_block;
+  int64_t next_bytes;
 };
 
 // One piece at each fast level: BF16 dot products (kv_lora_rank % 32 == 0, rope_dim even), and

@@ -273,6 +273,39 @@ TEST(MlaPrefill, ReferenceMatchesNaiveDouble) {
   expect_close(o, lse, naive_bf16_q(p), kRefTol, "prefill ref");
 }
 
+// With fixed splits a query row's bits do not depend on the other rows of its call: a prompt
+// run as one chunk, as chunks of other sizes (shifting which queries share a group, and where
+// each group's diagonal tile ends) and one query at a time gives every row the same o and lse.
+// This is what lets the model's chunked prefill equal the whole prompt.
+TEST(MlaPrefill, FixedSplitsMakeEachRowIndependentOfItsChunk) {
+  ThreadPool pool(2);
+  constexpr int64_t kLen = 300;
+  for (int64_t heads : {16, 5}) {
+    Problem p = make_problem(heads, 512, 64, 0.15f, {{kLen, kLen}}, 610 + uint32_t(heads));
+    const int64_t H = heads, R = p.shape.kv_lora_rank, D = p.shape.dim();
+    for (const bool q_f32 : {true, false}) {
+      MlaOptions fixed;
+      fixed.split_blocks = 2;
+      const Output whole = run(p, &pool, fixed, cpu_isa(), q_f32);
+      if (q_f32) expect_close(whole.o, whole.lse, naive(p, p.q32), kFastTol, "whole prompt");
+      for (const int64_t chunk : {1, 7, 64, 129}) {
+        std::vector<float> o(whole.o.size()), lse(whole.lse.size());
+        for (int64_t q0 = 0; q0 < kLen; q0 += chunk) {
+          const int64_t n = std::min(chunk, kLen - q0);
+          const MlaSequence seq{p.tables[0], q0 + n, n};
+          MlaBatch b = p.batch(o.data() + q0 * H * R, lse.data() + q0 * H, q_f32);
+          b.seqs = std::span<const MlaSequence>(&seq, 1);
+          b.q = q_f32 ? static_cast<const void*>(p.q32.data() + q0 * H * D)
+                      : static_cast<const void*>(p.q16.data() + q0 * H * D);
+          mla_decode(b, &pool, fixed, cpu_isa());
+        }
+        EXPECT_EQ(o, whole.o) << "heads " << heads << " chunk " << chunk << " f32 q " << q_f32;
+        EXPECT_EQ(lse, whole.lse) << "heads " << heads << " chunk " << chunk << " f32 q " << q_f32;
+      }
+    }
+  }
+}
+
 TEST(MlaDecode, EmptyBatchAndZeroQuerySequences) {
   ThreadPool pool(2);
   Problem p = make_problem(16, 160, 16, 0.3f, {{50, 0}, {70, 1}, {10, 0}}, 95);
