@@ -152,6 +152,9 @@ GemmJob make_job(const uint16_t* x, const float* xf, int64_t m, int64_t ldx,
 // Splits all (job, panel) items among the pool's threads in contiguous runs of roughly equal
 // cost. A panel costs its rows of compute plus the streaming of its weights, which takes about
 // as long as kStreamRows rows of dot products (the ridge point in docs/kernels-gemm.md).
+// Rows of a gathered job copied together at a time (1024 x K BF16: 14 MB at V3's widest K).
+constexpr int64_t kGatherRows = 1024;
+
 void run_jobs(const std::vector<GemmJob>& jobs, PanelFn fn, ThreadPool* pool) {
   constexpr int64_t kStreamRows = 8;
   std::vector<int64_t> start(jobs.size() + 1, 0);  // cumulative cost before job j
@@ -179,20 +182,28 @@ void run_jobs(const std::vector<GemmJob>& jobs, PanelFn fn, ThreadPool* pool) {
         fn(jobs[j], p0, p1);
         continue;
       }
-      // Gathered rows: this thread copies the job's rows together (they stay in cache for
-      // all its panels) and runs the plain job on the copy.
+      // Gathered rows: this thread copies the job's rows together, kGatherRows at a time
+      // (they stay in cache for all its panels; the copy stays bounded), and runs the plain
+      // job on each copy. A row's result does not depend on the rows beside it, so the split
+      // changes no bit.
       thread_local std::vector<uint16_t> gathered;
       const GemmJob& g = jobs[j];
-      gathered.resize(size_t(g.m * g.k));
-      for (int64_t i = 0; i < g.m; ++i) {
-        std::memcpy(&gathered[size_t(i * g.k)], g.x + int64_t(g.x_rows[i]) * g.ldx,
-                    size_t(g.k) * 2);
+      const size_t y_row_bytes = size_t(g.ldy) * (g.y_bf16 ? 2 : 4);
+      for (int64_t r0 = 0; r0 < g.m; r0 += kGatherRows) {
+        const int64_t rows = std::min(kGatherRows, g.m - r0);
+        gathered.resize(size_t(rows * g.k));
+        for (int64_t i = 0; i < rows; ++i) {
+          std::memcpy(&gathered[size_t(i * g.k)], g.x + int64_t(g.x_rows[r0 + i]) * g.ldx,
+                      size_t(g.k) * 2);
+        }
+        GemmJob copy = g;
+        copy.x = gathered.data();
+        copy.m = rows;
+        copy.ldx = g.k;
+        copy.x_rows = nullptr;
+        copy.y = static_cast<char*>(g.y) + size_t(r0) * y_row_bytes;
+        fn(copy, p0, p1);
       }
-      GemmJob copy = g;
-      copy.x = gathered.data();
-      copy.ldx = g.k;
-      copy.x_rows = nullptr;
-      fn(copy, p0, p1);
     }
   };
   if (threads == 1 || !pool) {

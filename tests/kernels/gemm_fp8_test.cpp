@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -200,6 +201,34 @@ TEST(GemmFp8, GroupedContiguousGatherEqualsTheCopiedRows) {
                      got.data() + size_t(off[3] * n) * dtype_size(dt), dt, n,
                      std::string(isa_name(isa)) + " gathered expert 3");
     }
+  }
+}
+
+// A gathered expert of more rows than a thread copies together at a time (1024): the copies in
+// pieces give the bits of the whole contiguous job.
+TEST(GemmFp8, GroupedGatherOfAnExpertOverTheCopyLimit) {
+  std::mt19937 rng(16);
+  ThreadPool pool(2);
+  const int64_t n = 70, k = 130, tokens = 40;
+  const std::vector<int64_t> rows = {3, 1100, 2};
+  const auto [ex, ptrs, off] = make_grouped(rows, n, k, rng);
+  const int64_t total = off.back();
+  std::vector<uint16_t> token_rows = random_x(tokens, k, rng);  // [tokens, k]
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(tokens - 1));
+  std::vector<int32_t> src(static_cast<size_t>(total));
+  std::vector<uint16_t> copied(size_t(total * k));
+  for (int64_t i = 0; i < total; ++i) {
+    src[size_t(i)] = pick(rng);
+    std::copy_n(&token_rows[size_t(src[size_t(i)] * k)], k, &copied[size_t(i * k)]);
+  }
+  for (Isa isa : testing::isa_levels()) {
+    std::vector<float> want(size_t(total * n)), got(size_t(total * n));
+    gemm_fp8_grouped_contiguous(copied.data(), k, off.data(), ptrs.data(), int64_t(ptrs.size()),
+                                GemmOutput{want.data(), DType::kF32, n}, &pool, isa);
+    gemm_fp8_grouped_contiguous_gather(token_rows.data(), k, src.data(), off.data(), ptrs.data(),
+                                       int64_t(ptrs.size()), GemmOutput{got.data(), DType::kF32, n},
+                                       &pool, isa);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << isa_name(isa);
   }
 }
 
