@@ -12,7 +12,8 @@
 //   3. O[row][:] = alpha * O + P V: kv_lora_rank in the lanes, P broadcast per row.
 // Numerics: products of F32 queries and exact cache values, FP32 sums, FP32 P: the reference's
 // arithmetic in another order (o within ~1e-6 of the values' magnitude, lse ~1e-6 relative).
-// While P V runs, the next block of the piece is prefetched to L2 (one line per token step).
+// While P V runs, the next block of the piece (after its last block, the first block of the
+// thread's next piece) is prefetched to L2 (one line per token step).
 //
 // How to use: include only from those two files, inside their anonymous namespace in
 // moeserve::mla_detail, after <immintrin.h>, <math.h>, <stdlib.h>, <string.h>, <cstdint>,
@@ -270,11 +271,15 @@ void piece_f32(const Ctx& c, const Piece& pc) {
     const int64_t nt = imin(kTile, pc.context_len - t0);
     const uint16_t* kblk = c.blocks + int64_t(pc.block_table[b]) * block_elems;
     for (int64_t t = 0; t < nt; ++t) Vec::widen(kblk + t * c.dim, w.kf + t * w.ldk, c.dim);
-    w.pf = w.pf_end = nullptr;
+    // Prefetch (to L2, during P V) the next block of the piece, or after the last one the first
+    // block of the thread's next piece (the driver's hint).
     if (b + 1 < pc.b1) {
       const int64_t nt_next = imin(kTile, pc.context_len - t0 - kTile);
       w.pf = reinterpret_cast<const char*>(c.blocks + int64_t(pc.block_table[b + 1]) * block_elems);
       w.pf_end = w.pf + nt_next * c.dim * 2;
+    } else {
+      w.pf = static_cast<const char*>(pc.next_block);
+      w.pf_end = w.pf + (pc.next_block ? pc.next_bytes : 0);
     }
     qk_all(w, nt);
     softmax_tile(w, t0, nt, scale_log2);
