@@ -65,9 +65,16 @@ struct GrownBuffer {
 
 }  // namespace
 
-char* thread_scratch(size_t bytes) {
+void thread_scratch_parts(const size_t* bytes, size_t n, char** parts) {
+  auto aligned = [](size_t b) { return (b + 63) / 64 * 64; };
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) total += aligned(bytes[i]);
   thread_local GrownBuffer t;
-  return t.get(bytes);
+  char* p = t.get(total);
+  for (size_t i = 0; i < n; ++i) {
+    parts[i] = p;
+    p += aligned(bytes[i]);
+  }
 }
 
 }  // namespace mla_detail

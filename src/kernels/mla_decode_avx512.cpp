@@ -58,7 +58,7 @@ inline __m512 exp2_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Pointers into the calling thread's scratch (thread_scratch), carved per piece.
+// Pointers into the calling thread's scratch (thread_scratch_parts), carved per piece.
 struct Work {
   int64_t M, Mz, R, D, Dp;
   int64_t ldv;     // row stride of vp: R + 16, so its 32 rows do not crowd a few L1 sets
@@ -86,34 +86,26 @@ Work carve(int64_t M, int64_t R, int64_t D) {
   w.D = D;
   w.Dp = D / 2;
   w.ldv = R + 16;
-  auto al = [](size_t b) { return (b + 63) / 64 * 64; };
-  size_t sz[12] = {al(size_t(w.Dp * M) * 4),
-                   al(size_t(w.Dp * M) * 4),
-                   al(size_t(kTile * M) * 4),
-                   al(size_t(kTile / 2 * M) * 4),
-                   al(size_t(kTile / 2 * M) * 4),
-                   al(size_t(kTile / 2 * w.ldv) * 4),
-                   al(size_t(M * R) * 4),
-                   al(size_t(M) * 4),
-                   al(size_t(M) * 4),
-                   al(size_t(M) * 4),
-                   al(size_t(M) * 4),
-                   al(size_t(32 * D) * 2 + 64)};
-  size_t total = 0;
-  for (size_t b : sz) total += b;
-  char* p = thread_scratch(total);
-  w.qp = reinterpret_cast<uint32_t*>(p), p += sz[0];
-  w.qlo = reinterpret_cast<uint32_t*>(p), p += sz[1];
-  w.s = reinterpret_cast<float*>(p), p += sz[2];
-  w.pp = reinterpret_cast<uint32_t*>(p), p += sz[3];
-  w.pplo = reinterpret_cast<uint32_t*>(p), p += sz[4];
-  w.vp = reinterpret_cast<uint32_t*>(p), p += sz[5];
-  w.o = reinterpret_cast<float*>(p), p += sz[6];
-  w.m = reinterpret_cast<float*>(p), p += sz[7];
-  w.l = reinterpret_cast<float*>(p), p += sz[8];
-  w.alpha = reinterpret_cast<float*>(p), p += sz[9];
-  w.lim = reinterpret_cast<int32_t*>(p), p += sz[10];
-  w.qrow = reinterpret_cast<uint16_t*>(p);
+  const size_t sz[12] = {size_t(w.Dp * M) * 4,      size_t(w.Dp * M) * 4,
+                         size_t(kTile * M) * 4,      size_t(kTile / 2 * M) * 4,
+                         size_t(kTile / 2 * M) * 4,  size_t(kTile / 2 * w.ldv) * 4,
+                         size_t(M * R) * 4,          size_t(M) * 4,
+                         size_t(M) * 4,              size_t(M) * 4,
+                         size_t(M) * 4,              size_t(32 * D) * 2 + 64};
+  char* part[12];
+  thread_scratch_parts(sz, 12, part);
+  w.qp = reinterpret_cast<uint32_t*>(part[0]);
+  w.qlo = reinterpret_cast<uint32_t*>(part[1]);
+  w.s = reinterpret_cast<float*>(part[2]);
+  w.pp = reinterpret_cast<uint32_t*>(part[3]);
+  w.pplo = reinterpret_cast<uint32_t*>(part[4]);
+  w.vp = reinterpret_cast<uint32_t*>(part[5]);
+  w.o = reinterpret_cast<float*>(part[6]);
+  w.m = reinterpret_cast<float*>(part[7]);
+  w.l = reinterpret_cast<float*>(part[8]);
+  w.alpha = reinterpret_cast<float*>(part[9]);
+  w.lim = reinterpret_cast<int32_t*>(part[10]);
+  w.qrow = reinterpret_cast<uint16_t*>(part[11]);
   return w;
 }
 

@@ -38,7 +38,7 @@ inline int64_t round_up(int64_t a, int64_t m) {
   return (a + m - 1) / m * m;
 }
 
-// Pointers into the calling thread's scratch (thread_scratch), carved per piece.
+// Pointers into the calling thread's scratch (thread_scratch_parts), carved per piece.
 struct Work {
   int64_t M, Mz, R, D;
   int64_t ldk;     // row stride of kf: D rounded up to 16 floats (aligned rows)
@@ -61,22 +61,19 @@ Work carve(int64_t M, int64_t R, int64_t D) {
   w.R = R;
   w.D = D;
   w.ldk = round_up(D, 16);
-  auto al = [](size_t b) { return (b + 63) / 64 * 64; };
-  const size_t sz[8] = {al(size_t(D * M) * 4),     al(size_t(kTile * w.ldk) * 4),
-                        al(size_t(kTile * M) * 4), al(size_t(M * R) * 4),
-                        al(size_t(M) * 4),         al(size_t(M) * 4),
-                        al(size_t(M) * 4),         al(size_t(M) * 4)};
-  size_t total = 0;
-  for (size_t b : sz) total += b;
-  char* p = thread_scratch(total);
-  w.qf = reinterpret_cast<float*>(p), p += sz[0];
-  w.kf = reinterpret_cast<float*>(p), p += sz[1];
-  w.s = reinterpret_cast<float*>(p), p += sz[2];
-  w.o = reinterpret_cast<float*>(p), p += sz[3];
-  w.m = reinterpret_cast<float*>(p), p += sz[4];
-  w.l = reinterpret_cast<float*>(p), p += sz[5];
-  w.alpha = reinterpret_cast<float*>(p), p += sz[6];
-  w.lim = reinterpret_cast<int32_t*>(p);
+  const size_t sz[8] = {size_t(D * M) * 4, size_t(kTile * w.ldk) * 4, size_t(kTile * M) * 4,
+                        size_t(M * R) * 4,  size_t(M) * 4,               size_t(M) * 4,
+                        size_t(M) * 4,      size_t(M) * 4};
+  char* part[8];
+  thread_scratch_parts(sz, 8, part);
+  w.qf = reinterpret_cast<float*>(part[0]);
+  w.kf = reinterpret_cast<float*>(part[1]);
+  w.s = reinterpret_cast<float*>(part[2]);
+  w.o = reinterpret_cast<float*>(part[3]);
+  w.m = reinterpret_cast<float*>(part[4]);
+  w.l = reinterpret_cast<float*>(part[5]);
+  w.alpha = reinterpret_cast<float*>(part[6]);
+  w.lim = reinterpret_cast<int32_t*>(part[7]);
   return w;
 }
 

@@ -54,8 +54,9 @@ namespace moeserve::mla_detail {
 // CHECKs the batch's shapes, block tables and buffers (mla_decode.cpp).
 void validate(const MlaBatch& batch);
 
-// The calling thread's kernel scratch: at least `bytes`, 64-byte aligned, grown on demand and
-// kept for the thread's lifetime (mla_decode.cpp; one definition for every level).
-char* thread_scratch(size_t bytes);
+// Carves the calling thread's kernel scratch into n parts of bytes[i] each, every part 64-byte
+// aligned, into parts[i]. The scratch grows on demand and is kept for the thread's lifetime
+// (mla_decode.cpp; one definition for every level).
+void thread_scratch_parts(const size_t* bytes, size_t n, char** parts);
 
 }  // namespace moeserve::mla_detail
