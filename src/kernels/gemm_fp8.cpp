@@ -219,10 +219,19 @@ void dense(const uint16_t* x, const float* xf, int64_t m, int64_t ldx, const Pac
            GemmOutput y, ThreadPool* pool, PanelFn fn) {
   if (m <= 0) return;
   std::vector<GemmJob> jobs;
-  // With fewer panels than threads, rows are split too (only small N).
-  int threads = pool ? pool->size() : 1;
+  // With fewer panels than threads, rows are split too (only small N). So are compute-bound
+  // rows when the threads cannot share the panels evenly (V3's 2112-wide fused q_a/kv_a
+  // projection has 33: one thread would do 17/16.5 of the average): each thread then takes
+  // every panel for its rows, converting each tile once more (< 2% at 128 rows, where the
+  // uneven share cost 3%).
+  const int threads = pool ? pool->size() : 1;
+  const int64_t panels = w.n_panels();
   int64_t row_chunks = 1;
-  if (w.n_panels() < threads) row_chunks = std::clamp<int64_t>(m / 16, 1, threads);
+  if (panels < threads) {
+    row_chunks = std::clamp<int64_t>(m / 16, 1, threads);
+  } else if (panels % threads != 0 && panels < 32 * threads && m >= 128 * threads) {
+    row_chunks = threads;
+  }
   for (int64_t c = 0; c < row_chunks; ++c) {
     int64_t r0 = m * c / row_chunks, r1 = m * (c + 1) / row_chunks;
     jobs.push_back(make_job(x, xf, r1 - r0, ldx, w, y, r0));

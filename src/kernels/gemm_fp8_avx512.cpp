@@ -1,11 +1,11 @@
 // gemm_fp8, AVX-512 + BF16 level: FP8 weights become BF16 in registers (exact, by byte
-// lookups), then
-// vdpbf16ps against BF16 pairs of X (docs/kernels-gemm.md has the arithmetic). For each
-// 64-column panel and 128-wide K block, the first block of up to 6 rows converts the FP8 tile
-// inside its dot-product loop (so W streams from memory once, and the conversion overlaps the
-// dot products); with more rows it also leaves the BF16 tile (16 KB, L1) for the next 6-row
-// blocks, which run a 6-row x 4-zmm register block on it. Rows are taken in blocks whose X stays
-// in L3 while every panel passes over it.
+// lookups), then vdpbf16ps against BF16 pairs of X (docs/kernels-gemm.md has the arithmetic).
+// For each 64-column panel and 128-wide K block, the first block of up to 6 rows converts the
+// FP8 tile inside its dot-product loop (so W streams from memory once, and the conversion
+// overlaps the dot products); with more rows it also keeps the BF16 tile for the next 6-row
+// blocks, which run a 6-row x 4-zmm register block on it. A row block runs a chunk of K blocks
+// in turn (its running sums stay in L1, the chunk's tiles in L2). Rows are taken in blocks
+// whose X stays in L3 while every panel passes over it.
 // Compiled with -mavx512{f,bw,vl,dq,bf16}; runs only when cpu_isa() says so.
 #include <immintrin.h>
 
@@ -228,56 +228,83 @@ struct Scratch {
   }
 };
 
+// K blocks per chunk: a row block runs all of a chunk's tiles in turn, so its running sums
+// (6 x 64 F32) stay in L1 while the chunk's BF16 tiles (16 KB each) come from L2.
+constexpr int64_t kChunk = 16;
+
 void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
   // Rows per block: X's block (mb rows x k) stays in L3 while every panel passes over it.
   int64_t mb_max = (12 << 20) / (2 * job.k);
   mb_max = mb_max < 96 ? 96 : mb_max > 1024 ? 1024 : mb_max;
-  const int64_t mb_cap = job.m < mb_max ? job.m : mb_max;
-  Scratch tile_buf(kTileBytes * 2), tot_buf(size_t(mb_cap) * kPanelCols * 4),
+  // Blocks of equal size, whole register blocks where possible: every block converts each tile
+  // once, so a short last block (1024 rows at K = 7168 were 877 + 147) pays that for few rows.
+  const int64_t m_blocks = (job.m + mb_max - 1) / mb_max;
+  int64_t mb_cap = (job.m + m_blocks - 1) / m_blocks;
+  if (m_blocks > 1) mb_cap = (mb_cap + kRows - 1) / kRows * kRows;
+  const int64_t chunk = job.k_blocks < kChunk ? job.k_blocks : kChunk;
+  Scratch tile_buf(kTileBytes * 2 * size_t(chunk)), tot_buf(size_t(mb_cap) * kPanelCols * 4),
       tail_buf(size_t(mb_cap) * kBlockK * 2);
-  __m512i* tile = tile_buf.as<__m512i>();
+  __m512i* tiles = tile_buf.as<__m512i>();
   float* tot = tot_buf.as<float>();
   const bool tail = job.k % kBlockK != 0;
+  const int64_t last = job.k_blocks - 1;
   for (int64_t m0 = 0; m0 < job.m; m0 += mb_cap) {
     const int64_t mb = job.m - m0 < mb_cap ? job.m - m0 : mb_cap;
     const uint16_t* xblk = job.x + m0 * job.ldx;
     if (tail) pad_tail(xblk, job.ldx, mb, job.k - job.k % kBlockK, job.k, tail_buf.as<uint16_t>());
+    // X rows [r, r + rows) of K block kb, and their row stride.
+    auto x_at = [&](int64_t r, int64_t kb, int64_t& ld) -> const uint16_t* {
+      if (tail && kb == last) {
+        ld = kBlockK;
+        return tail_buf.as<uint16_t>() + r * kBlockK;
+      }
+      ld = job.ldx;
+      return xblk + r * job.ldx + kb * kBlockK;
+    };
     for (int64_t p = p0; p < p1; ++p) {
-      for (int64_t kb = 0; kb < job.k_blocks; ++kb) {
-        const uint16_t* x = xblk + kb * kBlockK;
-        int64_t ld = job.ldx;
-        if (tail && kb == job.k_blocks - 1) x = tail_buf.as<uint16_t>(), ld = kBlockK;
-        if (job.bf16_tiles) {
-          // Already BF16: every row block runs the register block on the tile (the first one
-          // brings it from memory into L1), scale 1 (exact).
-          const __m512i* t =
-              reinterpret_cast<const __m512i*>(job.tiles) + (p * job.k_blocks + kb) * kTileBytes / 32;
-          for (int64_t i = 0; i < mb; i += kRows) {
-            int rows = mb - i < kRows ? int(mb - i) : kRows;
-            micro_tile_rows(rows, x + i * ld, ld, t, 1.0f, tot + i * kPanelCols, kb == 0);
+      for (int64_t kb0 = 0; kb0 < job.k_blocks; kb0 += chunk) {
+        const int64_t kb1 = kb0 + chunk < job.k_blocks ? kb0 + chunk : job.k_blocks;
+        for (int64_t i = 0; i < mb; i += kRows) {
+          const int rows = mb - i < kRows ? int(mb - i) : kRows;
+          for (int64_t kb = kb0; kb < kb1; ++kb) {
+            int64_t ld;
+            const uint16_t* x = x_at(i, kb, ld);
+            // The next call's X (this row block's next K block, or the next row block's first)
+            // comes from L2 or L3: ask for it early.
+            {
+              const int64_t ni = kb + 1 < kb1 ? i : i + kRows, nkb = kb + 1 < kb1 ? kb + 1 : kb0;
+              if (ni < mb) {
+                int64_t nld;
+                const uint16_t* nx = x_at(ni, nkb, nld);
+                const int64_t nrows = mb - ni < kRows ? mb - ni : kRows;
+                for (int64_t r = 0; r < nrows; ++r)
+                  for (int l = 0; l < 4; ++l)
+                    _mm_prefetch(reinterpret_cast<const char*>(nx + r * nld) + 64 * l,
+                                 _MM_HINT_T0);
+              }
+            }
+            float* t_rows = tot + i * kPanelCols;
+            if (job.bf16_tiles) {
+              // Already BF16: every row block runs the register block on the tile (the first
+              // one brings it from memory), scale 1 (exact).
+              const __m512i* t = reinterpret_cast<const __m512i*>(job.tiles) +
+                                 (p * job.k_blocks + kb) * kTileBytes / 32;
+              micro_tile_rows(rows, x, ld, t, 1.0f, t_rows, kb == 0);
+              continue;
+            }
+            const float scale = job.scales[(p / 2) * job.k_blocks + kb];
+            __m512i* t = tiles + (kb - kb0) * kTileBytes / 32;
+            if (i == 0) {
+              // The first row block converts the tile (and keeps it if other rows follow).
+              const uint8_t* src = job.tiles + (p * job.k_blocks + kb) * kTileBytes;
+              if (mb <= kRows)
+                micro_convert_rows<false>(rows, x, ld, src, t, scale, t_rows, kb == 0, c);
+              else
+                micro_convert_rows<true>(rows, x, ld, src, t, scale, t_rows, kb == 0, c);
+            } else {
+              micro_tile_rows(rows, x, ld, t, scale, t_rows, kb == 0);
+            }
           }
-          continue;
-        }
-        const uint8_t* src = job.tiles + (p * job.k_blocks + kb) * kTileBytes;
-        const float scale = job.scales[(p / 2) * job.k_blocks + kb];
-        // The first row block converts the tile (and keeps it); the others reuse it.
-        const int first_rows = mb < kRows ? int(mb) : kRows;
-        if (mb <= kRows) {
-          micro_convert_rows<false>(first_rows, x, ld, src, tile, scale, tot, kb == 0, c);
-          continue;
-        }
-        micro_convert_rows<true>(first_rows, x, ld, src, tile, scale, tot, kb == 0, c);
-        for (int64_t i = kRows; i < mb; i += kRows) {
-          // The next row block's 6 x 256 bytes of X come from L3: ask for them early.
-          if (i + kRows < mb) {
-            int64_t pre = mb - i - kRows < kRows ? mb - i - kRows : kRows;
-            for (int64_t r = 0; r < pre; ++r)
-              for (int l = 0; l < 4; ++l)
-                _mm_prefetch(reinterpret_cast<const char*>(x + (i + kRows + r) * ld) + 64 * l,
-                             _MM_HINT_T0);
-          }
-          int rows = mb - i < kRows ? int(mb - i) : kRows;
-          micro_tile_rows(rows, x + i * ld, ld, tile, scale, tot + i * kPanelCols, kb == 0);
         }
       }
       const int64_t col0 = p * kPanelCols;

@@ -73,7 +73,8 @@ TEST(GemmBf16Packed, MatchesReferenceAndIsBatchInvariant) {
   struct Shape {
     int64_t n, k;
   };
-  for (Shape s : {Shape{1, 1}, Shape{37, 200}, Shape{64, 128}, Shape{129, 513}, Shape{300, 31}}) {
+  for (Shape s : {Shape{1, 1}, Shape{37, 200}, Shape{64, 128}, Shape{129, 513}, Shape{300, 31},
+                  Shape{70, 2 * 16 * 128 + 77}}) {
     const int64_t max_m = 300, ldx = s.k + 3, ldy = s.n + 2;
     auto x = random_bf16(size_t(max_m * ldx), rng);
     auto w = random_bf16(size_t(s.n * s.k), rng);

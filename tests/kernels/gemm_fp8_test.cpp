@@ -129,6 +129,39 @@ TEST(GemmFp8, SampledRowCountsUpTo300) {
   }
 }
 
+// K long enough that the AVX-512 BF16 kernel takes its K blocks in several chunks (16 blocks
+// each), the last one partial and ending in a partial block, with several row blocks, and more
+// rows than one block of X (1024 at most): matches the reference, and a row's bits do not depend
+// on the rows that ran with it (windows of a 1100-row run, one across the row-block boundary,
+// against runs of the window alone).
+TEST(GemmFp8, LongKAcrossChunks) {
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  const int64_t rows = 1100;
+  for (int64_t k : {int64_t(16 * 128), int64_t(2 * 16 * 128 + 77)}) {
+    Problem p = make_problem(70, k, rng);
+    std::vector<uint16_t> x = random_x(rows, k, rng);
+    for (Isa isa : testing::isa_levels()) {
+      std::vector<float> all(size_t(rows * p.n));
+      gemm_fp8(x.data(), rows, k, p.packed, GemmOutput{all.data(), DType::kF32, p.n}, &pool, isa);
+      const std::string at = std::string(isa_name(isa)) + " k=" + std::to_string(k);
+      expect_matches(x.data(), 37, k, p, all.data(), DType::kF32, p.n, at);
+      struct Window {
+        int64_t r0, m;
+      };
+      for (Window w : {Window{0, 37}, Window{0, 1}, Window{0, 7}, Window{530, 40},
+                       Window{rows - 13, 13}}) {
+        std::vector<float> y(size_t(w.m * p.n));
+        gemm_fp8(x.data() + w.r0 * k, w.m, k, p.packed, GemmOutput{y.data(), DType::kF32, p.n},
+                 (w.m & 1) ? &pool : nullptr, isa);
+        for (int64_t i = 0; i < w.m * p.n; ++i)
+          ASSERT_TRUE(testing::same_bits(y[size_t(i)], all[size_t(w.r0 * p.n + i)]))
+              << at << " rows " << w.r0 << "+" << w.m << " at " << i;
+      }
+    }
+  }
+}
+
 // Experts of one shape with rows[e] rows each in the contiguous layout: the problems, pointers
 // to their packed weights, and the segment offsets [experts + 1].
 struct Grouped {
