@@ -262,15 +262,17 @@ void run_case(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool
   };
   MlaOptions mla_opt;
   mla_opt.split_blocks = split_blocks;
+  const double dram_before = measure_dram_read_gbps(pool, 1, min_s);
   const double t =
       time_calls([&](int i) { mla_decode(batch_of(i), &pool, mla_opt); }, int(c.copies), min_s, 3);
+  const Ceilings here = local_ceilings(ceil, dram_before, pool, min_s);
   double t_base = 0;
   if (cpu_isa() == Isa::kAvx512Bf16) {
     // The baseline is several times slower: one timed pass is enough to rank it.
     t_base = time_calls([&](int i) { baseline(c, i, heads, q.data(), o.data(), lse.data(), pool); },
                         int(c.copies), 0.0, 1);
   }
-  report(opt, ceil, Case{kernel, c.batch, c.context, heads, c.queries, q_f32, split_blocks}, t,
+  report(opt, here, Case{kernel, c.batch, c.context, heads, c.queries, q_f32, split_blocks}, t,
          t_base);
 }
 

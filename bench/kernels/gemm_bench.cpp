@@ -136,10 +136,10 @@ void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, do
   } else {
     fmt::print(
         "{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8.1f} {:>8.1f} {:>6.2f} {:>6.2f} {:>7}  "
-        "{}\n",
+        "{:<7} {:>5.1f}\n",
         c.kernel, c.m, c.n, c.k, c.experts, c.layout, c.act, gbps, gflops, t_roof / t, t_base / t,
         t_bf16 > 0 ? fmt::format("{:.2f}", t_bf16 / t) : std::string("-"),
-        memory_bound ? "memory" : "compute");
+        memory_bound ? "memory" : "compute", ceil.dram_read_gbps);
   }
   std::fflush(stdout);
 }
@@ -155,24 +155,28 @@ void run_dense(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& po
   for (int64_t m : ms) {
     std::vector<uint16_t> x = random_bf16(size_t(m * k), rng);
     std::vector<float> y(size_t(m * n));
+    const double dram_before = measure_dram_read_gbps(pool, 1, min_s);
     double t = time_calls(
         [&](int i) {
           gemm_fp8(x.data(), m, k, w[size_t(i)], GemmOutput{y.data(), DType::kF32, n}, &pool);
         },
         copies, min_s);
+    const Ceilings here = local_ceilings(ceil, dram_before, pool, min_s);
     OneDnnMatmul base(m, n, k);
     for (int i = 0; i < base_copies; ++i) base.add_weight(wb.data());
     double tb = time_calls([&](int i) { base.run(i, x.data(), y.data()); }, base_copies, min_s);
-    report(opt, ceil, Case{"gemm_fp8", m, n, k, 0, "dense", "bf16"}, t, tb);
+    report(opt, here, Case{"gemm_fp8", m, n, k, 0, "dense", "bf16"}, t, tb);
     if (!f32x_case(m)) continue;
     std::vector<float> x32 = random_f32(size_t(m * k), rng);
+    const double dram_before32 = measure_dram_read_gbps(pool, 1, min_s);
     double t32 = time_calls(
         [&](int i) {
           gemm_fp8_f32x(x32.data(), m, k, w[size_t(i)], GemmOutput{y.data(), DType::kF32, n},
                         &pool);
         },
         copies, min_s);
-    report(opt, ceil, Case{"gemm_fp8_f32x", m, n, k, 0, "dense", "f32"}, t32, tb, t);
+    report(opt, local_ceilings(ceil, dram_before32, pool, min_s),
+           Case{"gemm_fp8_f32x", m, n, k, 0, "dense", "f32"}, t32, tb, t);
   }
 }
 
@@ -196,6 +200,7 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
     for (int64_t e = 0; e <= experts; ++e) off[size_t(e)] = e * rows;
     std::vector<int32_t> counts(static_cast<size_t>(experts), static_cast<int32_t>(rows));
     GemmOutput out{y.data(), DType::kF32, n};
+    const double dram_before = measure_dram_read_gbps(pool, 1, min_s);
     double t = time_calls(
         [&](int i) {
           const PackedFp8Weight* const* set = ptrs.data() + i * experts;
@@ -206,6 +211,7 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
           }
         },
         sets, min_s);
+    const Ceilings here = local_ceilings(ceil, dram_before, pool, min_s);
     // Baseline: one oneDNN matmul per expert on its rows.
     OneDnnMatmul base(rows, n, k);
     for (int i = 0; i < base_sets * experts; ++i) base.add_weight(wb.data());
@@ -216,8 +222,9 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
         },
         base_sets, min_s);
     const char* layout = masked ? "masked" : "contiguous";
-    report(opt, ceil, Case{"gemm_fp8_grouped", m, n, k, experts, layout, "bf16"}, t, tb);
+    report(opt, here, Case{"gemm_fp8_grouped", m, n, k, experts, layout, "bf16"}, t, tb);
     std::vector<float> x32 = random_f32(size_t(m * k), rng);
+    const double dram_before32 = measure_dram_read_gbps(pool, 1, min_s);
     double t32 = time_calls(
         [&](int i) {
           const PackedFp8Weight* const* set = ptrs.data() + i * experts;
@@ -229,7 +236,8 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
           }
         },
         sets, min_s);
-    report(opt, ceil, Case{"gemm_fp8_f32x_grouped", m, n, k, experts, layout, "f32"}, t32, tb, t);
+    report(opt, local_ceilings(ceil, dram_before32, pool, min_s),
+           Case{"gemm_fp8_f32x_grouped", m, n, k, experts, layout, "f32"}, t32, tb, t);
   }
 }
 
@@ -249,13 +257,15 @@ void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
   for (int64_t m : ms) {
     std::vector<uint16_t> x = random_bf16(size_t(m * k), rng);
     std::vector<float> y(size_t(m * n));
+    const double dram_before = measure_dram_read_gbps(pool, 1, min_s);
     double t = time_calls(
         [&](int i) { gemm_bf16_packed(x.data(), m, k, packed[size_t(i)], y.data(), n, &pool); },
         copies, min_s);
+    const Ceilings here = local_ceilings(ceil, dram_before, pool, min_s);
     OneDnnMatmul base(m, n, k);
     for (int i = 0; i < copies; ++i) base.add_weight(w[size_t(i)].data());
     double tb = time_calls([&](int i) { base.run(i, x.data(), y.data()); }, copies, min_s);
-    report(opt, ceil, Case{"gemm_bf16", m, n, k, 0, "dense", "bf16"}, t, tb);
+    report(opt, here, Case{"gemm_bf16", m, n, k, 0, "dense", "bf16"}, t, tb);
   }
 }
 
@@ -265,9 +275,9 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
   set_onednn_threads(pool.size());
   Rng rng{0x9e3779b97f4a7c15ull};
   if (!opt.json) {
-    fmt::print("{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  {}\n",
+    fmt::print("{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  {:<7} {}\n",
                "kernel", "m", "n", "k", "E", "layout", "act", "GB/s", "GFLOP/s", "ceil", "oneDNN",
-               "vs_bf16", "bound");
+               "vs_bf16", "bound", "DRAM GB/s (around the case)");
   }
   struct Shape {
     int64_t n, k;

@@ -15,6 +15,23 @@ struct Ceilings {
 
 Ceilings measure_ceilings(ThreadPool& pool);
 
+// DRAM read bandwidth alone: the best of at least `passes` passes (~20 ms each) and of as many
+// as fit in `min_s` seconds. The reading of the VM these benches were written on drifts by up to
+// 2x within minutes and swings within a second, so a memory-bound case is held to a reading
+// taken around its own timing, with the same statistic (best of as long as the case was timed):
+// local_ceilings.
+double measure_dram_read_gbps(ThreadPool& pool, int passes, double min_s = 0);
+
+// `start` with the DRAM reading replaced by the better of `before` and one taken now, each the
+// best over `min_s`.
+inline Ceilings local_ceilings(const Ceilings& start, double before, ThreadPool& pool,
+                               double min_s) {
+  Ceilings c = start;
+  const double after = measure_dram_read_gbps(pool, 1, min_s);
+  c.dram_read_gbps = before > after ? before : after;
+  return c;
+}
+
 // Register loops (machine_avx512.cpp, machine_avx2.cpp): flops done by `iters` iterations.
 double dpbf16_loop(long iters);
 double fma_f32_loop(long iters);

@@ -248,6 +248,7 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
   float* tot = tot_buf.as<float>();
   const bool tail = job.k % kBlockK != 0;
   const int64_t last = job.k_blocks - 1;
+  const int64_t tile_bytes = job.bf16_tiles ? 2 * kTileBytes : kTileBytes;
   for (int64_t m0 = 0; m0 < job.m; m0 += mb_cap) {
     const int64_t mb = job.m - m0 < mb_cap ? job.m - m0 : mb_cap;
     const uint16_t* xblk = job.x + m0 * job.ldx;
@@ -264,6 +265,22 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
     for (int64_t p = p0; p < p1; ++p) {
       for (int64_t kb0 = 0; kb0 < job.k_blocks; kb0 += chunk) {
         const int64_t kb1 = kb0 + chunk < job.k_blocks ? kb0 + chunk : job.k_blocks;
+        // The row blocks after the first run on tiles already in L2 and leave DRAM idle: they
+        // bring the next chunk's weights (contiguous after this chunk's) into L2, spread evenly
+        // over their calls, so the first row block of the next chunk finds them there.
+        const char* pf = nullptr;
+        const char* pf_end = nullptr;
+        int64_t pf_lines = 0;
+        if (mb > kRows) {
+          const int64_t next = p * job.k_blocks + kb1, end = p1 * job.k_blocks;
+          if (next < end) {
+            const int64_t n_tiles = end - next < chunk ? end - next : chunk;
+            pf = reinterpret_cast<const char*>(job.tiles) + next * tile_bytes;
+            pf_end = pf + n_tiles * tile_bytes;
+            const int64_t calls = (mb - 1) / kRows * (kb1 - kb0);
+            pf_lines = (n_tiles * tile_bytes / 64 + calls - 1) / calls;
+          }
+        }
         for (int64_t i = 0; i < mb; i += kRows) {
           const int rows = mb - i < kRows ? int(mb - i) : kRows;
           for (int64_t kb = kb0; kb < kb1; ++kb) {
@@ -283,6 +300,9 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
                                  _MM_HINT_T0);
               }
             }
+            if (i > 0)
+              for (int64_t l = 0; l < pf_lines && pf < pf_end; ++l, pf += 64)
+                _mm_prefetch(pf, _MM_HINT_T1);
             float* t_rows = tot + i * kPanelCols;
             if (job.bf16_tiles) {
               // Already BF16: every row block runs the register block on the tile (the first
