@@ -218,15 +218,27 @@ void micro_tile_rows(int rows, const uint16_t* x, int64_t ld, const __m512i* til
   }
 }
 
-struct Scratch {
-  void* p = nullptr;
-  explicit Scratch(size_t bytes) : p(std::aligned_alloc(64, (bytes + 63) / 64 * 64)) {}
-  ~Scratch() { std::free(p); }
+// Per-thread scratch kept between calls: a GEMM job is often one expert's few rows, and the
+// chunk's tiles (256 KB) allocated per call came from mmap, page faults and all, every time.
+class KeptScratch {
+ public:
+  ~KeptScratch() { std::free(p_); }
   template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
+  T* get(size_t bytes) {
+    if (bytes > cap_) {
+      std::free(p_);
+      cap_ = (bytes + 63) / 64 * 64;
+      p_ = std::aligned_alloc(64, cap_);
+    }
+    return static_cast<T*>(p_);
   }
+
+ private:
+  void* p_ = nullptr;
+  size_t cap_ = 0;
 };
+
+thread_local KeptScratch tls_tiles, tls_tot, tls_tail;
 
 // K blocks per chunk: a row block runs all of a chunk's tiles in turn, so its running sums
 // (6 x 64 F32) stay in L1 while the chunk's BF16 tiles (16 KB each) come from L2.
@@ -242,22 +254,24 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
   int64_t mb_cap = (job.m + m_blocks - 1) / m_blocks;
   if (m_blocks > 1) mb_cap = (mb_cap + kRows - 1) / kRows * kRows;
   const int64_t chunk = job.k_blocks < kChunk ? job.k_blocks : kChunk;
-  Scratch tile_buf(kTileBytes * 2 * size_t(chunk)), tot_buf(size_t(mb_cap) * kPanelCols * 4),
-      tail_buf(size_t(mb_cap) * kBlockK * 2);
-  __m512i* tiles = tile_buf.as<__m512i>();
-  float* tot = tot_buf.as<float>();
+  // BF16 tiles are kept only when more than one row block reads them.
+  __m512i* tiles = job.m > kRows && !job.bf16_tiles
+                      ? tls_tiles.get<__m512i>(size_t(kTileBytes * 2 * chunk))
+                      : nullptr;
+  float* tot = tls_tot.get<float>(size_t(mb_cap * kPanelCols * 4));
   const bool tail = job.k % kBlockK != 0;
+  uint16_t* tail_x = tail ? tls_tail.get<uint16_t>(size_t(mb_cap * kBlockK * 2)) : nullptr;
   const int64_t last = job.k_blocks - 1;
   const int64_t tile_bytes = job.bf16_tiles ? 2 * kTileBytes : kTileBytes;
   for (int64_t m0 = 0; m0 < job.m; m0 += mb_cap) {
     const int64_t mb = job.m - m0 < mb_cap ? job.m - m0 : mb_cap;
     const uint16_t* xblk = job.x + m0 * job.ldx;
-    if (tail) pad_tail(xblk, job.ldx, mb, job.k - job.k % kBlockK, job.k, tail_buf.as<uint16_t>());
+    if (tail) pad_tail(xblk, job.ldx, mb, job.k - job.k % kBlockK, job.k, tail_x);
     // X rows [r, r + rows) of K block kb, and their row stride.
     auto x_at = [&](int64_t r, int64_t kb, int64_t& ld) -> const uint16_t* {
       if (tail && kb == last) {
         ld = kBlockK;
-        return tail_buf.as<uint16_t>() + r * kBlockK;
+        return tail_x + r * kBlockK;
       }
       ld = job.ldx;
       return xblk + r * job.ldx + kb * kBlockK;
@@ -313,7 +327,7 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
               continue;
             }
             const float scale = job.scales[(p / 2) * job.k_blocks + kb];
-            __m512i* t = tiles + (kb - kb0) * kTileBytes / 32;
+            __m512i* t = tiles ? tiles + (kb - kb0) * kTileBytes / 32 : nullptr;
             if (i == 0) {
               // The first row block converts the tile (and keeps it if other rows follow).
               const uint8_t* src = job.tiles + (p * job.k_blocks + kb) * kTileBytes;
