@@ -274,6 +274,8 @@ void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
 void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool) {
   set_onednn_threads(pool.size());
   Rng rng{0x9e3779b97f4a7c15ull};
+  auto want = [&](const char* kernel) { return std::string(kernel).rfind(opt.only, 0) == 0; };
+  if (!want("gemm_bf16") && !want("gemm_fp8")) return;
   if (!opt.json) {
     fmt::print("{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  {:<7} {}\n",
                "kernel", "m", "n", "k", "E", "layout", "act", "GB/s", "GFLOP/s", "ceil", "oneDNN",
@@ -291,7 +293,6 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
     shapes = {{2112, 7168}, {7168, 2048}};
     ms = {1, 4, 256};
   }
-  auto want = [&](const char* kernel) { return std::string(kernel).rfind(opt.only, 0) == 0; };
   // lm_head of the bench preset (vocab 129280, hidden 2048): batch-1 decode, 32-stream serving.
   if (want("gemm_bf16")) run_lm_head(opt, ceil, pool, 129280, 2048, {1, 4, 32}, rng);
   if (want("gemm_fp8")) {
