@@ -170,15 +170,19 @@ void micro_convert_rows(int rows, const uint16_t* x, int64_t ld, const uint8_t* 
 
 // One K block of a kRows-or-fewer row block against a converted BF16 tile [64 kp][64 cols][2].
 // tot [R][64]: the running two-level sum, set (first) or updated with scale * block sum.
+// pf_n (<= 128) lines from pf are prefetched to L2 on the way, one or two per k-pair.
 // Not inlined: 24 accumulators + 4 W + 1 X register need the caller's constants out of the
 // register file, or the compiler reloads W for every row.
 template <int R>
 __attribute__((noinline)) void micro_tile(const uint16_t* x, int64_t ld, const __m512i* tile,
-                                          float scale, float* tot, bool first) {
+                                          float scale, float* tot, bool first, const char* pf,
+                                          int pf_n) {
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
   for (int kp = 0; kp < 64; ++kp) {
+    if (kp < pf_n) _mm_prefetch(pf + 64 * kp, _MM_HINT_T1);
+    if (kp + 64 < pf_n) _mm_prefetch(pf + 64 * (kp + 64), _MM_HINT_T1);
     const __m512i* t = tile + kp * 4;
     __m512bh w0 = as_bh(t[0]), w1 = as_bh(t[1]), w2 = as_bh(t[2]), w3 = as_bh(t[3]);
     for (int r = 0; r < R; ++r) {
@@ -201,20 +205,20 @@ __attribute__((noinline)) void micro_tile(const uint16_t* x, int64_t ld, const _
 }
 
 void micro_tile_rows(int rows, const uint16_t* x, int64_t ld, const __m512i* tile, float scale,
-                     float* tot, bool first) {
+                     float* tot, bool first, const char* pf = nullptr, int pf_n = 0) {
   switch (rows) {
     case 6:
-      return micro_tile<6>(x, ld, tile, scale, tot, first);
+      return micro_tile<6>(x, ld, tile, scale, tot, first, pf, pf_n);
     case 5:
-      return micro_tile<5>(x, ld, tile, scale, tot, first);
+      return micro_tile<5>(x, ld, tile, scale, tot, first, pf, pf_n);
     case 4:
-      return micro_tile<4>(x, ld, tile, scale, tot, first);
+      return micro_tile<4>(x, ld, tile, scale, tot, first, pf, pf_n);
     case 3:
-      return micro_tile<3>(x, ld, tile, scale, tot, first);
+      return micro_tile<3>(x, ld, tile, scale, tot, first, pf, pf_n);
     case 2:
-      return micro_tile<2>(x, ld, tile, scale, tot, first);
+      return micro_tile<2>(x, ld, tile, scale, tot, first, pf, pf_n);
     default:
-      return micro_tile<1>(x, ld, tile, scale, tot, first);
+      return micro_tile<1>(x, ld, tile, scale, tot, first, pf, pf_n);
   }
 }
 
@@ -314,16 +318,24 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
                                  _MM_HINT_T0);
               }
             }
-            if (i > 0)
-              for (int64_t l = 0; l < pf_lines && pf < pf_end; ++l, pf += 64)
-                _mm_prefetch(pf, _MM_HINT_T1);
+            int pf_n = 0;
+            const char* pf_at = pf;
+            if (i > 0 && pf < pf_end) {
+              int64_t n = (pf_end - pf) / 64;
+              n = n < pf_lines ? n : pf_lines;
+              // Up to two lines per k-pair go inside the call's loop (a burst of prefetches
+              // stalls once the miss buffers fill); any beyond 128 lines here.
+              for (int64_t l = 128; l < n; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
+              pf_n = int(n < 128 ? n : 128);
+              pf += 64 * n;
+            }
             float* t_rows = tot + i * kPanelCols;
             if (job.bf16_tiles) {
               // Already BF16: every row block runs the register block on the tile (the first
               // one brings it from memory), scale 1 (exact).
               const __m512i* t = reinterpret_cast<const __m512i*>(job.tiles) +
                                  (p * job.k_blocks + kb) * kTileBytes / 32;
-              micro_tile_rows(rows, x, ld, t, 1.0f, t_rows, kb == 0);
+              micro_tile_rows(rows, x, ld, t, 1.0f, t_rows, kb == 0, pf_at, pf_n);
               continue;
             }
             const float scale = job.scales[(p / 2) * job.k_blocks + kb];
@@ -336,7 +348,7 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
               else
                 micro_convert_rows<true>(rows, x, ld, src, t, scale, t_rows, kb == 0, c);
             } else {
-              micro_tile_rows(rows, x, ld, t, scale, t_rows, kb == 0);
+              micro_tile_rows(rows, x, ld, t, scale, t_rows, kb == 0, pf_at, pf_n);
             }
           }
         }
