@@ -275,9 +275,10 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
   set_onednn_threads(pool.size());
   Rng rng{0x9e3779b97f4a7c15ull};
   auto want = [&](const char* kernel) { return std::string(kernel).rfind(opt.only, 0) == 0; };
-  if (!want("gemm_bf16") && !want("gemm_fp8")) return;
+  if (!want("gemm_bf16") && !want("gemm_fp8") && !want("gemm_fp8_grouped")) return;
   if (!opt.json) {
-    fmt::print("{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  {:<7} {}\n",
+    fmt::print("{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  "
+               "{:<7} {}\n",
                "kernel", "m", "n", "k", "E", "layout", "act", "GB/s", "GFLOP/s", "ceil", "oneDNN",
                "vs_bf16", "bound", "DRAM GB/s (around the case)");
   }
