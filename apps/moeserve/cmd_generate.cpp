@@ -11,8 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cache/block_allocator.h"
-#include "cache/latent_cache.h"
+#include "cache/kv_cache.h"
 #include "commands.h"
 #include "ep_flags.h"
 #include "core/thread_pool.h"
@@ -215,10 +214,10 @@ int run_generate(const GenerateOptions& o) {
   model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
   int32_t n_blocks = 0;
   for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
-  LatentKvCache cache(c.num_hidden_layers, c.kv_cache_dim(), n_blocks,
-                      o.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32);
-  BlockAllocator blocks(n_blocks);
-  Generator gen(model, cache, blocks);
+  KvCache cache({c.num_hidden_layers, c.kv_cache_dim(),
+                 o.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32},
+                n_blocks);
+  Generator gen(model, cache, &pool);
   const int rank = ep ? ep->comm->rank() : 0;
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) {

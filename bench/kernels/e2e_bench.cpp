@@ -5,7 +5,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include "cache/latent_cache.h"
+#include "cache/kv_cache.h"
 #include "ep/dispatcher.h"
 #include "kernels/sampling.h"
 #include "model/checkpoint.h"
@@ -63,12 +63,13 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
   const int64_t total = o.prompt_tokens + o.decode_tokens;
   std::vector<int32_t> table;
   for (int32_t b = 0; int64_t(b) * kKvBlockSize < total; ++b) table.push_back(b);
-  LatentKvCache cache(c.num_hidden_layers, c.kv_cache_dim(), int32_t(table.size()), DType::kBF16);
+  KvCache cache({c.num_hidden_layers, c.kv_cache_dim(), DType::kBF16}, int32_t(table.size()));
   std::vector<int32_t> tokens;
   for (int i = 0; i < o.prompt_tokens; ++i) tokens.push_back(int32_t((i * 7919 + 17) % c.vocab_size));
-  std::vector<float> logits;
-  StepSequence prefill{tokens, 0, table, true};
-  if (Status st = model.forward({&prefill, 1}, cache, &logits); !st.ok()) {
+  StepOutput out;
+  std::vector<float>& logits = out.logits;
+  StepSequence prefill{tokens, 0, table, 1};
+  if (Status st = model.forward({&prefill, 1}, cache, &out); !st.ok()) {
     fmt::print(stderr, "e2e: {}\n", st.message());
     return 1;
   }
@@ -76,8 +77,8 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o.decode_tokens; ++i) {
     StepSequence step{std::span<const int32_t>(tokens).subspan(tokens.size() - 1, 1),
-                      int64_t(tokens.size()) - 1, table, true};
-    if (Status st = model.forward({&step, 1}, cache, &logits); !st.ok()) {
+                      int64_t(tokens.size()) - 1, table, 1};
+    if (Status st = model.forward({&step, 1}, cache, &out); !st.ok()) {
       fmt::print(stderr, "e2e: {}\n", st.message());
       return 1;
     }

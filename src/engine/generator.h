@@ -1,19 +1,18 @@
-// Generator: runs a fixed set of requests to completion as one batch (prefill of all prompts,
-// then one decode step per token for every unfinished sequence). The offline path of
-// `moeserve generate` and of tests; the server's continuous-batching scheduler builds on the
-// same DeepseekModel::forward and cache.
+// Generator: runs a fixed set of requests to completion as one batch, on EngineCore (prefill
+// of all prompts, then one decode step per token for every unfinished sequence). The offline
+// path of `moeserve generate` and of tests; the serving engine is the other client of the same
+// step loop.
 //
-// Borrows the model, cache and allocator; blocks it allocates are freed before it returns.
+// Borrows the model and cache; the blocks its sequences take are released (registered blocks
+// stay in the cache's prefix index) before it returns.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <optional>
-#include <string>
 #include <vector>
 
-#include "cache/block_allocator.h"
-#include "cache/latent_cache.h"
+#include "cache/kv_cache.h"
+#include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "kernels/sampling.h"
 #include "model/deepseek.h"
@@ -37,10 +36,11 @@ struct GenerateResult {
 
 class Generator {
  public:
-  Generator(DeepseekModel& model, LatentKvCache& cache, BlockAllocator& blocks)
-      : model_(model), cache_(cache), blocks_(blocks) {}
+  Generator(DeepseekModel& model, KvCache& cache, ThreadPool* pool = nullptr)
+      : model_(model), cache_(cache), pool_(pool) {}
 
   // Prompts longer than `prefill_chunk` tokens are prefilled in several steps (0: one step).
+  // InvalidArgument for a bad request, ResourceExhausted when the cache cannot hold them all.
   Result<std::vector<GenerateResult>> generate(const std::vector<GenerateRequest>& requests,
                                                int64_t prefill_chunk = 0);
   // Called after every step (e.g. ExpertBalancer::end_step on every rank of an EP group); an
@@ -49,14 +49,9 @@ class Generator {
 
  private:
   DeepseekModel& model_;
-  LatentKvCache& cache_;
-  BlockAllocator& blocks_;
+  KvCache& cache_;
+  ThreadPool* pool_;
   std::function<Status()> after_step_;
 };
-
-// Blocks needed to hold n tokens.
-inline int32_t blocks_for(int64_t n_tokens) {
-  return int32_t((n_tokens + kKvBlockSize - 1) / kKvBlockSize);
-}
 
 }  // namespace moeserve

@@ -2,19 +2,25 @@
 
 #include <algorithm>
 
-#include "engine/generator.h"
+#include "core/check.h"
 
 namespace moeserve {
 
 bool Scheduler::ensure_blocks(Sequence& s, int64_t n_tokens) {
   int32_t need = blocks_for(s.n_computed + n_tokens) - int32_t(s.block_table.size());
-  return need <= 0 || blocks_.allocate(need, &s.block_table);
+  return need <= 0 || cache_.allocate(need, &s.block_table);
+}
+
+void Scheduler::drop_blocks(Sequence& s) {
+  cache_.release(s.block_table);
+  s.block_table.clear();
+  s.block_hashes.clear();
+  s.n_computed = 0;
 }
 
 void Scheduler::preempt(Sequence* victim) {
-  blocks_.release(victim->block_table);
-  victim->block_table.clear();
-  victim->n_computed = 0;
+  drop_blocks(*victim);
+  victim->set_state(SeqState::kWaiting);
   auto it = std::find_if(running_.begin(), running_.end(),
                          [&](const auto& p) { return p.get() == victim; });
   waiting_.push_front(std::move(*it));
@@ -22,18 +28,28 @@ void Scheduler::preempt(Sequence* victim) {
   ++preemptions_;
 }
 
-std::vector<ScheduledSeq> Scheduler::schedule() {
-  std::vector<ScheduledSeq> plan;
+int64_t Scheduler::chunk(const Sequence& s, int64_t budget) const {
+  int64_t n = std::min(s.n_uncomputed(), budget);
+  return config_.max_chunk_tokens > 0 ? std::min(n, config_.max_chunk_tokens) : n;
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
   int64_t budget = config_.max_batch_tokens;
   auto planned = [&](const Sequence* s) {
-    return std::any_of(plan.begin(), plan.end(), [&](const ScheduledSeq& p) { return p.seq == s; });
+    return std::any_of(plan.seqs.begin(), plan.seqs.end(),
+                       [&](const PlannedSeq& p) { return p.seq == s; });
   };
-  // Pass 0: decodes (one token each). Pass 1: running sequences still prefilling.
-  for (int pass = 0; pass < 2; ++pass) {
+  auto add = [&](Sequence* s, int64_t n) {
+    plan.seqs.push_back({s, n, {}, s->n_computed + n == int64_t(s->tokens.size()) ? 1 : 0});
+    budget -= n;
+  };
+  // Decodes first (one token each), then running sequences still prefilling.
+  for (SeqState pass : {SeqState::kDecode, SeqState::kPrefill}) {
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
       Sequence* s = running_[i].get();
-      if (planned(s) || (pass == 0) != (s->n_uncomputed() == 1)) continue;
-      int64_t n = std::min(s->n_uncomputed(), budget);
+      if (s->state() != pass || planned(s)) continue;
+      int64_t n = chunk(*s, budget);
       bool preempted_self = false;
       while (!ensure_blocks(*s, n)) {
         // Out of blocks: preempt the most recently admitted sequence not in this step.
@@ -48,8 +64,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
         }
       }
       if (preempted_self) break;
-      plan.push_back({s, n, s->n_computed + n == int64_t(s->tokens.size())});
-      budget -= n;
+      add(s, n);
     }
   }
   // Admit waiting requests, oldest first.
@@ -58,13 +73,11 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
     // Reuse cached full blocks of the prefix, always leaving at least one token to compute
     // (its logits are needed).
     int32_t max_blocks = int32_t((int64_t(s->tokens.size()) - 1) / kKvBlockSize);
-    int32_t hit = blocks_.acquire_prefix(s->tokens, max_blocks, &s->block_table);
+    int32_t hit = cache_.acquire_prefix(s->tokens, max_blocks, &s->block_table, &s->block_hashes);
     s->n_computed = int64_t(hit) * kKvBlockSize;
-    int64_t n = std::min(s->n_uncomputed(), budget);
+    int64_t n = chunk(*s, budget);
     if (!ensure_blocks(*s, n)) {
-      blocks_.release(s->block_table);
-      s->block_table.clear();
-      s->n_computed = 0;
+      drop_blocks(*s);
       break;
     }
     if (!s->admitted_before) {
@@ -73,22 +86,33 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
       prefix_hits_ += s->n_cached_prompt;
       s->admitted_before = true;
     }
+    s->set_state(SeqState::kPrefill);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
-    plan.push_back({s, n, s->n_computed + n == int64_t(s->tokens.size())});
-    budget -= n;
+    add(s, n);
   }
   return plan;
 }
 
-void Scheduler::complete(const std::vector<ScheduledSeq>& plan) {
-  for (const ScheduledSeq& p : plan) {
+void Scheduler::commit(const StepPlan& plan, const StepResult& result) {
+  CHECK(result.seqs.size() == plan.seqs.size(), "a step result for another plan");
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const PlannedSeq& p = plan.seqs[i];
+    const SeqResult& r = result.seqs[i];
     Sequence& s = *p.seq;
-    int64_t first_new_full = s.n_computed / kKvBlockSize;
-    s.n_computed += p.n_tokens;
-    for (int64_t b = first_new_full; b < s.n_computed / kKvBlockSize; ++b) {
-      blocks_.register_full_block(s.tokens, s.block_table, int32_t(b));
+    CHECK(r.n_accepted_drafts <= int64_t(p.drafts.size()), "more drafts accepted than planned");
+    s.n_computed += p.n_tokens + r.n_accepted_drafts;
+    for (const GeneratedToken& t : r.tokens) s.tokens.push_back(t.id);
+    // Blocks whose 64 tokens all have final KV join the prefix index, in chain order.
+    for (int64_t b = int64_t(s.block_hashes.size()); (b + 1) * kKvBlockSize <= s.n_computed; ++b) {
+      auto block_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(b * kKvBlockSize),
+                                                                     size_t(kKvBlockSize));
+      const uint64_t parent = b == 0 ? cache_.fingerprint() : s.block_hashes[size_t(b - 1)];
+      const uint64_t h = cache_.chain_hash(parent, block_tokens);
+      cache_.register_block(s.block_table[size_t(b)], h, parent, block_tokens);
+      s.block_hashes.push_back(h);
     }
+    if (s.state() == SeqState::kPrefill && !r.tokens.empty()) s.set_state(SeqState::kDecode);
   }
 }
 
@@ -98,8 +122,8 @@ std::unique_ptr<Sequence> Scheduler::remove(Sequence* seq) {
     if (it == q->end()) continue;
     std::unique_ptr<Sequence> out = std::move(*it);
     q->erase(it);
-    blocks_.release(out->block_table);
-    out->block_table.clear();
+    drop_blocks(*out);
+    out->set_state(SeqState::kFinished);
     return out;
   }
   return nullptr;

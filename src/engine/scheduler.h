@@ -1,11 +1,13 @@
-// Scheduler: continuous batching with chunked prefill and a per-step token budget.
+// Scheduler: continuous batching with chunked prefill and a per-step token budget; the owner of
+// every sequence's state transitions but finishing (docs/engine.md).
 //
 // Each step: every running sequence in decode gets its one token first; then running sequences
-// still prefilling get chunks; then waiting requests are admitted (prefix-cache lookup first)
-// while the token budget, max_num_seqs and free KV blocks allow. When a running sequence needs a
-// new block and none is free, the most recently admitted running sequence is preempted: its
-// blocks are released and it goes back to the front of the queue, to be recomputed later
-// (its prompt and generated tokens, much of it usually from the prefix cache).
+// still prefilling get chunks (at most max_chunk_tokens each, when set); then waiting requests
+// are admitted (prefix-cache lookup first) while the token budget, max_num_seqs and free KV
+// blocks allow. When a running sequence needs a new block and none is free, the most recently
+// admitted running sequence is preempted: its blocks are released and it goes back to the
+// front of the queue, to be recomputed later (its prompt and generated tokens, much of it
+// usually from the prefix cache).
 //
 // Not thread-safe: owned by the engine's step thread.
 #pragma once
@@ -15,34 +17,33 @@
 #include <memory>
 #include <vector>
 
-#include "cache/block_manager.h"
+#include "cache/kv_cache.h"
 #include "engine/sequence.h"
+#include "engine/step.h"
 
 namespace moeserve {
 
 struct SchedulerConfig {
   int64_t max_num_seqs = 64;
   int64_t max_batch_tokens = 2048;  // tokens per step (decode tokens + prefill chunks)
-};
-
-struct ScheduledSeq {
-  Sequence* seq;
-  int64_t n_tokens;  // tokens [seq->n_computed, + n_tokens) run this step
-  bool want_logits;  // the chunk reaches the end of the sequence's tokens
+  int64_t max_chunk_tokens = 0;     // prefill tokens of one sequence per step (0: no limit)
 };
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerConfig& config, KvBlockManager& blocks)
-      : config_(config), blocks_(blocks) {}
+  Scheduler(const SchedulerConfig& config, KvCache& cache) : config_(config), cache_(cache) {}
 
   void add(std::unique_ptr<Sequence> seq) { waiting_.push_back(std::move(seq)); }
-  std::vector<ScheduledSeq> schedule();
-  // After the step ran: advance n_computed and register newly full blocks in the prefix cache.
-  void complete(const std::vector<ScheduledSeq>& plan);
-  // Removes a finished or cancelled sequence (running or waiting), releasing its blocks.
+  StepPlan schedule();
+  // After the step ran and was sampled: each sequence keeps the KV of its planned tokens and
+  // of its accepted drafts (the rest is rolled back: those slots are rewritten later), takes
+  // result.seqs[i].tokens, registers the blocks whose tokens are now final in the prefix
+  // index, and moves from prefill to decode once it has sampled.
+  void commit(const StepPlan& plan, const StepResult& result);
+  // Removes a sequence (running or waiting), releasing its blocks; it becomes finished.
   std::unique_ptr<Sequence> remove(Sequence* seq);
 
+  bool idle() const { return running_.empty() && waiting_.empty(); }
   const std::deque<std::unique_ptr<Sequence>>& running() const { return running_; }
   const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
   int64_t preemptions() const { return preemptions_; }
@@ -52,9 +53,11 @@ class Scheduler {
  private:
   bool ensure_blocks(Sequence& s, int64_t n_tokens);
   void preempt(Sequence* victim);
+  void drop_blocks(Sequence& s);
+  int64_t chunk(const Sequence& s, int64_t budget) const;
 
   SchedulerConfig config_;
-  KvBlockManager& blocks_;
+  KvCache& cache_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::deque<std::unique_ptr<Sequence>> running_;  // admission order
   int64_t preemptions_ = 0;

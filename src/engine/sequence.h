@@ -1,31 +1,50 @@
-// Sequence: the engine's state for one request (tokens, KV block table, sampling state).
-// Owned by the scheduler; touched only by the engine's step thread.
+// Sequence: the engine's state for one request (tokens, KV block table, sampling state) and
+// the state machine it moves through (docs/engine.md "Sequence states"). Owned by the
+// scheduler; touched only by the engine's step thread.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "engine/engine.h"
 
 namespace moeserve {
 
+// waiting --admit--> prefill --first token--> decode --stop/length/cancel/error--> finished
+//    ^                  |                        |
+//    +----preempt-------+------------------------+
+// loading KV (a lower tier's blocks on their way in) sits between waiting and prefill; handed
+// off (the KV went to another unit, which continues the request) ends a prefill-only run.
+// Every transition goes through Sequence::set_state, which CHECKs it is one of these edges.
+enum class SeqState { kWaiting, kLoadingKv, kPrefill, kDecode, kHandedOff, kFinished };
+
+std::string_view to_string(SeqState s);
+// Whether `from -> to` is an edge of the diagram above.
+bool is_valid_transition(SeqState from, SeqState to);
+
 struct Sequence {
   EngineRequest req;
   OutputCallback callback;
-  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  std::vector<int32_t> tokens;  // prompt, then generated tokens (all final: drafts live in plans)
   int64_t n_prompt = 0;
   std::vector<int32_t> block_table;
-  int64_t n_computed = 0;          // leading tokens whose KV is in the cache
-  int64_t n_cached_prompt = 0;     // prompt tokens found in the prefix cache at first admission
+  std::vector<uint64_t> block_hashes;  // chain hashes of the leading full, final blocks
+  int64_t n_computed = 0;              // leading tokens whose KV is in the cache
+  int64_t n_cached_prompt = 0;         // prompt tokens found in the prefix cache at first admission
   bool admitted_before = false;
-  bool cancelled = false;
   std::mt19937_64 rng;
-  std::chrono::steady_clock::time_point arrival;
+
+  SeqState state() const { return state_; }
+  void set_state(SeqState to);  // CHECKs is_valid_transition(state(), to)
 
   int64_t n_generated() const { return int64_t(tokens.size()) - n_prompt; }
   int64_t n_uncomputed() const { return int64_t(tokens.size()) - n_computed; }
+  bool running() const { return state_ == SeqState::kPrefill || state_ == SeqState::kDecode; }
+
+ private:
+  SeqState state_ = SeqState::kWaiting;
 };
 
 }  // namespace moeserve

@@ -258,7 +258,7 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
       const int64_t nt = std::min(kMlaBlockTokens, ng.first_pos + ng.n_q - t0);
       const int64_t id = ng.seq->block_table[size_t(next->b0)];
       pc.next_block = static_cast<const char*>(b.cache.blocks) +
-                      size_t(id * kMlaBlockTokens * ctx.dim) * c_esize;
+                      size_t(id * ctx.block_stride) * c_esize;
       pc.next_bytes = nt * ctx.dim * int64_t(c_esize);
     }
     if (p.slot < 0) {
@@ -366,6 +366,7 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceF
   const int64_t threads = pool ? pool->size() : 1;
   const int64_t parts = opt.parts > 0 ? opt.parts : threads;
   const mla_detail::Ctx ctx{static_cast<const uint16_t*>(b.cache.blocks),
+                            b.cache.stride(),
                             H,
                             R,
                             b.shape.dim(),

@@ -56,13 +56,15 @@ namespace moeserve {
 
 inline constexpr int64_t kMlaBlockTokens = 64;  // = kKvBlockSize of the latent cache
 
-// One layer's pool of cache blocks: [num_blocks][kMlaBlockTokens][dim] values of dtype
-// (LatentKvCache::block_data(layer, 0) is the start of layer `layer`'s pool).
+// One layer's pool of cache blocks: block b's [kMlaBlockTokens][dim] values of dtype start
+// block_stride elements after block b - 1's (KvCache::layer_base(layer) and block_stride()).
 struct MlaCacheView {
   const void* blocks = nullptr;
   DType dtype = DType::kBF16;  // kBF16 (served) or kF32 (reference path)
   int64_t num_blocks = 0;
-  int64_t dim = 0;  // kv_lora_rank + rope_dim
+  int64_t dim = 0;           // kv_lora_rank + rope_dim
+  int64_t block_stride = 0;  // elements from one block to the next; 0: kMlaBlockTokens * dim
+  int64_t stride() const { return block_stride > 0 ? block_stride : kMlaBlockTokens * dim; }
 };
 
 struct MlaSequence {

@@ -474,7 +474,7 @@ void piece_avx512bf16(const Ctx& c, const Piece& pc) {
     w.l[r] = 0.0f;
   }
   const float scale_log2 = c.softmax_scale * 1.4426950408889634f;
-  const int64_t block_elems = kTile * c.dim;
+  const int64_t block_elems = c.block_stride;
   // Tokens the group's last query sees: no row sees past it (it is <= context_len), so a tile
   // is cut there, not at the end of the context (the diagonal tile of a prefill chunk).
   const int64_t seen = pc.first_pos + pc.n_q;

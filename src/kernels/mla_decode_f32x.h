@@ -262,7 +262,7 @@ void piece_f32(const Ctx& c, const Piece& pc) {
     w.l[r] = 0.0f;
   }
   const float scale_log2 = c.softmax_scale * 1.4426950408889634f;
-  const int64_t block_elems = kTile * c.dim;
+  const int64_t block_elems = c.block_stride;
   for (int64_t b = pc.b0; b < pc.b1; ++b) {
     const int64_t t0 = b * kTile;
     const int64_t nt = imin(kTile, pc.context_len - t0);

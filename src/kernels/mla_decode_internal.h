@@ -8,7 +8,8 @@
 namespace moeserve::mla_detail {
 
 struct Ctx {
-  const uint16_t* blocks;  // BF16 pool [num_blocks][64][dim]
+  const uint16_t* blocks;  // BF16 pool: block b's [64][dim] at blocks + b * block_stride
+  int64_t block_stride;
   int64_t heads, kv_lora_rank, dim;
   float softmax_scale;
   bool q_split;  // BF16 level: F32 queries as BF16 hi + lo (two score dot products)

@@ -22,7 +22,7 @@ struct Row {
 void load_token(const MlaCacheView& c, const MlaSequence& s, int64_t t, float* out) {
   const int64_t block = s.block_table[size_t(t / kMlaBlockTokens)];
   const size_t index =
-      (size_t(block) * kMlaBlockTokens + size_t(t % kMlaBlockTokens)) * size_t(c.dim);
+      size_t(block) * size_t(c.stride()) + size_t(t % kMlaBlockTokens) * size_t(c.dim);
   if (c.dtype == DType::kF32) {
     const float* p = static_cast<const float*>(c.blocks) + index;
     std::copy(p, p + c.dim, out);

@@ -260,8 +260,8 @@ void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightV
   }
 }
 
-Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache& cache,
-                              std::vector<float>* logits) {
+Status DeepseekModel::forward(std::span<const StepSequence> batch, KvCache& cache,
+                              StepOutput* out) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size;
   int64_t n = 0, n_out = 0;
@@ -271,13 +271,12 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache
       return InvalidArgument(fmt::format("positions [{}, {}) exceed the block table ({} blocks)",
                                          s.start_pos, end, s.block_table.size()));
     }
-    for (int32_t t : s.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        return InvalidArgument(fmt::format("token id {} outside the vocabulary [0, {})", t, c.vocab_size));
-      }
+    if (s.n_logits < 0 || s.n_logits > int64_t(s.tokens.size())) {
+      return InvalidArgument(fmt::format("logits of {} positions asked of a run of {} tokens",
+                                         s.n_logits, s.tokens.size()));
     }
     n += int64_t(s.tokens.size());
-    n_out += s.want_logits && !s.tokens.empty();
+    n_out += s.n_logits;
   }
 
   std::vector<float> x(size_t(n * H));  // [n, H] residual stream
@@ -312,23 +311,25 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, LatentKvCache
   }
   TraceSpan head_span(tracer_, "lm_head");
 
-  std::vector<float> last(size_t(n_out * H));  // [n_out, H] final-norm'd last tokens
+  out->rows = n_out;
+  out->hidden.resize(size_t(n_out * H));  // [n_out, H] final-norm'd requested rows
   row = 0;
   int64_t out_row = 0;
   for (const StepSequence& s : batch) {
     row += int64_t(s.tokens.size());
-    if (!s.want_logits || s.tokens.empty()) continue;
-    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(
-        &x[size_t((row - 1) * H)], 1, H, H, weights_.norm.data(), float(c.rms_norm_eps),
-        &last[size_t(out_row++ * H)], H);
+    for (int64_t r = row - s.n_logits; r < row; ++r) {
+      (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(
+          &x[size_t(r * H)], 1, H, H, weights_.norm.data(), float(c.rms_norm_eps),
+          &out->hidden[size_t(out_row++ * H)], H);
+    }
   }
-  logits->assign(size_t(n_out * c.vocab_size), 0.0f);  // [n_out, vocab]
-  linear(last.data(), n_out, H, weights_.lm_head, logits->data(), c.vocab_size);
+  out->logits.assign(size_t(n_out * c.vocab_size), 0.0f);  // [n_out, vocab]
+  linear(out->hidden.data(), n_out, H, weights_.lm_head, out->logits.data(), c.vocab_size);
   return Status::Ok();
 }
 
 void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch, const float* x,
-                              int64_t n, LatentKvCache& cache, float* out) {
+                              int64_t n, KvCache& cache, float* out) {
   const ModelConfig& c = config_;
   const AttentionWeights& A = weights_.layers[size_t(layer)].attn;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads;
@@ -395,7 +396,7 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
 // matrices dequantized at construction), the paged MLA kernel over the cache, then
 // o = W_UV o_lat per head.
 void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch,
-                                         const float* q, int64_t n, const LatentKvCache& cache,
+                                         const float* q, int64_t n, const KvCache& cache,
                                          float* o) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
@@ -424,7 +425,8 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   std::vector<float>& o_lat = attn_scratch_.o_lat;  // [n, nh, R]
   o_lat.resize(size_t(n * nh * R));
   MlaShape shape{nh, R, dr, float(c.softmax_scale())};
-  MlaCacheView view{cache.block_data(layer, 0), cache.dtype(), cache.num_blocks(), D};
+  MlaCacheView view{cache.layer_base(layer), cache.dtype(), cache.num_blocks(), D,
+                    cache.block_stride()};
   // The whole step in one kernel call (one pass over the pool, not one per sequence), with
   // every sequence's KV cut at fixed 4-block (256-token) boundaries: a sequence's split, and so
   // its rounding, never depends on what else is in the batch.
@@ -453,7 +455,7 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
 }
 
 void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const float* q,
-                                    int64_t ldq, const LatentKvCache& cache,
+                                    int64_t ldq, const KvCache& cache,
                                     const std::vector<float>& kv_b, float* o, int64_t ldo) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;

@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cache/latent_cache.h"
+#include "cache/kv_cache.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "core/trace.h"
@@ -52,7 +52,15 @@ struct StepSequence {
   std::span<const int32_t> tokens;       // new tokens this step
   int64_t start_pos = 0;                 // position of tokens[0]
   std::span<const int32_t> block_table;  // covers positions [0, start_pos + tokens.size())
-  bool want_logits = true;               // logits of the last new token
+  int64_t n_logits = 1;                  // logits of the last n_logits new tokens (<= tokens)
+};
+
+// forward()'s results: one row per requested position (each sequence's last n_logits new
+// tokens, in batch order).
+struct StepOutput {
+  std::vector<float> logits;  // [rows, vocab_size]
+  std::vector<float> hidden;  // [rows, hidden_size] after the final norm (the lm_head input)
+  int64_t rows = 0;
 };
 
 // The two micro-batches of a step (docs/ep-overlap.md): indices into the batch, ascending, each
@@ -98,9 +106,8 @@ class DeepseekModel {
   void set_overlap_min_tokens(int64_t n) { overlap_min_tokens_ = n; }
   int64_t overlap_min_tokens() const;
 
-  // logits: resized to [number of sequences with want_logits, vocab_size], in batch order.
-  Status forward(std::span<const StepSequence> batch, LatentKvCache& cache,
-                 std::vector<float>* logits);
+  // Runs the step; `out` gets the logits and final hidden rows of the requested positions.
+  Status forward(std::span<const StepSequence> batch, KvCache& cache, StepOutput* out);
 
   // Routed experts changed at run time (EPLB migration; model/expert_store.{h,cpp}), between
   // two forward() calls on its thread. moe_layer counts MoE layers only. install_expert takes an
@@ -115,13 +122,13 @@ class DeepseekModel {
  private:
   // x: [n, hidden] normalised input of the layer's attention; out: [n, hidden].
   void attention(int64_t layer, std::span<const StepSequence> batch, const float* x, int64_t n,
-                 LatentKvCache& cache, float* out);
+                 KvCache& cache, float* out);
   // Attention of one sequence's new tokens over its whole cached context.
   void attend_sequence(int64_t layer, const StepSequence& seq, const float* q, int64_t ldq,
-                       const LatentKvCache& cache, const std::vector<float>& kv_b,
+                       const KvCache& cache, const std::vector<float>& kv_b,
                        float* attn_out, int64_t ld_out);
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
-                            int64_t n, const LatentKvCache& cache, float* o);
+                            int64_t n, const KvCache& cache, float* o);
   Status moe(const MoeWeights& w, const float* x, int64_t n, float* out);
   // The routed experts' output rows [b.n_rows(), H]: BF16 on the fast path (the expert GEMMs
   // write them rounded, as a BF16 model hands them on and as DeepEP's combine carries them),
@@ -141,10 +148,10 @@ class DeepseekModel {
   // The layers of forward() with two interleaved micro-batches (microbatch.cpp); x: [n, H]
   // residual stream in batch order, in and out.
   struct MicroBatch;
-  Status layers_overlapped(std::span<const StepSequence> batch, LatentKvCache& cache,
+  Status layers_overlapped(std::span<const StepSequence> batch, KvCache& cache,
                            std::vector<float>& x);
-  Status run_micro_batches(std::array<MicroBatch, 2>& mbs, LatentKvCache& cache);
-  void advance_to_dispatch(MicroBatch& mb, LatentKvCache& cache);
+  Status run_micro_batches(std::array<MicroBatch, 2>& mbs, KvCache& cache);
+  void advance_to_dispatch(MicroBatch& mb, KvCache& cache);
   Status experts_stage(MicroBatch& mb);
   Status finish_moe(MicroBatch& mb);
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out);

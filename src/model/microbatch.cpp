@@ -116,7 +116,7 @@ int64_t DeepseekModel::overlap_min_tokens() const {
   return (2 * kOverlapRidgeRows * config_.n_routed_experts + ranks * k - 1) / (ranks * k);
 }
 
-Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, LatentKvCache& cache,
+Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, KvCache& cache,
                                         std::vector<float>& x) {
   const int64_t H = config_.hidden_size;
   if (!comm_worker_) comm_worker_ = std::make_unique<CommWorker>();
@@ -155,7 +155,7 @@ Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, Lat
   return Status::Ok();
 }
 
-Status DeepseekModel::run_micro_batches(std::array<MicroBatch, 2>& mbs, LatentKvCache& cache) {
+Status DeepseekModel::run_micro_batches(std::array<MicroBatch, 2>& mbs, KvCache& cache) {
   for (MicroBatch& mb : mbs) advance_to_dispatch(mb, cache);
   while (mbs[0].moe_pending) {
     CHECK(mbs[1].moe_pending && mbs[1].layer == mbs[0].layer, "micro-batches out of step");
@@ -169,7 +169,7 @@ Status DeepseekModel::run_micro_batches(std::array<MicroBatch, 2>& mbs, LatentKv
 }
 
 // Runs layers from mb.layer until one submits its dispatch (moe_pending) or none is left.
-void DeepseekModel::advance_to_dispatch(MicroBatch& mb, LatentKvCache& cache) {
+void DeepseekModel::advance_to_dispatch(MicroBatch& mb, KvCache& cache) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, n = mb.n, k = c.num_experts_per_tok;
   const float eps = float(c.rms_norm_eps);

@@ -13,58 +13,67 @@ std::unique_ptr<Sequence> seq(const std::string& id, int n_prompt, int salt = 0)
   return s;
 }
 
-// Pretends the model ran: completes the plan and appends a token to sequences with logits.
-void run_step(Scheduler& sch, const std::vector<ScheduledSeq>& plan) {
-  sch.complete(plan);
-  for (const ScheduledSeq& p : plan) {
-    if (p.want_logits) p.seq->tokens.push_back(7);
+KvCache cache(int32_t blocks) {
+  return KvCache({1, 1, DType::kF32}, blocks);
+}
+
+// Pretends the model ran and sampled token 7 for sequences with logits; commits the step.
+StepResult sampled(const StepPlan& plan) {
+  StepResult r;
+  r.seqs.resize(plan.seqs.size());
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    if (plan.seqs[i].n_logits > 0) r.seqs[i].tokens.push_back({7, 0.0f, {}});
   }
+  return r;
+}
+void run_step(Scheduler& sch, const StepPlan& plan) {
+  sch.commit(plan, sampled(plan));
 }
 
 TEST(Scheduler, ChunksPrefillUnderTheTokenBudget) {
-  KvBlockManager blocks(100);
+  KvCache blocks = cache(100);
   Scheduler sch({8, 100}, blocks);
   sch.add(seq("a", 250));
   auto plan = sch.schedule();
-  ASSERT_EQ(plan.size(), 1u);
-  EXPECT_EQ(plan[0].n_tokens, 100);
-  EXPECT_FALSE(plan[0].want_logits);
+  ASSERT_EQ(plan.seqs.size(), 1u);
+  EXPECT_EQ(plan.seqs[0].n_tokens, 100);
+  EXPECT_EQ(plan.seqs[0].n_logits, 0);
   run_step(sch, plan);
   plan = sch.schedule();
-  EXPECT_EQ(plan[0].n_tokens, 100);
+  EXPECT_EQ(plan.seqs[0].n_tokens, 100);
   run_step(sch, plan);
   plan = sch.schedule();
-  EXPECT_EQ(plan[0].n_tokens, 50);
-  EXPECT_TRUE(plan[0].want_logits);
+  EXPECT_EQ(plan.seqs[0].n_tokens, 50);
+  EXPECT_EQ(plan.seqs[0].n_logits, 1);
   run_step(sch, plan);
   plan = sch.schedule();  // decode
-  EXPECT_EQ(plan[0].n_tokens, 1);
+  EXPECT_EQ(plan.seqs[0].n_tokens, 1);
 }
 
 TEST(Scheduler, DecodesComeFirstThenAdmissions) {
-  KvBlockManager blocks(100);
+  KvCache blocks = cache(100);
   Scheduler sch({8, 10}, blocks);
   sch.add(seq("a", 5));
   run_step(sch, sch.schedule());  // a prefilled, now decoding
   sch.add(seq("b", 30));
   auto plan = sch.schedule();
-  ASSERT_EQ(plan.size(), 2u);
-  EXPECT_EQ(plan[0].seq->req.id, "a");
-  EXPECT_EQ(plan[0].n_tokens, 1);
-  EXPECT_EQ(plan[1].seq->req.id, "b");
-  EXPECT_EQ(plan[1].n_tokens, 9);  // what the budget leaves
+  ASSERT_EQ(plan.seqs.size(), 2u);
+  EXPECT_EQ(plan.seqs[0].seq->req.id, "a");
+  EXPECT_EQ(plan.seqs[0].n_tokens, 1);
+  EXPECT_EQ(plan.seqs[1].seq->req.id, "b");
+  EXPECT_EQ(plan.seqs[1].n_tokens, 9);  // what the budget leaves
 }
 
 TEST(Scheduler, RespectsMaxNumSeqs) {
-  KvBlockManager blocks(100);
+  KvCache blocks = cache(100);
   Scheduler sch({2, 1000}, blocks);
   for (auto id : {"a", "b", "c"}) sch.add(seq(id, 4));
-  EXPECT_EQ(sch.schedule().size(), 2u);
+  EXPECT_EQ(sch.schedule().seqs.size(), 2u);
   EXPECT_EQ(sch.waiting().size(), 1u);
 }
 
 TEST(Scheduler, PreemptsNewestWhenBlocksRunOut) {
-  KvBlockManager blocks(4);  // 256 tokens
+  KvCache blocks = cache(4);  // 256 tokens
   Scheduler sch({8, 1000}, blocks);
   sch.add(seq("old", 120, 0));
   sch.add(seq("new", 120, 1000));
@@ -85,14 +94,15 @@ TEST(Scheduler, PreemptsNewestWhenBlocksRunOut) {
   // Finishing "old" lets "new" back in, recomputing its prompt and generated tokens.
   sch.remove(sch.running()[0].get());
   auto plan = sch.schedule();
-  ASSERT_EQ(plan.size(), 1u);
-  EXPECT_EQ(plan[0].seq->req.id, "new");
-  EXPECT_EQ(plan[0].n_tokens, int64_t(plan[0].seq->tokens.size()) - plan[0].seq->n_computed);
-  EXPECT_TRUE(plan[0].want_logits);
+  ASSERT_EQ(plan.seqs.size(), 1u);
+  EXPECT_EQ(plan.seqs[0].seq->req.id, "new");
+  EXPECT_EQ(plan.seqs[0].n_tokens,
+            int64_t(plan.seqs[0].seq->tokens.size()) - plan.seqs[0].seq->n_computed);
+  EXPECT_EQ(plan.seqs[0].n_logits, 1);
 }
 
 TEST(Scheduler, PrefixCacheSkipsComputedBlocks) {
-  KvBlockManager blocks(100);
+  KvCache blocks = cache(100);
   Scheduler sch({8, 1000}, blocks);
   sch.add(seq("a", 200));
   auto plan = sch.schedule();
@@ -100,17 +110,96 @@ TEST(Scheduler, PrefixCacheSkipsComputedBlocks) {
   sch.remove(sch.running()[0].get());
   sch.add(seq("b", 200));  // same prompt
   plan = sch.schedule();
-  ASSERT_EQ(plan.size(), 1u);
-  EXPECT_EQ(plan[0].seq->n_computed, 192);  // three full blocks reused
-  EXPECT_EQ(plan[0].n_tokens, 8);
+  ASSERT_EQ(plan.seqs.size(), 1u);
+  EXPECT_EQ(plan.seqs[0].seq->n_computed, 192);  // three full blocks reused
+  EXPECT_EQ(plan.seqs[0].n_tokens, 8);
   EXPECT_EQ(sch.prefix_hits(), 192);
   EXPECT_EQ(sch.prefix_queries(), 400);
   // A prompt of exactly whole blocks keeps its last block to compute (its logits are needed).
   sch.remove(sch.running()[0].get());
   sch.add(seq("c", 192));
   plan = sch.schedule();
-  EXPECT_EQ(plan[0].seq->n_computed, 128);
-  EXPECT_EQ(plan[0].n_tokens, 64);
+  EXPECT_EQ(plan.seqs[0].seq->n_computed, 128);
+  EXPECT_EQ(plan.seqs[0].n_tokens, 64);
+}
+
+TEST(Scheduler, StatesFollowTheDiagram) {
+  KvCache blocks = cache(4);
+  Scheduler sch({8, 100}, blocks);
+  sch.add(seq("a", 150));
+  Sequence* a = sch.waiting()[0].get();
+  EXPECT_EQ(a->state(), SeqState::kWaiting);
+  run_step(sch, sch.schedule());  // 100 of 150 prompt tokens
+  EXPECT_EQ(a->state(), SeqState::kPrefill);
+  run_step(sch, sch.schedule());  // the rest: samples its first token
+  EXPECT_EQ(a->state(), SeqState::kDecode);
+  std::unique_ptr<Sequence> gone = sch.remove(a);
+  EXPECT_EQ(gone->state(), SeqState::kFinished);
+  EXPECT_FALSE(is_valid_transition(SeqState::kFinished, SeqState::kPrefill));
+  EXPECT_FALSE(is_valid_transition(SeqState::kWaiting, SeqState::kDecode));
+  EXPECT_TRUE(is_valid_transition(SeqState::kDecode, SeqState::kWaiting));  // preemption
+}
+
+// A prefill chunk that leaves exactly one prompt token is still a prefill: its next chunk is
+// scheduled after the decodes, and it samples nothing until the prompt is done.
+TEST(Scheduler, OneTokenLeftOfThePromptIsNotADecode) {
+  KvCache blocks = cache(8);
+  Scheduler sch({8, 9}, blocks);
+  sch.add(seq("d", 3));
+  run_step(sch, sch.schedule());  // d: prompt done, decoding
+  sch.add(seq("p", 9));
+  StepPlan plan = sch.schedule();  // d 1 token, p 8 of its 9
+  ASSERT_EQ(plan.seqs.size(), 2u);
+  EXPECT_EQ(plan.seqs[1].n_tokens, 8);
+  EXPECT_EQ(plan.seqs[1].n_logits, 0);
+  run_step(sch, plan);
+  Sequence* p = sch.running()[1].get();
+  EXPECT_EQ(p->n_uncomputed(), 1);
+  EXPECT_EQ(p->state(), SeqState::kPrefill);
+  plan = sch.schedule();
+  EXPECT_EQ(plan.seqs[0].seq->req.id, "d");
+  EXPECT_EQ(plan.seqs[1].seq, p);
+  EXPECT_EQ(plan.seqs[1].n_logits, 1);
+}
+
+TEST(Scheduler, MaxChunkTokensCapsEachSequence) {
+  KvCache blocks = cache(8);
+  Scheduler sch({8, 1000, /*max_chunk_tokens=*/7}, blocks);
+  sch.add(seq("a", 20));
+  sch.add(seq("b", 5));
+  StepPlan plan = sch.schedule();
+  ASSERT_EQ(plan.seqs.size(), 2u);
+  EXPECT_EQ(plan.seqs[0].n_tokens, 7);
+  EXPECT_EQ(plan.seqs[1].n_tokens, 5);
+  EXPECT_EQ(plan.seqs[1].n_logits, 1);
+}
+
+// Drafts: commit keeps the KV of accepted drafts only, and registers a block only once all its
+// tokens are final.
+TEST(Scheduler, CommitRollsBackRejectedDrafts) {
+  KvCache blocks = cache(8);
+  Scheduler sch({8, 1000}, blocks);
+  sch.add(seq("a", 62));
+  run_step(sch, sch.schedule());  // 62 computed, token 7 sampled (63 tokens)
+  Sequence* a = sch.running()[0].get();
+  StepPlan plan = sch.schedule();
+  ASSERT_EQ(plan.seqs.size(), 1u);
+  // Verify three drafts after the sampled token: positions 62..65 cross into block 1.
+  plan.seqs[0].drafts = {7, 8, 9};
+  plan.seqs[0].n_logits = 4;
+  ASSERT_EQ(blocks_for(66), 2);
+  ASSERT_TRUE(blocks.allocate(1, &a->block_table));  // the runner's room for the drafts
+  StepResult r;
+  r.seqs.resize(1);
+  r.seqs[0].n_accepted_drafts = 1;                    // draft 7 right, 8 wrong
+  r.seqs[0].tokens = {{7, 0.0f, {}}, {5, 0.0f, {}}};  // accepted draft + the correction
+  sch.commit(plan, r);
+  EXPECT_EQ(a->n_computed, 64);  // 62 + the planned token + one accepted draft
+  EXPECT_EQ(a->tokens.size(), 65u);
+  EXPECT_EQ(a->tokens[63], 7);
+  EXPECT_EQ(a->tokens[64], 5);
+  EXPECT_EQ(blocks.cached_blocks(), 1);  // block 0 is final; block 1 holds rejected KV
+  EXPECT_EQ(a->block_hashes.size(), 1u);
 }
 
 }  // namespace

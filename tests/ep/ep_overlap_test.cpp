@@ -22,7 +22,7 @@
 #include <fmt/format.h>
 
 #include "../model/test_models.h"
-#include "cache/latent_cache.h"
+#include "cache/kv_cache.h"
 #include "engine/llm_engine.h"
 #include "ep/comm_worker.h"
 #include "ep/communicator.h"
@@ -138,7 +138,7 @@ std::vector<TestSeq> rank_seqs(int rank, int32_t* next_block) {
 }
 
 // kSteps forward passes over seqs (an empty list still steps: it joins the exchanges).
-Status run_steps(DeepseekModel& model, LatentKvCache& cache, std::vector<TestSeq>& seqs) {
+Status run_steps(DeepseekModel& model, KvCache& cache, std::vector<TestSeq>& seqs) {
   const int64_t V = model.config().vocab_size;
   for (int step = 0; step < kSteps; ++step) {
     std::vector<StepSequence> batch;
@@ -150,12 +150,13 @@ Status run_steps(DeepseekModel& model, LatentKvCache& cache, std::vector<TestSeq
       b.tokens = std::span<const int32_t>(s.tokens).subspan(size_t(s.computed), size_t(take));
       b.start_pos = s.computed;
       b.block_table = s.block_table;
-      b.want_logits = s.computed + take >= s.prompt_len;
-      if (b.want_logits) with_logits.push_back(i);
+      b.n_logits = s.computed + take >= s.prompt_len ? 1 : 0;
+      if (b.n_logits > 0) with_logits.push_back(i);
       batch.push_back(b);
     }
-    std::vector<float> logits;
-    RETURN_IF_ERROR(model.forward(batch, cache, &logits));
+    StepOutput out;
+    RETURN_IF_ERROR(model.forward(batch, cache, &out));
+    const std::vector<float>& logits = out.logits;
     for (size_t i = 0; i < seqs.size(); ++i) seqs[i].computed += int64_t(batch[i].tokens.size());
     for (size_t j = 0; j < with_logits.size(); ++j) {
       TestSeq& s = seqs[with_logits[j]];
@@ -209,7 +210,7 @@ std::vector<std::vector<TestSeq>> run_group(int R, bool overlap, Tracer* tracer0
                           ComputePath::kFast, overlap);
       model.set_overlap_min_tokens(0);  // every step splits (the automatic rule would not here)
       if (r == 0) model.set_tracer(tracer0);
-      LatentKvCache cache(c.num_hidden_layers, c.kv_cache_dim(), cache_blocks(), DType::kF32);
+      KvCache cache({c.num_hidden_layers, c.kv_cache_dim(), DType::kF32}, cache_blocks());
       status[size_t(r)] = run_steps(model, cache, out[size_t(r)]);
     });
   }
@@ -233,7 +234,7 @@ std::vector<std::vector<TestSeq>> run_single(int R) {
   LocalDispatcher local(c.n_routed_experts);
   DeepseekModel model(c, (*ck)->weights(), local, nullptr, AttentionMode::kAbsorbed,
                       ComputePath::kFast);
-  LatentKvCache cache(c.num_hidden_layers, c.kv_cache_dim(), cache_blocks(), DType::kF32);
+  KvCache cache({c.num_hidden_layers, c.kv_cache_dim(), DType::kF32}, cache_blocks());
   Status st = run_steps(model, cache, all);
   EXPECT_TRUE(st.ok()) << st.to_string();
   size_t k = 0;

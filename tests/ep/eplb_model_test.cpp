@@ -19,7 +19,6 @@
 #include <nlohmann/json.hpp>
 
 #include "../model/test_models.h"
-#include "cache/block_allocator.h"
 #include "engine/generator.h"
 #include "ep/ep_group.h"
 #include "eplb/gpu_load.h"
@@ -128,9 +127,8 @@ std::vector<RankOutcome> run_group(const std::string& dir, int R,
       }
       DeepseekModel model((*ck)->config(), (*ck)->weights(), *group->dispatcher, nullptr,
                           AttentionMode::kAbsorbed, ComputePath::kFast);
-      LatentKvCache cache(config.num_hidden_layers, config.kv_cache_dim(), 16, DType::kBF16);
-      BlockAllocator blocks(16);
-      Generator gen(model, cache, blocks);
+      KvCache cache({config.num_hidden_layers, config.kv_cache_dim(), DType::kBF16}, 16);
+      Generator gen(model, cache);
       o.results = gen.generate(rank_requests(r, 3));
       group->balancer->counter().flush();
       o.loads = group->balancer->counter().gather(*group->comm);
@@ -247,9 +245,8 @@ std::vector<OnlineOutcome> run_online(const std::string& dir, int R, int64_t int
                           AttentionMode::kAbsorbed, ComputePath::kFast);
       ExpertBalancer& balancer = *group->balancer;
       if (interval > 0) balancer.set_expert_host(std::make_unique<ModelExpertHost>(model));
-      LatentKvCache cache(config.num_hidden_layers, config.kv_cache_dim(), 64, DType::kBF16);
-      BlockAllocator blocks(64);
-      Generator gen(model, cache, blocks);
+      KvCache cache({config.num_hidden_layers, config.kv_cache_dim(), DType::kBF16}, 64);
+      Generator gen(model, cache);
       gen.set_after_step([&] { return balancer.end_step().status(); });
       o.results = gen.generate(rank_requests(r, 3, 16));
       // Let a migration still in flight end (collective: every rank is in the same state).

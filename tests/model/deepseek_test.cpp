@@ -22,14 +22,13 @@ struct Harness {
         pool(2),
         dispatcher(ck->config().n_routed_experts, bf16_rows),
         model(ck->config(), ck->weights(), dispatcher, &pool, mode, path),
-        cache(ck->config().num_hidden_layers, ck->config().kv_cache_dim(), 64, kv),
-        blocks(64),
-        gen(model, cache, blocks) {}
+        cache({ck->config().num_hidden_layers, ck->config().kv_cache_dim(), kv}, 64),
+        gen(model, cache, &pool) {}
 
   std::vector<GenerateResult> run(const std::vector<GenerateRequest>& reqs, int64_t chunk = 0) {
     auto r = gen.generate(reqs, chunk);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_EQ(blocks.num_free(), blocks.num_blocks());  // everything released
+    EXPECT_EQ(cache.num_available(), cache.num_blocks());  // nothing left referenced
     return r.ok() ? *r : std::vector<GenerateResult>{};
   }
 
@@ -37,8 +36,7 @@ struct Harness {
   ThreadPool pool;
   LocalDispatcher dispatcher;
   DeepseekModel model;
-  LatentKvCache cache;
-  BlockAllocator blocks;
+  KvCache cache;
   Generator gen;
 };
 
@@ -169,7 +167,7 @@ TEST_P(DeepseekTest, RejectsBadTokenAndContext) {
   auto r = h.gen.generate({request({5, 1000})});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("1000"), std::string::npos);
-  EXPECT_EQ(h.blocks.num_free(), h.blocks.num_blocks());
+  EXPECT_EQ(h.cache.num_available(), h.cache.num_blocks());
   auto too_long = h.gen.generate({request(prompt(10, 1), 1 << 20)});
   EXPECT_FALSE(too_long.ok());
   auto empty = h.gen.generate({request({})});

@@ -10,7 +10,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cache/block_allocator.h"
 #include "engine/generator.h"
 #include "kernels/sampling.h"
 #include "model/deepseek.h"
@@ -138,21 +137,21 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
     for (const Step& s : c.steps) seq.push_back(s.token);
     std::vector<int32_t> table;
     for (int32_t b = 0; b * kKvBlockSize < int64_t(seq.size()); ++b) table.push_back(b);
-    LatentKvCache cache(cfg.num_hidden_layers, cfg.kv_cache_dim(), int32_t(table.size()),
-                        kv_dtype());
-    LatentKvCache ref_cache(cfg.num_hidden_layers, cfg.kv_cache_dim(), int32_t(table.size()),
-                            DType::kF32);
-    std::vector<float> logits, ref_logits, lp(size_t(cfg.vocab_size));
+    KvCache cache({cfg.num_hidden_layers, cfg.kv_cache_dim(), kv_dtype()}, int32_t(table.size()));
+    KvCache ref_cache({cfg.num_hidden_layers, cfg.kv_cache_dim(), DType::kF32}, int32_t(table.size()));
+    StepOutput out, ref_out;
+    std::vector<float>& logits = out.logits;
+    std::vector<float> lp(size_t(cfg.vocab_size));
     int64_t pos = 0, n_new = int64_t(c.prompt.size());
     for (size_t s = 0; s < n_steps; ++s) {
       StepSequence step{std::span<const int32_t>(seq).subspan(size_t(pos), size_t(n_new)), pos,
-                        table, true};
+                        table, 1};
       fast_routes.clear();
       ref_routes.clear();
-      ASSERT_TRUE(model.forward({&step, 1}, cache, &logits).ok());
+      ASSERT_TRUE(model.forward({&step, 1}, cache, &out).ok());
       bool flipped = false;
       if (fast()) {
-        ASSERT_TRUE(ref.forward({&step, 1}, ref_cache, &ref_logits).ok());
+        ASSERT_TRUE(ref.forward({&step, 1}, ref_cache, &ref_out).ok());
         flipped = fast_routes != ref_routes;
         ++steps_total;
         steps_flipped += flipped;
@@ -204,9 +203,8 @@ TEST_P(HfReference, BatchedGreedyTokens) {
   ThreadPool pool(2);
   LocalDispatcher dispatcher(cfg.n_routed_experts);
   DeepseekModel model(cfg, (*ck)->weights(), dispatcher, &pool, mode, path);
-  LatentKvCache cache(cfg.num_hidden_layers, cfg.kv_cache_dim(), 64, kv_dtype());
-  BlockAllocator blocks(64);
-  Generator gen(model, cache, blocks);
+  KvCache cache({cfg.num_hidden_layers, cfg.kv_cache_dim(), kv_dtype()}, 64);
+  Generator gen(model, cache);
 
   std::vector<Case> cases = load_cases(dir);
   std::vector<GenerateRequest> reqs;

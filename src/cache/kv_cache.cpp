@@ -1,0 +1,202 @@
+#include "cache/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <xxhash.h>
+
+#include "core/check.h"
+
+namespace moeserve {
+
+KvCache::KvCache(const KvLayout& layout, int32_t num_blocks, uint64_t fingerprint)
+    : layout_(layout),
+      fingerprint_(fingerprint),
+      allocator_(num_blocks),
+      info_(size_t(num_blocks)) {
+  CHECK(layout.dtype == DType::kF32 || layout.dtype == DType::kBF16, "latent cache is F32 or BF16");
+  data_.resize(size_t(num_blocks) * layout.block_bytes());
+}
+
+// ---- Block ids ----
+
+void KvCache::take(int32_t b) {
+  BlockInfo& i = info_[size_t(b)];
+  if (i.in_lru) {
+    lru_.erase(i.lru_pos);
+    i.in_lru = false;
+  }
+  ++i.refs;
+}
+
+void KvCache::evict_one() {
+  CHECK(!lru_.empty(), "evict with nothing evictable");
+  int32_t b = lru_.front();
+  if (tier_) tier_->on_evict(export_block(b));
+  lru_.pop_front();
+  BlockInfo& i = info_[size_t(b)];
+  i.in_lru = false;
+  by_hash_.erase(*i.hash);
+  i.hash.reset();
+  i.parent = 0;
+  i.tokens.clear();
+  allocator_.free(b);
+}
+
+bool KvCache::allocate(int32_t n, std::vector<int32_t>* table) {
+  if (n > num_available()) return false;
+  while (allocator_.num_free() < n) evict_one();
+  for (int32_t k = 0; k < n; ++k) {
+    int32_t b = *allocator_.allocate();
+    info_[size_t(b)].refs = 1;
+    table->push_back(b);
+  }
+  return true;
+}
+
+void KvCache::release(std::span<const int32_t> table) {
+  // Last block first, so that a chain's head is the most recently used and is evicted last
+  // (the rest of a chain is unreachable without its head).
+  for (auto it = table.rbegin(); it != table.rend(); ++it) {
+    int32_t b = *it;
+    BlockInfo& i = info_[size_t(b)];
+    CHECK(i.refs > 0, "release of an unreferenced block");
+    if (--i.refs > 0) continue;
+    if (i.hash) {
+      lru_.push_back(b);
+      i.lru_pos = std::prev(lru_.end());
+      i.in_lru = true;
+    } else {
+      allocator_.free(b);
+    }
+  }
+}
+
+// ---- Prefix index ----
+
+uint64_t KvCache::chain_hash(uint64_t parent, std::span<const int32_t> t) const {
+  return XXH3_64bits_withSeed(t.data(), t.size() * sizeof(int32_t), parent);
+}
+
+std::optional<int32_t> KvCache::lookup(uint64_t hash, uint64_t parent,
+                                       std::span<const int32_t> tokens) const {
+  auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return std::nullopt;
+  const BlockInfo& i = info_[size_t(it->second)];
+  if (i.parent != parent || !std::equal(i.tokens.begin(), i.tokens.end(), tokens.begin())) {
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+int32_t KvCache::acquire_prefix(std::span<const int32_t> tokens, int32_t max_blocks,
+                                std::vector<int32_t>* table, std::vector<uint64_t>* hashes) {
+  uint64_t parent = fingerprint_;
+  int32_t n = 0;
+  while (n < max_blocks && int64_t(n + 1) * kKvBlockSize <= int64_t(tokens.size())) {
+    auto block_tokens = tokens.subspan(size_t(n) * kKvBlockSize, kKvBlockSize);
+    const uint64_t h = chain_hash(parent, block_tokens);
+    if (std::optional<int32_t> b = lookup(h, parent, block_tokens)) {
+      take(*b);
+      table->push_back(*b);
+    } else {
+      std::optional<KvBlock> got = tier_ ? tier_->fetch(h, parent, block_tokens) : std::nullopt;
+      if (!got || got->hash != h || got->parent != parent ||
+          got->bytes.size() != layout_.block_bytes() ||
+          !std::equal(got->tokens.begin(), got->tokens.end(), block_tokens.begin(),
+                      block_tokens.end()) ||
+          !import_block(*got, table)) {
+        break;
+      }
+    }
+    hashes->push_back(h);
+    parent = h;
+    ++n;
+  }
+  return n;
+}
+
+void KvCache::register_block(int32_t block, uint64_t hash, uint64_t parent,
+                             std::span<const int32_t> block_tokens) {
+  CHECK(int64_t(block_tokens.size()) == kKvBlockSize, "only full blocks are registered");
+  BlockInfo& i = info_[size_t(block)];
+  if (i.hash || by_hash_.count(hash)) return;  // already registered (here or in another block)
+  i.hash = hash;
+  i.parent = parent;
+  i.tokens.assign(block_tokens.begin(), block_tokens.end());
+  by_hash_[hash] = block;
+}
+
+// ---- Bytes ----
+
+uint8_t* KvCache::block_ptr(int32_t block) {
+  CHECK(block >= 0 && block < num_blocks(), "bad KV block");
+  return data_.data() + size_t(block) * layout_.block_bytes();
+}
+
+const uint8_t* KvCache::block_ptr(int32_t block) const {
+  CHECK(block >= 0 && block < num_blocks(), "bad KV block");
+  return data_.data() + size_t(block) * layout_.block_bytes();
+}
+
+size_t KvCache::token_offset(int64_t layer, int32_t block, int64_t slot) const {
+  CHECK(layer >= 0 && layer < layout_.n_layers && block >= 0 && block < num_blocks(),
+        "bad KV slot");
+  size_t token =
+      (size_t(block) * size_t(layout_.n_layers) + size_t(layer)) * kKvBlockSize + size_t(slot);
+  return token * size_t(layout_.dim) * dtype_size(layout_.dtype);
+}
+
+void KvCache::write(int64_t layer, std::span<const int32_t> table, int64_t pos, const float* v) {
+  CHECK(pos / kKvBlockSize < int64_t(table.size()), "position beyond the block table");
+  uint8_t* p =
+      data_.data() + token_offset(layer, table[size_t(pos / kKvBlockSize)], pos % kKvBlockSize);
+  const int64_t dim = layout_.dim;
+  if (layout_.dtype == DType::kF32) {
+    std::memcpy(p, v, size_t(dim) * 4);
+  } else {
+    uint16_t* q = reinterpret_cast<uint16_t*>(p);
+    for (int64_t i = 0; i < dim; ++i) q[i] = f32_to_bf16(v[i]);
+  }
+}
+
+void KvCache::read(int64_t layer, std::span<const int32_t> table, int64_t pos, float* out) const {
+  CHECK(pos / kKvBlockSize < int64_t(table.size()), "position beyond the block table");
+  const uint8_t* p =
+      data_.data() + token_offset(layer, table[size_t(pos / kKvBlockSize)], pos % kKvBlockSize);
+  const int64_t dim = layout_.dim;
+  if (layout_.dtype == DType::kF32) {
+    std::memcpy(out, p, size_t(dim) * 4);
+  } else {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
+    for (int64_t i = 0; i < dim; ++i) out[i] = bf16_to_f32(q[i]);
+  }
+}
+
+const uint8_t* KvCache::layer_base(int64_t layer) const {
+  return data_.data() + token_offset(layer, 0, 0);
+}
+
+// ---- Blocks as objects ----
+
+KvBlock KvCache::export_block(int32_t block) const {
+  const BlockInfo& i = info_[size_t(block)];
+  KvBlock b;
+  b.hash = i.hash;
+  b.parent = i.parent;
+  b.tokens = i.tokens;
+  const uint8_t* p = block_ptr(block);
+  b.bytes.assign(p, p + layout_.block_bytes());
+  return b;
+}
+
+bool KvCache::import_block(const KvBlock& b, std::vector<int32_t>* table) {
+  CHECK(b.bytes.size() == layout_.block_bytes(), "imported KV block of the wrong size");
+  if (!allocate(1, table)) return false;
+  const int32_t block = table->back();
+  std::memcpy(block_ptr(block), b.bytes.data(), b.bytes.size());
+  if (b.hash) register_block(block, *b.hash, b.parent, b.tokens);
+  return true;
+}
+
+}  // namespace moeserve

@@ -1,0 +1,168 @@
+// KvCache: the one owner of the paged latent KV cache: block ids (allocator and reference
+// counts), the prefix index (hash chain of full blocks), the bytes, and the hooks of a lower
+// tier (docs/engine.md "The block owner").
+//
+// Bytes. A block holds kKvBlockSize (64) tokens of every layer, block-major:
+// [block][layer][token in block][dim], dim = kv_lora_rank normalised latent values then
+// qk_rope_head_dim rotated rope-key values (FlashMLA's per-layer layout inside a block). One
+// block is therefore one contiguous object (export_block / import_block, the disk tier, PD
+// hand-off); a layer's view of the pool is a base pointer plus a block stride. Storage is F32
+// (reference path) or BF16 (the served format: 1152 bytes per token per layer for V3).
+//
+// Prefix index. A full block whose tokens are final is registered under its chain hash:
+// hash(block 0) = H(fingerprint, tokens of block 0), hash(block i) = H(hash(block i - 1),
+// tokens of block i). The fingerprint names the model and everything else that changes KV bits
+// (docs/engine.md), so two models never share a chain. A later prompt that starts with the
+// same tokens takes those blocks (reference + 1) instead of recomputing them. Lookups compare
+// the stored tokens and parent hash too, so a hash collision cannot return wrong KV.
+// Unreferenced registered blocks stay cached (evictable, least recently used first) until the
+// free list runs dry; a referenced block is never evicted.
+//
+// Lower tier (KvTier). On a prefix-lookup miss the tier may supply the block (imported, then
+// used as if it had been here); a registered block about to be evicted is shown to the tier
+// first, bytes intact.
+//
+// Not thread-safe: owned by the engine's step thread. Reads and writes of distinct tokens'
+// bytes may happen from the step's worker threads.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/block_allocator.h"
+#include "core/dtype.h"
+
+namespace moeserve {
+
+inline constexpr int64_t kKvBlockSize = 64;
+// Bump when the byte layout of a block changes: it is part of the fingerprint.
+inline constexpr uint32_t kKvLayoutVersion = 2;  // 2: block-major [block][layer][token][dim]
+
+// Blocks needed to hold n tokens.
+inline int32_t blocks_for(int64_t n_tokens) {
+  return int32_t((n_tokens + kKvBlockSize - 1) / kKvBlockSize);
+}
+
+struct KvLayout {
+  int64_t n_layers = 0;
+  int64_t dim = 0;  // values per token per layer (kv_lora_rank + qk_rope_head_dim)
+  DType dtype = DType::kBF16;
+
+  size_t block_bytes() const {
+    return size_t(n_layers) * kKvBlockSize * size_t(dim) * dtype_size(dtype);
+  }
+  friend bool operator==(const KvLayout&, const KvLayout&) = default;
+};
+
+// One block as an object of its own: what export_block gives and import_block takes.
+struct KvBlock {
+  std::optional<uint64_t> hash;  // chain hash; set for registered (full, final) blocks
+  uint64_t parent = 0;           // the previous block's chain hash (the fingerprint for block 0)
+  std::vector<int32_t> tokens;   // the block's tokens (kKvBlockSize when hash is set)
+  std::vector<uint8_t> bytes;    // [n_layers][kKvBlockSize][dim] of the layout's dtype
+
+  friend bool operator==(const KvBlock&, const KvBlock&) = default;
+};
+
+// A tier below the RAM pool (the disk tier; later a remote store). Called on the step thread.
+class KvTier {
+ public:
+  virtual ~KvTier() = default;
+  // RAM has no block under `hash`: the tier's copy (hash, parent and tokens as asked, bytes of
+  // the layout's size), or nullopt.
+  virtual std::optional<KvBlock> fetch(uint64_t hash, uint64_t parent,
+                                       std::span<const int32_t> tokens) = 0;
+  // A registered block leaves RAM; `block` is valid only during the call.
+  virtual void on_evict(const KvBlock& block) = 0;
+};
+
+class KvCache {
+ public:
+  KvCache(const KvLayout& layout, int32_t num_blocks, uint64_t fingerprint = 0);
+
+  const KvLayout& layout() const { return layout_; }
+  int64_t n_layers() const { return layout_.n_layers; }
+  int64_t dim() const { return layout_.dim; }
+  DType dtype() const { return layout_.dtype; }
+  uint64_t fingerprint() const { return fingerprint_; }
+  void set_tier(KvTier* tier) { tier_ = tier; }  // borrowed; null: none
+
+  // ---- Block ids ----
+  int32_t num_blocks() const { return allocator_.num_blocks(); }
+  // Blocks that can be handed out now (free or evictable).
+  int32_t num_available() const { return allocator_.num_free() + int32_t(lru_.size()); }
+  int32_t num_used() const { return num_blocks() - num_available(); }
+  // n fresh blocks (evicting cached ones if needed), each with one reference, appended to
+  // table; or false with nothing taken.
+  bool allocate(int32_t n, std::vector<int32_t>* table);
+  // Drops one reference to each block of the table (last block first).
+  void release(std::span<const int32_t> table);
+  int32_t refcount(int32_t block) const { return info_[size_t(block)].refs; }
+
+  // ---- Prefix index ----
+  // The chain hash of a block whose predecessor's hash is `parent` (the fingerprint for the
+  // first block).
+  uint64_t chain_hash(uint64_t parent, std::span<const int32_t> block_tokens) const;
+  // The longest run of cached full blocks (RAM, then the tier) that prefixes `tokens`, at most
+  // max_blocks of them; each gets a reference and is appended to `table`, its hash to `hashes`.
+  int32_t acquire_prefix(std::span<const int32_t> tokens, int32_t max_blocks,
+                         std::vector<int32_t>* table, std::vector<uint64_t>* hashes);
+  // Registers `block` as holding the final KV of `block_tokens` (kKvBlockSize of them) under
+  // `hash` (= chain_hash(parent, block_tokens)). A no-op when the block or the hash is already
+  // registered.
+  void register_block(int32_t block, uint64_t hash, uint64_t parent,
+                      std::span<const int32_t> block_tokens);
+  int32_t cached_blocks() const { return int32_t(by_hash_.size()); }
+  bool is_registered(int32_t block) const { return info_[size_t(block)].hash.has_value(); }
+
+  // ---- Bytes ----
+  // Writes dim values for token `pos` of the sequence with this block table.
+  void write(int64_t layer, std::span<const int32_t> block_table, int64_t pos, const float* v);
+  // Reads dim values (converted to float).
+  void read(int64_t layer, std::span<const int32_t> block_table, int64_t pos, float* out) const;
+  // One layer's view of the pool: block b's [kKvBlockSize][dim] elements of dtype() start at
+  // layer_base(layer) + b * block_stride() elements.
+  const uint8_t* layer_base(int64_t layer) const;
+  int64_t block_stride() const { return layout_.n_layers * kKvBlockSize * layout_.dim; }
+
+  // ---- Blocks as objects ----
+  // A copy of block `block` (registered or not; tokens/hash/parent as registered, else empty).
+  KvBlock export_block(int32_t block) const;
+  // A fresh block (one reference, appended to table) holding `b`'s bytes, registered under
+  // b.hash when it has one; false (nothing taken) when no block is available. The caller has
+  // checked b.bytes.size() == layout().block_bytes() (CHECKed).
+  bool import_block(const KvBlock& b, std::vector<int32_t>* table);
+
+ private:
+  struct BlockInfo {
+    int32_t refs = 0;
+    std::optional<uint64_t> hash;  // set while registered in by_hash_
+    uint64_t parent = 0;
+    std::vector<int32_t> tokens;  // the registered block's tokens (collision check)
+    std::list<int32_t>::iterator lru_pos;
+    bool in_lru = false;
+  };
+
+  uint8_t* block_ptr(int32_t block);
+  const uint8_t* block_ptr(int32_t block) const;
+  size_t token_offset(int64_t layer, int32_t block, int64_t slot) const;
+  std::optional<int32_t> lookup(uint64_t hash, uint64_t parent,
+                                std::span<const int32_t> tokens) const;
+  void evict_one();
+  void take(int32_t block);
+
+  KvLayout layout_;
+  uint64_t fingerprint_;
+  KvTier* tier_ = nullptr;
+  BlockAllocator allocator_;
+  std::vector<BlockInfo> info_;
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::list<int32_t> lru_;  // unreferenced cached blocks, least recently used first
+  std::vector<uint8_t> data_;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,96 @@
+// EngineCore: the one step loop every client drives (docs/engine.md "The step"):
+//
+//   StepPlan plan = scheduler.schedule();     // who computes which tokens
+//   StepResult r = runner.run(plan);          // the model forward: logits, final hidden rows
+//   sample(plan, r);                          // tokens (and accepted drafts) per sequence
+//   scheduler.commit(plan, r);                // advance / roll back, register final blocks
+//   emit(plan, r);                            // callbacks, stop checks, finishing
+//
+// step() does all of it; schedule() and run(plan) are the same two halves for a client that
+// must agree with other ranks between them (the data-parallel group, dp_group.h). Clients:
+// Generator (a fixed batch to completion) and the serving engine (llm_engine.cpp).
+//
+// Borrows the model, cache and pool (they outlive it). Not thread-safe: every call comes from
+// one thread (the engine's step thread); callbacks run on it, in order, and may call cancel().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "core/trace.h"
+#include "engine/engine.h"
+#include "engine/scheduler.h"
+#include "engine/step.h"
+#include "model/deepseek.h"
+
+namespace moeserve {
+
+// Executes a plan on the model: builds the batch (tokens, positions, block tables, logit rows)
+// and returns the logits and final hidden rows of the positions the plan asks for.
+class ModelRunner {
+ public:
+  ModelRunner(DeepseekModel& model, KvCache& cache) : model_(model), cache_(cache) {}
+  Status run(const StepPlan& plan, StepResult* result);
+
+ private:
+  DeepseekModel& model_;
+  KvCache& cache_;
+  StepOutput out_;
+  std::vector<std::vector<int32_t>> rows_with_drafts_;
+};
+
+struct EngineCoreStats {
+  int64_t prompt_tokens = 0;  // of finished requests (errors excluded)
+  int64_t generated_tokens = 0;
+  int64_t steps = 0;
+};
+
+class EngineCore {
+ public:
+  EngineCore(DeepseekModel& model, KvCache& cache, const SchedulerConfig& scheduling,
+             ThreadPool* pool, Tracer* tracer = nullptr);
+
+  // A request (validated by the caller, seed set) and where its outputs go.
+  void add(EngineRequest request, OutputCallback callback);
+  // Ends a live request with kCancelled (unknown ids: ignored).
+  void cancel(const std::string& id);
+
+  StepPlan schedule() { return scheduler_.schedule(); }
+  // Runs a scheduled plan to its callbacks. A failed forward ends the plan's requests with
+  // kError and returns the error.
+  Status run(const StepPlan& plan);
+  // schedule() + run(); an empty plan does nothing.
+  Status step();
+
+  // Ends every live request (callbacks with `reason`).
+  void finish_all(FinishReason reason, const Status& error);
+
+  bool idle() const { return scheduler_.idle(); }
+  const Scheduler& scheduler() const { return scheduler_; }
+  const KvCache& cache() const { return cache_; }
+  const EngineCoreStats& stats() const { return stats_; }
+  const ModelConfig& config() const { return model_.config(); }
+
+ private:
+  void sample(const StepPlan& plan, StepResult& r);
+  void emit(const StepPlan& plan, StepResult& r);
+  void finish(Sequence* s, FinishReason reason, std::vector<GeneratedToken> last, Status error);
+
+  DeepseekModel& model_;
+  KvCache& cache_;
+  ThreadPool* pool_;
+  Tracer* tracer_;
+  Scheduler scheduler_;
+  ModelRunner runner_;
+  StepResult result_;
+  std::unordered_map<std::string, Sequence*> live_;
+  EngineCoreStats stats_;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,89 @@
+#include "model/fingerprint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "cache/kv_cache.h"
+
+namespace moeserve {
+
+namespace {
+
+Result<std::string> read_all(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return NotFound(fmt::format("{}: cannot open", p.string()));
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A safetensors file's 8-byte length and JSON header.
+Result<std::string> safetensors_header(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  uint64_t len = 0;
+  if (!in || !in.read(reinterpret_cast<char*>(&len), 8)) {
+    return Corrupt(fmt::format("{}: cannot read the safetensors header length", p.string()));
+  }
+  if (len > (uint64_t(1) << 30)) {
+    return Corrupt(fmt::format("{}: a {} byte header", p.string(), len));
+  }
+  std::string h(size_t(len), '\0');
+  if (!in.read(h.data(), std::streamsize(len))) {
+    return Corrupt(fmt::format("{}: truncated safetensors header", p.string()));
+  }
+  return h;
+}
+
+}  // namespace
+
+Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
+                                   ComputePath compute) {
+  namespace fs = std::filesystem;
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  auto add = [&](const std::string& bytes) {
+    const uint64_t n = bytes.size();  // length-prefixed: no two inputs concatenate alike
+    XXH3_64bits_update(st, &n, sizeof n);
+    XXH3_64bits_update(st, bytes.data(), bytes.size());
+  };
+  Status status;
+  std::vector<fs::path> files = {fs::path(model_dir) / "config.json"};
+  if (fs::exists(fs::path(model_dir) / "model.safetensors.index.json")) {
+    files.push_back(fs::path(model_dir) / "model.safetensors.index.json");
+  }
+  for (const fs::path& f : files) {
+    Result<std::string> b = read_all(f);
+    if (!b.ok()) {
+      status = b.status();
+      break;
+    }
+    add(*b);
+  }
+  std::vector<fs::path> shards;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(model_dir, ec)) {
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path());
+  }
+  std::sort(shards.begin(), shards.end());
+  for (size_t i = 0; i < shards.size() && status.ok(); ++i) {
+    Result<std::string> h = safetensors_header(shards[i]);
+    if (!h.ok()) {
+      status = h.status();
+      break;
+    }
+    add(shards[i].filename().string());
+    add(*h);
+  }
+  add(fmt::format("kv_dtype={} compute={} layout={}", int(kv_dtype), int(compute),
+                  kKvLayoutVersion));
+  const uint64_t digest = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  RETURN_IF_ERROR(status);
+  return digest;
+}
+
+}  // namespace moeserve

@@ -1,0 +1,23 @@
+// The model fingerprint: one 64-bit digest of everything that decides the bits of a KV block
+// (docs/engine.md "The block owner"), the seed of the KV cache's hash chain. Two caches with
+// different fingerprints never share a block, in RAM or in a lower tier.
+//
+// Covered: config.json, model.safetensors.index.json (when present), the header of every
+// .safetensors file in the directory (names, dtypes, shapes, byte ranges), the KV dtype, the
+// compute path (it changes how the latent is rounded) and kKvLayoutVersion.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "model/deepseek.h"
+
+namespace moeserve {
+
+// Errors name the file that could not be read.
+Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
+                                   ComputePath compute);
+
+}  // namespace moeserve
