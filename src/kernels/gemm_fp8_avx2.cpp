@@ -1,6 +1,7 @@
-// gemm_fp8, AVX2+FMA level: as the AVX-512F level (F32 tile [128 k][64 cols], F32 FMAs, scale
-// once per 128-wide K block) with a 4-row x 2-ymm register block walking the panel's four
-// 16-column slices. Compiled with -mavx2 -mfma; runs only when cpu_isa() >= Isa::kAvx2.
+// gemm_fp8, AVX2+FMA level: gemm_fp8_fma_body.h's rows form on 8-lane ymm vectors (F32 tile
+// [128 k][64 cols], X widened to F32 per 4-row block, 4-row x 2-ymm register blocks over the
+// panel's four 16-column slices): the AVX-512F level's bits. Compiled with -mavx2 -mfma; runs
+// only when cpu_isa() >= Isa::kAvx2. Everything here has internal linkage (see cpu_features.h).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -12,129 +13,20 @@
 namespace moeserve::gemm_detail {
 namespace {
 
-constexpr int kRows = 4;
+#include "kernels/vec_avx2.h"
 
-// FP8 byte at bits 24..31 of each lane -> F32 (see the AVX-512F level).
-inline __m256 fp8_hi_to_f32(__m256i s) {
-  __m256i bits = _mm256_and_si256(_mm256_srai_epi32(s, 4), _mm256_set1_epi32(int(0x87f00000u)));
-  return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
-}
-
-void convert_tile(const uint8_t* src, float* dst) {
-  for (int kp = 0; kp < 64; ++kp) {
-    for (int g = 0; g < 8; ++g) {
-      __m256i v = _mm256_cvtepu16_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + kp * 128 + 16 * g)));
-      _mm256_store_ps(dst + (2 * kp) * 64 + 8 * g, fp8_hi_to_f32(_mm256_slli_epi32(v, 24)));
-      _mm256_store_ps(dst + (2 * kp + 1) * 64 + 8 * g, fp8_hi_to_f32(_mm256_slli_epi32(v, 16)));
-    }
-  }
-}
-
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
-void convert_x(const uint16_t* x, int64_t ld, int rows, int64_t kw, float* xf) {
-  for (int r = 0; r < rows; ++r) {
-    for (int64_t k = 0; k < kBlockK; ++k) {
-      uint32_t u = k < kw ? uint32_t(x[r * ld + k]) << 16 : 0;
-      std::memcpy(xf + r * kBlockK + k, &u, 4);
-    }
-  }
-}
-
-// Rows x 16 columns (slice j of the panel) over one K block.
-template <int R>
-void micro(const float* xf, const float* wf, int j, float scale, float* tot, bool first) {
-  __m256 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int k = 0; k < kBlockK; ++k) {
-    const float* w = wf + k * 64 + 16 * j;
-    __m256 w0 = _mm256_load_ps(w), w1 = _mm256_load_ps(w + 8);
-    for (int r = 0; r < R; ++r) {
-      __m256 xb = _mm256_broadcast_ss(xf + r * kBlockK + k);
-      acc[r][0] = _mm256_fmadd_ps(w0, xb, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w1, xb, acc[r][1]);
-    }
-  }
-  __m256 s = _mm256_set1_ps(scale);
-  for (int r = 0; r < R; ++r) {
-    for (int h = 0; h < 2; ++h) {
-      float* d = tot + r * kPanelCols + 16 * j + 8 * h;
-      _mm256_store_ps(d, first ? _mm256_mul_ps(acc[r][h], s)
-                               : _mm256_fmadd_ps(acc[r][h], s, _mm256_load_ps(d)));
-    }
-  }
-}
-
-void micro_rows(int rows, const float* xf, const float* wf, int j, float scale, float* tot,
-                bool first) {
-  switch (rows) {
-    case 4:
-      return micro<4>(xf, wf, j, scale, tot, first);
-    case 3:
-      return micro<3>(xf, wf, j, scale, tot, first);
-    case 2:
-      return micro<2>(xf, wf, j, scale, tot, first);
-    default:
-      return micro<1>(xf, wf, j, scale, tot, first);
-  }
-}
-
-struct Scratch {
-  void* p = nullptr;
-  explicit Scratch(size_t bytes) : p(std::aligned_alloc(64, (bytes + 63) / 64 * 64)) {}
-  ~Scratch() { std::free(p); }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
+struct Form {
+  static constexpr bool kBf16X = true;
+  static constexpr bool kPairs = false;
+  static constexpr int kConvRows = 0;
 };
+
+#include "kernels/gemm_fp8_fma_body.h"
 
 }  // namespace
 
 void panels_avx2(const GemmJob& job, int64_t p0, int64_t p1) {
-  int64_t mb_max = (12 << 20) / (2 * job.k);
-  mb_max = mb_max < 96 ? 96 : mb_max > 1024 ? 1024 : mb_max;
-  const int64_t mb_cap = job.m < mb_max ? job.m : mb_max;
-  Scratch wf_buf(kBlockK * kPanelCols * 4), xf_buf(kRows * kBlockK * 4),
-      tot_buf(size_t(mb_cap) * kPanelCols * 4);
-  float* wf = wf_buf.as<float>();
-  float* xf = xf_buf.as<float>();
-  float* tot = tot_buf.as<float>();
-  for (int64_t m0 = 0; m0 < job.m; m0 += mb_cap) {
-    const int64_t mb = job.m - m0 < mb_cap ? job.m - m0 : mb_cap;
-    for (int64_t p = p0; p < p1; ++p) {
-      for (int64_t kb = 0; kb < job.k_blocks; ++kb) {
-        convert_tile(job.tiles + (p * job.k_blocks + kb) * kTileBytes, wf);
-        const float scale = job.scales[(p / 2) * job.k_blocks + kb];
-        const int64_t kw = job.k - kb * kBlockK < kBlockK ? job.k - kb * kBlockK : kBlockK;
-        for (int64_t i = 0; i < mb; i += kRows) {
-          int rows = mb - i < kRows ? int(mb - i) : kRows;
-          convert_x(job.x + (m0 + i) * job.ldx + kb * kBlockK, job.ldx, rows, kw, xf);
-          for (int j = 0; j < 4; ++j)
-            micro_rows(rows, xf, wf, j, scale, tot + i * kPanelCols, kb == 0);
-        }
-      }
-      const int64_t col0 = p * kPanelCols;
-      const int64_t cols = job.n - col0 < kPanelCols ? job.n - col0 : kPanelCols;
-      for (int64_t i = 0; i < mb; ++i) {
-        const float* t = tot + i * kPanelCols;
-        int64_t off = (m0 + i) * job.ldy + col0;
-        if (job.y_bf16) {
-          uint16_t* y = static_cast<uint16_t*>(job.y) + off;
-          for (int64_t c = 0; c < cols; ++c) y[c] = to_bf16(t[c]);
-        } else {
-          std::memcpy(static_cast<float*>(job.y) + off, t, size_t(cols) * 4);
-        }
-      }
-    }
-  }
+  panels_fma(job, p0, p1);
 }
 
 }  // namespace moeserve::gemm_detail

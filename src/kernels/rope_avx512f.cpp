@@ -1,42 +1,25 @@
-// RoPE rotation with AVX-512F: sixteen values (eight pairs) per step, each pair's partner
-// brought alongside by an in-lane swap; products and sums rounded separately as in
-// RopeTable::apply (this file is built with -ffp-contract=off), masked tails.
+// RoPE rotation, AVX-512F level: rope_f32x.h on 16-lane zmm vectors. Compiled with
+// -mavx512{f,bw,vl,dq} -mfma -ffp-contract=off; runs only when cpu_isa() says so. Everything here
+// has internal linkage (see cpu_features.h).
 #include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
 
 #include "kernels/rope.h"
 
 namespace moeserve::rope_detail {
 namespace {
 
-inline __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u);
-}
+#include "kernels/vec_avx512f.h"
 
-// (a, b) -> (a c - b s, b c + a s) per pair.
-inline __m512 rotate(__m512 v, __m512 c, __m512 s) {
-  const __m512 swapped = _mm512_permute_ps(v, 0xb1);  // (b, a) per pair
-  return _mm512_add_ps(_mm512_mul_ps(v, c), _mm512_mul_ps(swapped, s));
-}
+#include "kernels/rope_f32x.h"
 
 }  // namespace
 
 void rotate_avx512(const float* cos2, const float* sin2, int64_t dim, float* x, int64_t n_rows,
                    int64_t ld) {
-  for (int64_t r = 0; r < n_rows; ++r) {
-    float* v = x + r * ld;
-    int64_t i = 0;
-    for (; i + 16 <= dim; i += 16) {
-      _mm512_storeu_ps(v + i, rotate(_mm512_loadu_ps(v + i), _mm512_loadu_ps(cos2 + i),
-                                     _mm512_loadu_ps(sin2 + i)));
-    }
-    if (i < dim) {
-      const __mmask16 m = tail_mask(dim - i);
-      _mm512_mask_storeu_ps(
-          v + i, m,
-          rotate(_mm512_maskz_loadu_ps(m, v + i), _mm512_maskz_loadu_ps(m, cos2 + i),
-                 _mm512_maskz_loadu_ps(m, sin2 + i)));
-    }
-  }
+  rotate_rows(cos2, sin2, dim, x, n_rows, ld);
 }
 
 }  // namespace moeserve::rope_detail

@@ -12,11 +12,13 @@ struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   float top_p = 1.0f;        // (0, 1]
   int64_t top_k = 0;         // 0: all
+  friend bool operator==(const SamplingParams&, const SamplingParams&) = default;
 };
 
 struct TokenLogprob {
   int32_t id;
   float logprob;
+  friend bool operator==(const TokenLogprob&, const TokenLogprob&) = default;
 };
 
 // logprobs[i] = logits[i] - logsumexp(logits), in FP32 with a double accumulator.

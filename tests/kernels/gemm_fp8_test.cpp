@@ -129,6 +129,25 @@ TEST(GemmFp8, SampledRowCountsUpTo300) {
   }
 }
 
+// The AVX-512F and AVX2 levels are one body (gemm_fp8_fma_body.h) on zmm and ymm with different
+// register blocks but the same FMAs per output: the same bits, F32 and BF16 out, over row counts
+// around both blocks (6 and 4 rows) and N, K off the 64 and 128 grids.
+TEST(GemmFp8, Avx512fAndAvx2LevelsGiveTheSameBits) {
+  if (!isa_at_most(Isa::kAvx512, cpu_isa())) GTEST_SKIP() << "needs AVX-512F";
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  Problem p = make_problem(200, 300, rng);
+  for (int64_t m : {1, 3, 4, 5, 6, 7, 13, 50}) {
+    std::vector<uint16_t> x = random_x(m, p.k, rng);
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      std::vector<uint32_t> y512(size_t(m * p.n)), y2(y512.size());  // raw bits of either type
+      gemm_fp8(x.data(), m, p.k, p.packed, GemmOutput{y512.data(), dt, p.n}, &pool, Isa::kAvx512);
+      gemm_fp8(x.data(), m, p.k, p.packed, GemmOutput{y2.data(), dt, p.n}, &pool, Isa::kAvx2);
+      ASSERT_EQ(y512, y2) << "m=" << m << " " << dtype_name(dt);
+    }
+  }
+}
+
 // K long enough that the AVX-512 BF16 kernel takes its K blocks in several chunks (16 blocks
 // each), the last one partial and ending in a partial block, with several row blocks, and more
 // rows than one block of X (1024 at most): matches the reference, and a row's bits do not depend
