@@ -202,6 +202,11 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   const ModelConfig& c = (*ck)->config();
+  const ComputePath path = o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast;
+  if (Status st = DeepseekModel::supports(c, path); !st.ok()) {
+    fmt::print(stderr, "generate: {}: {}\n", o.model, st.message());
+    return 1;
+  }
   double load_s = seconds_since(t0);
 
   ThreadPool pool(o.threads);
@@ -209,7 +214,7 @@ int run_generate(const GenerateOptions& o) {
   Dispatcher& dispatcher = ep ? static_cast<Dispatcher&>(*ep->dispatcher) : local;
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
                       o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
-                      o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast,
+                      path,
                       /*overlap=*/!o.ep.no_overlap, /*progress=*/print);
   model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
   int32_t n_blocks = 0;

@@ -44,6 +44,8 @@ class [[nodiscard]] Status {
   // as an error travels up.
   Status with_context(const std::string& context) const;
 
+  friend bool operator==(const Status&, const Status&) = default;
+
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;

@@ -33,6 +33,7 @@ struct EngineRequest {
   // on the bench model); GeneratedToken::logprob is then 0 and top empty.
   bool logprobs = true;
   int64_t top_logprobs = 0;  // >= 0, 0 unless logprobs; 0: only the chosen token's logprob
+  friend bool operator==(const EngineRequest&, const EngineRequest&) = default;
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kError };
@@ -42,6 +43,7 @@ struct GeneratedToken {
   float logprob = 0.0f;           // of the chosen token, under the model (before temperature);
                                   // computed only when the request's logprobs is set
   std::vector<TokenLogprob> top;  // top_logprobs entries, descending
+  friend bool operator==(const GeneratedToken&, const GeneratedToken&) = default;
 };
 
 // One callback's worth of progress for one request.
@@ -52,6 +54,7 @@ struct RequestOutput {
   Status error;                      // non-ok only with FinishReason::kError
   int64_t prompt_tokens = 0;         // set on every callback
   int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  friend bool operator==(const RequestOutput&, const RequestOutput&) = default;
 };
 
 using OutputCallback = std::function<void(const RequestOutput&)>;
@@ -67,6 +70,7 @@ struct EngineStats {
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
+  friend bool operator==(const EngineStats&, const EngineStats&) = default;
 };
 
 class Engine {

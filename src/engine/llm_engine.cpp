@@ -293,6 +293,7 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::open(o.model_dir, load));
   const ModelConfig& c = ck->config();
+  RETURN_IF_ERROR(DeepseekModel::supports(c, o.compute).with_context(o.model_dir));
   double bytes_per_block = double(c.num_hidden_layers) * kKvBlockSize * double(c.kv_cache_dim()) *
                            double(dtype_size(o.kv_dtype));
   int64_t num_blocks = int64_t(o.kv_cache_gb * 1e9 / bytes_per_block);

@@ -1,5 +1,5 @@
 // Messages between the front rank (rank 0, which hosts the HTTP API) and the other ranks of a
-// data-parallel-attention deployment (DESIGN.md "Process topology"; docs/ep-serving.md).
+// data-parallel-attention deployment (docs/ep-serving.md).
 //
 // Once per engine step every rank takes part in one control exchange over the EP group's
 // Communicator (exchange_control): rank 0 sends each rank the requests it assigned to it, the
@@ -25,12 +25,14 @@ struct FrontMessage {
   bool stop = false;                    // leave the step loop after this exchange
   std::vector<EngineRequest> requests;  // newly assigned to rank r (seed always set)
   std::vector<std::string> cancels;     // ids of rank r's requests
+  friend bool operator==(const FrontMessage&, const FrontMessage&) = default;
 };
 
 // Rank r -> rank 0.
 struct RankMessage {
   std::vector<std::pair<std::string, RequestOutput>> outputs;  // in callback order
   EngineStats stats;
+  friend bool operator==(const RankMessage&, const RankMessage&) = default;
 };
 
 std::vector<uint8_t> encode(const FrontMessage& m);

@@ -1,4 +1,4 @@
-// Communicator: the transport of an EP group (DESIGN.md "Process topology"). R ranks, each with
+// Communicator: the transport of an EP group (docs/ep-serving.md). R ranks, each with
 // one Communicator, exchange bytes with all-to-all-v, small integers with all-gather, and
 // messages point to point. Two implementations:
 //   in-process  make_in_process_group(R): R communicators joined through shared memory, one per

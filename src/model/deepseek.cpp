@@ -114,6 +114,16 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
   if (path_ == ComputePath::kFast) prepare_fast_path(progress);
 }
 
+Status DeepseekModel::supports(const ModelConfig& c, ComputePath path) {
+  if (path == ComputePath::kFast && c.quant && (c.quant->block_n != 128 || c.quant->block_k != 128)) {
+    return InvalidArgument(fmt::format(
+        "config.json: quantization_config.weight_block_size [{}, {}] is not supported by the fast "
+        "path's FP8 GEMMs, which need [128, 128] (DeepSeek's release); --compute reference runs it",
+        c.quant->block_n, c.quant->block_k));
+  }
+  return Status::Ok();
+}
+
 bool DeepseekModel::absorbed_fp8_ok(const WeightView& kv_b) const {
   const int64_t dn = config_.qk_nope_head_dim, dv = config_.v_head_dim;
   return kv_b.dtype == DType::kF8E4M3 && kv_b.block_rows == 128 && kv_b.block_cols == 128 &&

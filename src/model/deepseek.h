@@ -72,14 +72,17 @@ std::array<std::vector<size_t>, 2> split_micro_batches(std::span<const StepSeque
 
 class DeepseekModel {
  public:
+  // Whether a checkpoint can run on `path`: the fast path's FP8 GEMMs need 128x128 scale
+  // blocks (InvalidArgument naming quantization_config.weight_block_size otherwise). Checked
+  // at load, before construction (the constructor CHECKs it).
+  static Status supports(const ModelConfig& config, ComputePath path);
+
   DeepseekModel(const ModelConfig& config, const ModelWeights& weights, Dispatcher& dispatcher,
                 ThreadPool* pool, AttentionMode mode = AttentionMode::kAbsorbed,
                 ComputePath path = ComputePath::kReference, bool overlap = true,
                 bool progress = false);
 
   const ModelConfig& config() const { return config_; }
-  AttentionMode attention_mode() const { return mode_; }
-  void set_attention_mode(AttentionMode mode) { mode_ = mode; }
 
   // Records per-layer stages (attention, gate, dispatch, experts, combine, ...) when non-null.
   void set_tracer(Tracer* tracer) { tracer_ = tracer; }
@@ -95,7 +98,6 @@ class DeepseekModel {
   // the non-overlapped pass. Every rank of an EP group must use the same setting (it decides
   // how many exchanges a layer makes). Set it at construction or between forward() calls.
   void set_overlap(bool on) { overlap_ = on; }
-  bool overlap() const { return overlap_; }
   // Per step and per rank, with overlap on: a step with fewer new tokens than this runs as one
   // micro-batch (the second is empty: its exchanges still happen, with no rows, so the ranks
   // need not agree). Below it each micro-batch would give this rank's experts fewer rows than

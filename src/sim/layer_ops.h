@@ -1,6 +1,6 @@
 // Per-operator FLOPs, bytes and time of one transformer layer of a DeepSeek-V3-class model for
 // one micro-batch on one device, in the order the forward pass runs them (see
-// DESIGN.md "Inside one engine step"). Attention is data-parallel (each device runs its own
+// docs/engine.md "The step"). Attention is data-parallel (each device runs its own
 // sequences); routed experts are expert-parallel across `ep` devices; dispatch and combine are
 // the all-to-all between them.
 //

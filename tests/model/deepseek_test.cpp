@@ -214,3 +214,24 @@ TEST(Sampling, SeededSamplingIsReproducible) {
 
 }  // namespace
 }  // namespace moeserve
+
+namespace moeserve {
+namespace {
+
+// A checkpoint whose FP8 blocks are not 128x128 is refused at load for the fast path (it used
+// to abort in a CHECK while packing), and runs on the reference path.
+TEST(DeepseekModelSupports, FastPathNeeds128x128Blocks) {
+  ModelConfig c;
+  c.quant = QuantConfig{};
+  c.quant->block_n = 64;
+  c.quant->block_k = 128;
+  Status st = DeepseekModel::supports(c, ComputePath::kFast);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("weight_block_size"), std::string::npos) << st.message();
+  EXPECT_TRUE(DeepseekModel::supports(c, ComputePath::kReference).ok());
+  c.quant->block_n = 128;
+  EXPECT_TRUE(DeepseekModel::supports(c, ComputePath::kFast).ok());
+}
+
+}  // namespace
+}  // namespace moeserve
