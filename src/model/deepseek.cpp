@@ -3,7 +3,6 @@
 // nh = heads, dn/dr/dv = qk_nope/qk_rope/v head dims, R = kv_lora_rank, T = context length.
 #include "model/deepseek.h"
 
-#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +21,7 @@
 #include "kernels/moe_gate.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/silu_mul.h"
+#include "model/stage_span.h"
 
 namespace moeserve {
 
@@ -124,132 +124,6 @@ Status DeepseekModel::supports(const ModelConfig& c, ComputePath path) {
   return Status::Ok();
 }
 
-bool DeepseekModel::absorbed_fp8_ok(const WeightView& kv_b) const {
-  const int64_t dn = config_.qk_nope_head_dim, dv = config_.v_head_dim;
-  return kv_b.dtype == DType::kF8E4M3 && kv_b.block_rows == 128 && kv_b.block_cols == 128 &&
-         dn % 128 == 0 && dv % 128 == 0;
-}
-
-void DeepseekModel::pack_absorbed_fp8(const WeightView& kv_b, AbsorbedWeights& W) const {
-  const int64_t nh = config_.num_attention_heads, dn = config_.qk_nope_head_dim;
-  const int64_t dv = config_.v_head_dim, R = config_.kv_lora_rank;
-  const int64_t rb = (R + 127) / 128, sc = kv_b.scale_cols();  // R's scale blocks
-  std::vector<uint8_t> bytes;
-  std::vector<float> scales;
-  for (int64_t h = 0; h < nh; ++h) {
-    const int64_t row0 = h * (dn + dv);  // a multiple of 128
-    // W_UK^T [R, dn]: element (r, d) = kv_b[row0 + d, r]; block (r/128, d/128) has the scale
-    // of kv_b block (row0/128 + d/128, r/128).
-    bytes.assign(size_t(R * dn), 0);
-    for (int64_t d = 0; d < dn; ++d) {
-      const uint8_t* src = kv_b.data + (row0 + d) * kv_b.cols;
-      for (int64_t r = 0; r < R; ++r) bytes[size_t(r * dn + d)] = src[r];
-    }
-    scales.assign(size_t(rb * (dn / 128)), 0.0f);
-    for (int64_t a = 0; a < rb; ++a)
-      for (int64_t b = 0; b < dn / 128; ++b)
-        scales[size_t(a * (dn / 128) + b)] = kv_b.scale_inv[(row0 / 128 + b) * sc + a];
-    W.uk_t_fp8.push_back(pack_fp8_weight(bytes.data(), scales.data(), R, dn));
-    // W_UV [dv, R]: rows row0 + dn + j of kv_b as they are, with their scale rows.
-    const int64_t vrow0 = row0 + dn;
-    W.uv_fp8.push_back(pack_fp8_weight(kv_b.data + vrow0 * kv_b.cols,
-                                       kv_b.scale_inv + (vrow0 / 128) * sc, dv, R));
-  }
-}
-
-void DeepseekModel::prepare_fast_path(bool progress) {
-  // Collect the FP8 projections first (map slots created here), then pack them in parallel.
-  std::vector<std::pair<const WeightView*, PackedFp8Weight*>> jobs;
-  auto pack = [&](const WeightView& w) {
-    if (w.dtype != DType::kF8E4M3 || packed_.count(w.data)) return;
-    CHECK(w.block_rows == 128 && w.block_cols == 128, "gemm_fp8 needs 128x128 scale blocks");
-    jobs.push_back({&w, &packed_[w.data]});
-  };
-  auto pack_mlp = [&](const MlpWeights& m) {
-    pack(m.gate);
-    pack(m.up);
-    pack(m.down);
-  };
-  auto pack_moe = [&](const MoeWeights& moe) {
-    for (const auto& e : moe.experts) {
-      if (e) pack_mlp(*e);
-    }
-    if (moe.shared) pack_mlp(*moe.shared);
-    const WeightView& g = moe.gate;  // [E, H] router weights, exact in F32
-    std::vector<float>& gf = gate_f32_[g.data];
-    gf.resize(size_t(g.rows * g.cols));
-    for (int64_t r = 0; r < g.rows; ++r) g.row_to_f32(r, &gf[size_t(r * g.cols)]);
-  };
-  const int64_t nh = config_.num_attention_heads, dn = config_.qk_nope_head_dim;
-  const int64_t dv = config_.v_head_dim, R = config_.kv_lora_rank;
-  std::vector<float> row(static_cast<size_t>(R));
-  for (const LayerWeights& L : weights_.layers) {
-    const AttentionWeights& A = L.attn;
-    AbsorbedWeights W;
-    if (absorbed_fp8_ok(A.kv_b)) {
-      pack_absorbed_fp8(A.kv_b, W);
-    } else {
-      // Per head, K-major for gemm_f32_kn: W_UK [dn, R] (kv_b_proj rows h * (dn + dv) + d, as
-      // they are) and W_UV^T [R, dv] (rows h * (dn + dv) + dn + j, transposed), in F32.
-      W.uk.resize(size_t(nh * dn * R));
-      W.uv_t.resize(size_t(nh * R * dv));
-      for (int64_t h = 0; h < nh; ++h) {
-        for (int64_t d = 0; d < dn; ++d) A.kv_b.row_to_f32(h * (dn + dv) + d, &W.uk[size_t((h * dn + d) * R)]);
-        for (int64_t j = 0; j < dv; ++j) {
-          A.kv_b.row_to_f32(h * (dn + dv) + dn + j, row.data());
-          for (int64_t r = 0; r < R; ++r) W.uv_t[size_t((h * R + r) * dv + j)] = row[size_t(r)];
-        }
-      }
-    }
-    absorbed_.push_back(std::move(W));
-    if (A.q_a) pack(*A.q_a);
-    for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w);
-    if (L.mlp) pack_mlp(*L.mlp);
-    if (L.moe) pack_moe(*L.moe);
-  }
-  // The BF16 lm_head in the tiled layout (docs/kernels-gemm.md: no horizontal sums at M >= 8).
-  const WeightView& head = weights_.lm_head;
-  if (head.dtype == DType::kBF16 && head.rows > 0) {
-    packed_bf16_[head.data] = pack_bf16_weight(reinterpret_cast<const uint16_t*>(head.data),
-                                               head.rows, head.cols, head.cols, pool_);
-  }
-  auto run = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const WeightView& w = *jobs[size_t(i)].first;
-      *jobs[size_t(i)].second = pack_fp8_weight(w.data, w.scale_inv, w.rows, w.cols);
-    }
-  };
-  auto run_all = [&](int64_t b, int64_t e) {
-    pool_ ? pool_->parallel_for(e - b, [&](int64_t i, int64_t j) { run(b + i, b + j); }) : run(b, e);
-  };
-  if (!progress) {
-    run_all(0, int64_t(jobs.size()));
-    return;
-  }
-  // With progress: rounds of ~1% of the bytes each, a line rewritten in place after each (after
-  // every tenth only when stderr is a log file rather than a terminal).
-  auto bytes = [&](size_t i) { return double(jobs[i].first->rows) * double(jobs[i].first->cols); };
-  const bool terminal = isatty(STDERR_FILENO) != 0;
-  int shown_tenths = -1;
-  double total = 0, done = 0;
-  for (size_t i = 0; i < jobs.size(); ++i) total += bytes(i);
-  for (size_t b = 0; b < jobs.size();) {
-    size_t e = b;
-    double round = 0;
-    while (e < jobs.size() && (e == b || round < total / 100)) round += bytes(e++);
-    run_all(int64_t(b), int64_t(e));
-    done += round;
-    b = e;
-    const int tenths = int(10 * done / total);
-    if (!terminal && tenths == shown_tenths && b < jobs.size()) continue;
-    shown_tenths = tenths;
-    fmt::print(stderr, "\rpreparing weights: {:.0f}% ({:.1f} of {:.1f} GB)", 100 * done / total,
-               done / 1e9, total / 1e9);
-    std::fflush(stderr);
-  }
-  if (!jobs.empty()) fmt::print(stderr, "\n");
-}
-
 void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
                            int64_t ldy) {
   if (path_ == ComputePath::kReference || m == 0 ||
@@ -298,26 +172,30 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, KvCache& cach
   // Expert parallelism with overlap: two micro-batches interleaved (microbatch.cpp).
   const bool overlapped = overlap_ && dispatcher_.world_size() > 1;
   if (overlapped) RETURN_IF_ERROR(layers_overlapped(batch, cache, x));
+  // The sequential driver: each layer's stages in order (the micro-batch driver interleaves
+  // the same stages of two halves of the batch).
+  const int64_t k = c.num_experts_per_tok;
   std::vector<float> h(size_t(n * H)), tmp(size_t(n * H));  // [n, H]
+  std::vector<int32_t> ids(size_t(n * k));                  // [n, k]
+  std::vector<float> wts(size_t(n * k));                    // [n, k]
+  scratch_.shared.resize(size_t(n * H));                    // [n, H] shared experts' output
   for (int64_t l = 0; !overlapped && l < c.num_hidden_layers; ++l) {
-    const LayerWeights& L = weights_.layers[size_t(l)];
-    layer_ = l;
-    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(x.data(), n, H, H, L.attn_norm.data(),
-                                                          float(c.rms_norm_eps), h.data(), H);
-    {
-      TraceSpan span(tracer_, "attention", l);
-      attention(l, batch, h.data(), n, cache, tmp.data());  // [n, H]
+    attention_stage(l, -1, batch, cache, x.data(), h.data(), tmp.data(), n);
+    if (!weights_.layers[size_t(l)].moe) {
+      mlp_stage(l, -1, h.data(), x.data(), tmp.data(), n);
+      continue;
     }
-    add_into(x.data(), tmp.data(), n * H);
-    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(x.data(), n, H, H, L.ffn_norm.data(),
-                                                          float(c.rms_norm_eps), h.data(), H);
-    if (L.moe) {
-      RETURN_IF_ERROR(moe(*L.moe, h.data(), n, tmp.data()));  // [n, H]
-    } else {
-      TraceSpan span(tracer_, "mlp", l);
-      mlp(*L.mlp, h.data(), n, tmp.data());  // [n, H]
-    }
-    add_into(x.data(), tmp.data(), n * H);
+    gate_stage(l, -1, h.data(), n, ids.data(), wts.data());
+    std::optional<StageSpan> comm(std::in_place, tracer_, "dispatch", l, -1, TraceLane::kComm);
+    ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(moe_layer_index(l), h.data(), n, H,
+                                                         ids.data(), wts.data(), k));
+    comm.reset();
+    RETURN_IF_ERROR(experts_stage(l, -1, b, scratch_.expert_out));
+    comm.emplace(tracer_, "combine", l, -1, TraceLane::kComm);
+    RETURN_IF_ERROR(combine(b, scratch_.expert_out, tmp.data()));  // [n, H]
+    comm.reset();
+    shared_stage(l, -1, h.data(), n, scratch_.shared.data());
+    moe_residual(l, x.data(), tmp.data(), scratch_.shared.data(), n);
   }
   TraceSpan head_span(tracer_, "lm_head");
 
@@ -328,14 +206,59 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, KvCache& cach
   for (const StepSequence& s : batch) {
     row += int64_t(s.tokens.size());
     for (int64_t r = row - s.n_logits; r < row; ++r) {
-      (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(
-          &x[size_t(r * H)], 1, H, H, weights_.norm.data(), float(c.rms_norm_eps),
-          &out->hidden[size_t(out_row++ * H)], H);
+      norm(&x[size_t(r * H)], 1, H, H, weights_.norm.data(), float(c.rms_norm_eps),
+           &out->hidden[size_t(out_row++ * H)], H);
     }
   }
   out->logits.assign(size_t(n_out * c.vocab_size), 0.0f);  // [n_out, vocab]
   linear(out->hidden.data(), n_out, H, weights_.lm_head, out->logits.data(), c.vocab_size);
   return Status::Ok();
+}
+
+void DeepseekModel::norm(const float* x, int64_t n, int64_t d, int64_t ldx, const float* w,
+                         float eps, float* y, int64_t ldy) const {
+  (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(x, n, d, ldx, w, eps, y, ldy);
+}
+
+// ---- The stages of one decoder layer ----
+
+void DeepseekModel::attention_stage(int64_t l, int mb, std::span<const StepSequence> batch,
+                                    KvCache& cache, float* x, float* h, float* tmp, int64_t n) {
+  const int64_t H = config_.hidden_size;
+  const float eps = float(config_.rms_norm_eps);
+  const LayerWeights& L = weights_.layers[size_t(l)];
+  norm(x, n, H, H, L.attn_norm.data(), eps, h, H);  // [n, H]
+  {
+    StageSpan span(tracer_, "attention", l, mb);
+    attention(l, batch, h, n, cache, tmp);  // [n, H]
+  }
+  add_into(x, tmp, n * H);
+  norm(x, n, H, H, L.ffn_norm.data(), eps, h, H);  // [n, H] the ffn's input
+}
+
+void DeepseekModel::mlp_stage(int64_t l, int mb, const float* h, float* x, float* tmp,
+                              int64_t n) {
+  {
+    StageSpan span(tracer_, "mlp", l, mb);
+    mlp(*weights_.layers[size_t(l)].mlp, h, n, tmp);  // [n, H]
+  }
+  add_into(x, tmp, n * config_.hidden_size);
+}
+
+void DeepseekModel::shared_stage(int64_t l, int mb, const float* h, int64_t n, float* shared) {
+  const MoeWeights& w = *weights_.layers[size_t(l)].moe;
+  if (!w.shared) return;
+  StageSpan span(tracer_, "shared experts", l, mb);
+  mlp(*w.shared, h, n, shared);  // [n, H]
+}
+
+// out = routed + shared, then the residual: the same additions in the same order for both
+// drivers.
+void DeepseekModel::moe_residual(int64_t l, float* x, float* routed, const float* shared,
+                                 int64_t n) {
+  const int64_t H = config_.hidden_size;
+  if (weights_.layers[size_t(l)].moe->shared) add_into(routed, shared, n * H);
+  add_into(x, routed, n * H);
 }
 
 void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch, const float* x,
@@ -356,8 +279,7 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
     std::vector<float>& qa = attn_scratch_.q_lora;  // [n, q_lora_rank]
     qa.resize(size_t(n * QR));
     linear(x, n, H, *A.q_a, qa.data(), QR);
-    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(qa.data(), n, QR, QR, A.q_a_norm.data(),
-                                                          kLoraNormEps, qa.data(), QR);
+    norm(qa.data(), n, QR, QR, A.q_a_norm.data(), kLoraNormEps, qa.data(), QR);
     linear(qa.data(), n, QR, A.q_b, q.data(), nh * dq);
   } else {
     linear(x, n, H, A.q_b, q.data(), nh * dq);
@@ -365,8 +287,7 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
   std::vector<float>& kv = attn_scratch_.kv;  // [n, R + dr]: latent, then the shared rope key
   kv.resize(size_t(n * D));
   linear(x, n, H, A.kv_a, kv.data(), D);
-  (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(kv.data(), n, R, D, A.kv_a_norm.data(),
-                                                        kLoraNormEps, kv.data(), D);
+  norm(kv.data(), n, R, D, A.kv_a_norm.data(), kLoraNormEps, kv.data(), D);
 
   int64_t row = 0;
   for (const StepSequence& s : batch) {
@@ -538,36 +459,6 @@ void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const 
   pool_ ? pool_->parallel_for(nh, heads) : heads(0, nh);
 }
 
-Status DeepseekModel::moe(const MoeWeights& w, const float* x, int64_t n, float* out) {
-  const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, k = c.num_experts_per_tok;
-  std::vector<int32_t> ids(size_t(n * k));  // [n, k]
-  std::vector<float> wts(size_t(n * k));    // [n, k]
-  {
-    TraceSpan span(tracer_, "gate", layer_);
-    route(w, x, n, ids.data(), wts.data());
-  }
-  std::optional<TraceSpan> comm_span(std::in_place, tracer_, "dispatch", layer_, TraceLane::kComm);
-  ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(moe_layer_index(layer_), x, n, H,
-                                                       ids.data(), wts.data(), k));
-  comm_span.reset();
-  {
-    TraceSpan span(tracer_, "experts", layer_);
-    RETURN_IF_ERROR(routed_experts(w, b, scratch_.expert_out));
-  }
-  comm_span.emplace(tracer_, "combine", layer_, TraceLane::kComm);
-  RETURN_IF_ERROR(combine(b, scratch_.expert_out, out));  // [n, H]
-  comm_span.reset();
-  if (w.shared) {
-    TraceSpan span(tracer_, "shared experts", layer_);
-    std::vector<float>& shared = scratch_.shared;  // [n, H]
-    shared.resize(size_t(n * H));
-    mlp(*w.shared, x, n, shared.data());
-    add_into(out, shared.data(), n * H);
-  }
-  return Status::Ok();
-}
-
 int64_t DeepseekModel::moe_layer_index(int64_t layer) const {
   // The dispatcher places experts per MoE layer (EPLB), so it needs this layer's index among
   // the MoE layers.
@@ -576,8 +467,10 @@ int64_t DeepseekModel::moe_layer_index(int64_t layer) const {
   return moe_layer;
 }
 
-void DeepseekModel::route(const MoeWeights& w, const float* x, int64_t n, int32_t* ids,
-                          float* wts) {
+void DeepseekModel::gate_stage(int64_t layer, int mb, const float* x, int64_t n, int32_t* ids,
+                               float* wts) {
+  StageSpan span(tracer_, "gate", layer, mb);
+  const MoeWeights& w = *weights_.layers[size_t(layer)].moe;
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, E = c.n_routed_experts;
   std::vector<float> router(size_t(n * E));  // [n, E] router logits
@@ -590,11 +483,13 @@ void DeepseekModel::route(const MoeWeights& w, const float* x, int64_t n, int32_
   }
   moe_gate_ref(router.data(), n, w.score_bias.empty() ? nullptr : w.score_bias.data(),
                gate_params(c), ids, wts);  // [n, k] each
-  if (route_observer_) route_observer_(layer_, {ids, size_t(n * c.num_experts_per_tok)});
+  if (route_observer_) route_observer_(layer, {ids, size_t(n * c.num_experts_per_tok)});
 }
 
-Status DeepseekModel::routed_experts(const MoeWeights& w, const ExpertBatch& b,
-                                     ExpertRows& out) {
+Status DeepseekModel::experts_stage(int64_t layer, int mb, const ExpertBatch& b,
+                                    ExpertRows& out) {
+  StageSpan span(tracer_, "experts", layer, mb);
+  const MoeWeights& w = *weights_.layers[size_t(layer)].moe;
   const int64_t H = config_.hidden_size, n_rows = b.n_rows();
   for (int32_t e : b.experts) {
     if (!held_expert(w, e)) return Internal(fmt::format("expert {} was dispatched here but is not loaded", e));

@@ -131,7 +131,6 @@ class DeepseekModel {
                        float* attn_out, int64_t ld_out);
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                             int64_t n, const KvCache& cache, float* o);
-  Status moe(const MoeWeights& w, const float* x, int64_t n, float* out);
   // The routed experts' output rows [b.n_rows(), H]: BF16 on the fast path (the expert GEMMs
   // write them rounded, as a BF16 model hands them on and as DeepEP's combine carries them),
   // F32 on the reference path; the other vector stays empty.
@@ -139,14 +138,29 @@ class DeepseekModel {
     std::vector<float> f32;
     std::vector<uint16_t> bf16;
   };
-  // Pieces of moe(), shared with the micro-batch path. route: the router's top-k of x [n, H]
-  // into ids, wts [n, top_k]. routed_experts: every local expert on its rows of b, into out.
-  // combine: the dispatcher's combine of those rows into y [b.n_tokens, H].
-  // moe_layer_index: layer's index among the MoE layers.
-  void route(const MoeWeights& w, const float* x, int64_t n, int32_t* ids, float* wts);
-  Status routed_experts(const MoeWeights& w, const ExpertBatch& b, ExpertRows& out);
+  // ---- One decoder layer as stages: the sequential driver (forward) and the micro-batch
+  // driver (microbatch.cpp) both run a layer through these, in this order. `mb` names the
+  // micro-batch in trace events (-1: the sequential driver). x, h, tmp: [n, H].
+  //   attention_stage  x += attention(attn_norm(x)); h = ffn_norm(x)
+  //   dense layer:     mlp_stage            x += mlp(h)
+  //   MoE layer:       gate_stage           ids, wts [n, top_k] = the router's top-k of h
+  //                    dispatch             (the dispatcher) rows to the ranks of their experts
+  //                    experts_stage        every local expert on its rows of the batch
+  //                    combine              (the dispatcher) weighted sum back into tmp [n, H]
+  //                    shared_stage         shared [n, H] = shared experts(h)
+  //                    moe_residual         x += tmp + shared
+  void attention_stage(int64_t layer, int mb, std::span<const StepSequence> batch,
+                       KvCache& cache, float* x, float* h, float* tmp, int64_t n);
+  void mlp_stage(int64_t layer, int mb, const float* h, float* x, float* tmp, int64_t n);
+  void gate_stage(int64_t layer, int mb, const float* h, int64_t n, int32_t* ids, float* wts);
+  Status experts_stage(int64_t layer, int mb, const ExpertBatch& b, ExpertRows& out);
+  void shared_stage(int64_t layer, int mb, const float* h, int64_t n, float* shared);
+  void moe_residual(int64_t layer, float* x, float* routed, const float* shared, int64_t n);
   Status combine(const ExpertBatch& b, const ExpertRows& rows, float* y);
   int64_t moe_layer_index(int64_t layer) const;
+  // RMSNorm on the configured compute path: y[n, d] (row stride ldy) of x[n, d] (stride ldx).
+  void norm(const float* x, int64_t n, int64_t d, int64_t ldx, const float* w, float eps,
+            float* y, int64_t ldy) const;
   // The layers of forward() with two interleaved micro-batches (microbatch.cpp); x: [n, H]
   // residual stream in batch order, in and out.
   struct MicroBatch;
@@ -154,7 +168,7 @@ class DeepseekModel {
                            std::vector<float>& x);
   Status run_micro_batches(std::array<MicroBatch, 2>& mbs, KvCache& cache);
   void advance_to_dispatch(MicroBatch& mb, KvCache& cache);
-  Status experts_stage(MicroBatch& mb);
+  Status submit_combine(MicroBatch& mb);
   Status finish_moe(MicroBatch& mb);
   void mlp(const MlpWeights& w, const float* x, int64_t n, float* out);
   // Contiguous layout, FP8 experts: the down projection writes BF16 rows (out [rows, H]).
@@ -176,7 +190,6 @@ class DeepseekModel {
   bool overlap_ = true;
   int64_t overlap_min_tokens_ = -1;
   std::unique_ptr<CommWorker> comm_worker_;  // made by the first overlapped forward()
-  int64_t layer_ = 0;  // the layer forward() is in (trace labels)
   RopeTable rope_;
   // Fast path: FP8 weights repacked for gemm_fp8, keyed by the checkpoint bytes they came from.
   std::unordered_map<const uint8_t*, PackedFp8Weight> packed_;

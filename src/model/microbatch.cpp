@@ -19,8 +19,8 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
-#include "kernels/rmsnorm.h"
 #include "model/deepseek.h"
+#include "model/stage_span.h"
 
 namespace moeserve {
 
@@ -30,30 +30,6 @@ namespace {
 int64_t attention_work(const StepSequence& s) {
   const int64_t n = int64_t(s.tokens.size());
   return n * s.start_pos + n * (n + 1) / 2;
-}
-
-// A trace event with a computed name ("attention L3 mb0"); nothing when tracer is null.
-class NamedSpan {
- public:
-  NamedSpan(Tracer* tracer, TraceLane lane, const char* stage, int64_t layer, int mb)
-      : tracer_(tracer), lane_(lane), begin_(tracer ? tracer->now_us() : 0) {
-    if (tracer_) name_ = fmt::format("{} L{} mb{}", stage, layer, mb);
-  }
-  ~NamedSpan() {
-    if (tracer_) tracer_->add(std::move(name_), lane_, begin_, tracer_->now_us());
-  }
-  NamedSpan(const NamedSpan&) = delete;
-  NamedSpan& operator=(const NamedSpan&) = delete;
-
- private:
-  Tracer* tracer_;
-  TraceLane lane_;
-  double begin_;
-  std::string name_;
-};
-
-void add_rows(float* x, const float* y, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) x[i] += y[i];
 }
 
 }  // namespace
@@ -159,7 +135,7 @@ Status DeepseekModel::run_micro_batches(std::array<MicroBatch, 2>& mbs, KvCache&
   for (MicroBatch& mb : mbs) advance_to_dispatch(mb, cache);
   while (mbs[0].moe_pending) {
     CHECK(mbs[1].moe_pending && mbs[1].layer == mbs[0].layer, "micro-batches out of step");
-    for (MicroBatch& mb : mbs) RETURN_IF_ERROR(experts_stage(mb));
+    for (MicroBatch& mb : mbs) RETURN_IF_ERROR(submit_combine(mb));
     for (MicroBatch& mb : mbs) {
       RETURN_IF_ERROR(finish_moe(mb));
       advance_to_dispatch(mb, cache);
@@ -172,35 +148,19 @@ Status DeepseekModel::run_micro_batches(std::array<MicroBatch, 2>& mbs, KvCache&
 void DeepseekModel::advance_to_dispatch(MicroBatch& mb, KvCache& cache) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, n = mb.n, k = c.num_experts_per_tok;
-  const float eps = float(c.rms_norm_eps);
   for (; mb.layer < c.num_hidden_layers; ++mb.layer) {
     const int64_t l = mb.layer;
-    const LayerWeights& L = weights_.layers[size_t(l)];
-    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(mb.x.data(), n, H, H, L.attn_norm.data(),
-                                                          eps, mb.h.data(), H);
-    {
-      NamedSpan span(tracer_, TraceLane::kCompute, "attention", l, mb.index);
-      attention(l, mb.seqs, mb.h.data(), n, cache, mb.out.data());  // [n, H]
-    }
-    add_rows(mb.x.data(), mb.out.data(), n * H);
-    (path_ == ComputePath::kFast ? rmsnorm : rmsnorm_ref)(mb.x.data(), n, H, H, L.ffn_norm.data(),
-                                                          eps, mb.h.data(), H);
-    if (!L.moe) {
-      NamedSpan span(tracer_, TraceLane::kCompute, "mlp", l, mb.index);
-      mlp(*L.mlp, mb.h.data(), n, mb.out.data());  // [n, H]
-      add_rows(mb.x.data(), mb.out.data(), n * H);
+    attention_stage(l, mb.index, mb.seqs, cache, mb.x.data(), mb.h.data(), mb.out.data(), n);
+    if (!weights_.layers[size_t(l)].moe) {
+      mlp_stage(l, mb.index, mb.h.data(), mb.x.data(), mb.out.data(), n);
       continue;
     }
     mb.ids.resize(size_t(n * k));  // [n, k]
     mb.wts.resize(size_t(n * k));  // [n, k]
-    {
-      NamedSpan span(tracer_, TraceLane::kCompute, "gate", l, mb.index);
-      layer_ = l;  // route() reports it to the route observer
-      route(*L.moe, mb.h.data(), n, mb.ids.data(), mb.wts.data());
-    }
+    gate_stage(l, mb.index, mb.h.data(), n, mb.ids.data(), mb.wts.data());
     const int64_t moe_layer = moe_layer_index(l);
     mb.dispatched = comm_worker_->submit([this, &mb, l, moe_layer, H, n, k] {
-      NamedSpan span(tracer_, TraceLane::kComm, "dispatch", l, mb.index);
+      StageSpan span(tracer_, "dispatch", l, mb.index, TraceLane::kComm);
       return dispatcher_.dispatch(moe_layer, mb.h.data(), n, H, mb.ids.data(), mb.wts.data(), k);
     });
     mb.moe_pending = true;
@@ -208,17 +168,14 @@ void DeepseekModel::advance_to_dispatch(MicroBatch& mb, KvCache& cache) {
   }
 }
 
-Status DeepseekModel::experts_stage(MicroBatch& mb) {
-  const MoeWeights& w = *weights_.layers[size_t(mb.layer)].moe;
+// Waits for the dispatch, runs the routed experts, submits the combine.
+Status DeepseekModel::submit_combine(MicroBatch& mb) {
   Result<ExpertBatch> got = mb.dispatched.get();
   RETURN_IF_ERROR(got.status());
   mb.batch = std::move(*got);
-  {
-    NamedSpan span(tracer_, TraceLane::kCompute, "experts", mb.layer, mb.index);
-    RETURN_IF_ERROR(routed_experts(w, mb.batch, mb.expert_out));
-  }
+  RETURN_IF_ERROR(experts_stage(mb.layer, mb.index, mb.batch, mb.expert_out));
   mb.combined = comm_worker_->submit([this, &mb] {
-    NamedSpan span(tracer_, TraceLane::kComm, "combine", mb.layer, mb.index);
+    StageSpan span(tracer_, "combine", mb.layer, mb.index, TraceLane::kComm);
     return combine(mb.batch, mb.expert_out, mb.out.data());  // [n, H]
   });
   return Status::Ok();
@@ -226,17 +183,10 @@ Status DeepseekModel::experts_stage(MicroBatch& mb) {
 
 // Shared experts while the combine is in flight, then the MoE layer's residual add.
 Status DeepseekModel::finish_moe(MicroBatch& mb) {
-  const int64_t H = config_.hidden_size, n = mb.n;
-  const MoeWeights& w = *weights_.layers[size_t(mb.layer)].moe;
-  if (w.shared) {
-    NamedSpan span(tracer_, TraceLane::kCompute, "shared experts", mb.layer, mb.index);
-    mb.shared.resize(size_t(n * H));
-    mlp(*w.shared, mb.h.data(), n, mb.shared.data());  // [n, H]
-  }
+  mb.shared.resize(size_t(mb.n * config_.hidden_size));
+  shared_stage(mb.layer, mb.index, mb.h.data(), mb.n, mb.shared.data());  // [n, H]
   RETURN_IF_ERROR(mb.combined.get());
-  // out = routed + shared, then the residual: the same additions in the same order as moe().
-  if (w.shared) add_rows(mb.out.data(), mb.shared.data(), n * H);
-  add_rows(mb.x.data(), mb.out.data(), n * H);
+  moe_residual(mb.layer, mb.x.data(), mb.out.data(), mb.shared.data(), mb.n);
   mb.moe_pending = false;
   ++mb.layer;
   return Status::Ok();

@@ -1,0 +1,144 @@
+// The fast path's weights, prepared once at construction (DeepseekModel::prepare_fast_path):
+// FP8 projections repacked into gemm_fp8's tiles, kv_b_proj split per head for absorbed
+// attention (kept FP8 where its slices are whole scale blocks), the router in F32 and the BF16
+// lm_head in the tiled layout. The packing runs over the thread pool, with an in-place progress
+// line on stderr when asked (minutes for a 671B checkpoint).
+#include <unistd.h>
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "kernels/gemm_bf16.h"
+#include "model/deepseek.h"
+
+namespace moeserve {
+
+bool DeepseekModel::absorbed_fp8_ok(const WeightView& kv_b) const {
+  const int64_t dn = config_.qk_nope_head_dim, dv = config_.v_head_dim;
+  return kv_b.dtype == DType::kF8E4M3 && kv_b.block_rows == 128 && kv_b.block_cols == 128 &&
+         dn % 128 == 0 && dv % 128 == 0;
+}
+
+void DeepseekModel::pack_absorbed_fp8(const WeightView& kv_b, AbsorbedWeights& W) const {
+  const int64_t nh = config_.num_attention_heads, dn = config_.qk_nope_head_dim;
+  const int64_t dv = config_.v_head_dim, R = config_.kv_lora_rank;
+  const int64_t rb = (R + 127) / 128, sc = kv_b.scale_cols();  // R's scale blocks
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+  for (int64_t h = 0; h < nh; ++h) {
+    const int64_t row0 = h * (dn + dv);  // a multiple of 128
+    // W_UK^T [R, dn]: element (r, d) = kv_b[row0 + d, r]; block (r/128, d/128) has the scale
+    // of kv_b block (row0/128 + d/128, r/128).
+    bytes.assign(size_t(R * dn), 0);
+    for (int64_t d = 0; d < dn; ++d) {
+      const uint8_t* src = kv_b.data + (row0 + d) * kv_b.cols;
+      for (int64_t r = 0; r < R; ++r) bytes[size_t(r * dn + d)] = src[r];
+    }
+    scales.assign(size_t(rb * (dn / 128)), 0.0f);
+    for (int64_t a = 0; a < rb; ++a)
+      for (int64_t b = 0; b < dn / 128; ++b)
+        scales[size_t(a * (dn / 128) + b)] = kv_b.scale_inv[(row0 / 128 + b) * sc + a];
+    W.uk_t_fp8.push_back(pack_fp8_weight(bytes.data(), scales.data(), R, dn));
+    // W_UV [dv, R]: rows row0 + dn + j of kv_b as they are, with their scale rows.
+    const int64_t vrow0 = row0 + dn;
+    W.uv_fp8.push_back(pack_fp8_weight(kv_b.data + vrow0 * kv_b.cols,
+                                       kv_b.scale_inv + (vrow0 / 128) * sc, dv, R));
+  }
+}
+
+void DeepseekModel::prepare_fast_path(bool progress) {
+  // Collect the FP8 projections first (map slots created here), then pack them in parallel.
+  std::vector<std::pair<const WeightView*, PackedFp8Weight*>> jobs;
+  auto pack = [&](const WeightView& w) {
+    if (w.dtype != DType::kF8E4M3 || packed_.count(w.data)) return;
+    CHECK(w.block_rows == 128 && w.block_cols == 128, "gemm_fp8 needs 128x128 scale blocks");
+    jobs.push_back({&w, &packed_[w.data]});
+  };
+  auto pack_mlp = [&](const MlpWeights& m) {
+    pack(m.gate);
+    pack(m.up);
+    pack(m.down);
+  };
+  auto pack_moe = [&](const MoeWeights& moe) {
+    for (const auto& e : moe.experts) {
+      if (e) pack_mlp(*e);
+    }
+    if (moe.shared) pack_mlp(*moe.shared);
+    const WeightView& g = moe.gate;  // [E, H] router weights, exact in F32
+    std::vector<float>& gf = gate_f32_[g.data];
+    gf.resize(size_t(g.rows * g.cols));
+    for (int64_t r = 0; r < g.rows; ++r) g.row_to_f32(r, &gf[size_t(r * g.cols)]);
+  };
+  const int64_t nh = config_.num_attention_heads, dn = config_.qk_nope_head_dim;
+  const int64_t dv = config_.v_head_dim, R = config_.kv_lora_rank;
+  std::vector<float> row(static_cast<size_t>(R));
+  for (const LayerWeights& L : weights_.layers) {
+    const AttentionWeights& A = L.attn;
+    AbsorbedWeights W;
+    if (absorbed_fp8_ok(A.kv_b)) {
+      pack_absorbed_fp8(A.kv_b, W);
+    } else {
+      // Per head, K-major for gemm_f32_kn: W_UK [dn, R] (kv_b_proj rows h * (dn + dv) + d, as
+      // they are) and W_UV^T [R, dv] (rows h * (dn + dv) + dn + j, transposed), in F32.
+      W.uk.resize(size_t(nh * dn * R));
+      W.uv_t.resize(size_t(nh * R * dv));
+      for (int64_t h = 0; h < nh; ++h) {
+        for (int64_t d = 0; d < dn; ++d) A.kv_b.row_to_f32(h * (dn + dv) + d, &W.uk[size_t((h * dn + d) * R)]);
+        for (int64_t j = 0; j < dv; ++j) {
+          A.kv_b.row_to_f32(h * (dn + dv) + dn + j, row.data());
+          for (int64_t r = 0; r < R; ++r) W.uv_t[size_t((h * R + r) * dv + j)] = row[size_t(r)];
+        }
+      }
+    }
+    absorbed_.push_back(std::move(W));
+    if (A.q_a) pack(*A.q_a);
+    for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w);
+    if (L.mlp) pack_mlp(*L.mlp);
+    if (L.moe) pack_moe(*L.moe);
+  }
+  // The BF16 lm_head in the tiled layout (docs/kernels-gemm.md: no horizontal sums at M >= 8).
+  const WeightView& head = weights_.lm_head;
+  if (head.dtype == DType::kBF16 && head.rows > 0) {
+    packed_bf16_[head.data] = pack_bf16_weight(reinterpret_cast<const uint16_t*>(head.data),
+                                               head.rows, head.cols, head.cols, pool_);
+  }
+  auto run = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const WeightView& w = *jobs[size_t(i)].first;
+      *jobs[size_t(i)].second = pack_fp8_weight(w.data, w.scale_inv, w.rows, w.cols);
+    }
+  };
+  auto run_all = [&](int64_t b, int64_t e) {
+    pool_ ? pool_->parallel_for(e - b, [&](int64_t i, int64_t j) { run(b + i, b + j); }) : run(b, e);
+  };
+  if (!progress) {
+    run_all(0, int64_t(jobs.size()));
+    return;
+  }
+  // With progress: rounds of ~1% of the bytes each, a line rewritten in place after each (after
+  // every tenth only when stderr is a log file rather than a terminal).
+  auto bytes = [&](size_t i) { return double(jobs[i].first->rows) * double(jobs[i].first->cols); };
+  const bool terminal = isatty(STDERR_FILENO) != 0;
+  int shown_tenths = -1;
+  double total = 0, done = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) total += bytes(i);
+  for (size_t b = 0; b < jobs.size();) {
+    size_t e = b;
+    double round = 0;
+    while (e < jobs.size() && (e == b || round < total / 100)) round += bytes(e++);
+    run_all(int64_t(b), int64_t(e));
+    done += round;
+    b = e;
+    const int tenths = int(10 * done / total);
+    if (!terminal && tenths == shown_tenths && b < jobs.size()) continue;
+    shown_tenths = tenths;
+    fmt::print(stderr, "\rpreparing weights: {:.0f}% ({:.1f} of {:.1f} GB)", 100 * done / total,
+               done / 1e9, total / 1e9);
+    std::fflush(stderr);
+  }
+  if (!jobs.empty()) fmt::print(stderr, "\n");
+}
+
+}  // namespace moeserve
