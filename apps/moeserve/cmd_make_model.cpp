@@ -43,8 +43,9 @@ Subcommand add_make_model_command(CLI::App& parent) {
                 std::filesystem::exists(std::filesystem::path(tok) / "tokenizer.json")) {
               opts->tokenizer_dir = tok;
             } else {
-              fmt::print(stderr, "make-model: not copying the DeepSeek-V3 tokenizer ({})\n",
-                         config->vocab_size < 129280 ? "vocab_size < 129280" : "not found at " + tok);
+              fmt::print(
+                  stderr, "make-model: not copying the DeepSeek-V3 tokenizer ({})\n",
+                  config->vocab_size < 129280 ? "vocab_size < 129280" : "not found at " + tok);
             }
             ThreadPool pool(*threads);
             Result<uint64_t> bytes = make_model(*opts, *out, &pool);
@@ -52,7 +53,8 @@ Subcommand add_make_model_command(CLI::App& parent) {
               fmt::print(stderr, "make-model: {}\n", bytes.status().message());
               return 1;
             }
-            double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            double secs =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             fmt::print(stderr, "make-model: wrote {} ({:.1f} MB of tensors) in {:.1f} s\n", *out,
                        double(*bytes) / 1e6, secs);
             return 0;

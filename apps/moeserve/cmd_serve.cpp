@@ -16,10 +16,10 @@
 #include <fmt/format.h>
 
 #include "commands.h"
-#include "ep_flags.h"
 #include "core/trace.h"
 #include "engine/llm_engine.h"
 #include "ep/ep_group.h"
+#include "ep_flags.h"
 #include "eplb/expert_loads.h"
 #include "model/config.h"
 #include "server/http_server.h"
@@ -45,12 +45,13 @@ struct ServeOptions {
   int64_t max_top_logprobs = 20;
   double max_body_mb = 8;
   std::string trace;  // Chrome trace JSON, written at exit (FILE.rank<r>.json under EP)
-  EpFlags ep;  // expert parallelism (under mpirun or with --ep) and EPLB
+  EpFlags ep;         // expert parallelism (under mpirun or with --ep) and EPLB
 };
 
 // Ranks other than 0 serve the requests rank 0 hands them until rank 0 stops the group, the
 // group breaks, or (after SIGTERM) rank 0 has had its shutdown time and then some.
-int run_worker_rank(Engine& engine, int rank, const sigset_t& stop_signals, double shutdown_timeout_s) {
+int run_worker_rank(Engine& engine, int rank, const sigset_t& stop_signals,
+                    double shutdown_timeout_s) {
   std::optional<std::chrono::steady_clock::time_point> deadline;
   while (engine.healthy()) {
     timespec tick{0, 100 * 1000 * 1000};
@@ -129,8 +130,8 @@ int run_serve(ServeOptions o) {
       };
     }
     // Heartbeats while idle: a few per timeout, so a quiet group is never taken for a dead one.
-    parallel.idle_heartbeat = std::min(
-        std::chrono::milliseconds(200), std::chrono::milliseconds(int64_t(o.ep.ep_timeout_s * 250)));
+    parallel.idle_heartbeat = std::min(std::chrono::milliseconds(200),
+                                       std::chrono::milliseconds(int64_t(o.ep.ep_timeout_s * 250)));
     o.engine.progress = ep->comm->rank() == 0;
   }
   const int rank = ep ? ep->comm->rank() : 0;
@@ -141,7 +142,8 @@ int run_serve(ServeOptions o) {
   }
   auto write_trace = [&]() -> int {
     if (!tracer) return 0;
-    std::string path = ep && ep->comm->size() > 1 ? fmt::format("{}.rank{}.json", o.trace, rank) : o.trace;
+    std::string path =
+        ep && ep->comm->size() > 1 ? fmt::format("{}.rank{}.json", o.trace, rank) : o.trace;
     if (Status st = tracer->write(path); !st.ok()) {
       fmt::print(stderr, "serve: {}\n", st.message());
       return 1;
@@ -155,7 +157,8 @@ int run_serve(ServeOptions o) {
     return 1;
   }
   if (rank != 0) {
-    fmt::print(stderr, "serve (rank {} of {}): {} of {} routed experts here; serving rank 0's requests\n",
+    fmt::print(stderr,
+               "serve (rank {} of {}): {} of {} routed experts here; serving rank 0's requests\n",
                rank, ep->comm->size(), ep->dispatcher->placement().experts_on(0, rank).size(),
                ep->dispatcher->placement().n_experts());
     int rc = run_worker_rank(**engine, rank, stop_signals, o.http.shutdown_timeout_s);
@@ -185,8 +188,8 @@ int run_serve(ServeOptions o) {
       fmt::print(stderr, "serve: {}\n", s.message());
       return 1;
     }
-    fmt::print(stderr, "serve: '{}' on http://{}:{} (context {} tokens{}{})\n", so.served_model_name,
-               o.http.host, http.port(), (*engine)->max_context(),
+    fmt::print(stderr, "serve: '{}' on http://{}:{} (context {} tokens{}{})\n",
+               so.served_model_name, o.http.host, http.port(), (*engine)->max_context(),
                o.http.api_key ? ", API key required" : "",
                ep && ep->comm->size() > 1
                    ? fmt::format(", {} ranks: attention data-parallel, experts {}-way parallel",
@@ -212,7 +215,7 @@ int run_serve(ServeOptions o) {
     fmt::print(stderr, "serve: {} received; finishing requests in flight (up to {} s)\n",
                sig == SIGTERM ? "SIGTERM" : "SIGINT", o.http.shutdown_timeout_s);
     http.shutdown();
-  }  // the HTTP side is gone before the engine
+  }                 // the HTTP side is gone before the engine
   engine->reset();  // under EP this also stops the other ranks
   fmt::print(stderr, "serve: stopped\n");
   return write_trace();
@@ -271,9 +274,10 @@ Subcommand add_serve_command(CLI::App& parent) {
   app->add_option("--max-body-mb", o->max_body_mb, "Largest request body (MiB)")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 1024.0));
-  app->add_option("--trace", o->trace,
-                  "Write a Chrome trace (Perfetto, chrome://tracing) of every step's stages at exit "
-                  "(FILE.rank<r>.json per rank under EP)");
+  app->add_option(
+      "--trace", o->trace,
+      "Write a Chrome trace (Perfetto, chrome://tracing) of every step's stages at exit "
+      "(FILE.rank<r>.json per rank under EP)");
   add_ep_flags(*app, o->ep);
   return {app, [o] { return run_serve(*o); }};
 }

@@ -18,10 +18,10 @@ struct EpFlags {
   std::string dispatch_dtype = "fp8";
   std::string ep_mode = "normal";
   double ep_timeout_s = 30;
-  bool no_overlap = false;       // one batch per step instead of two overlapped micro-batches
+  bool no_overlap = false;          // one batch per step instead of two overlapped micro-batches
   int64_t overlap_min_tokens = -1;  // split a step only from this many new tokens (-1: auto)
-  std::string expert_stats_out;  // write the group's expert loads (stats format) at the end
-  std::string eplb_init;         // plan the placement from these loads
+  std::string expert_stats_out;     // write the group's expert loads (stats format) at the end
+  std::string eplb_init;            // plan the placement from these loads
   int32_t redundant_experts = 0;
   int32_t eplb_groups = 0;  // 0: the model's n_group
   int32_t eplb_nodes = 1;

@@ -9,14 +9,9 @@ int main(int argc, char** argv) {
   CLI::App app{"moeserve: DeepSeek-V3/R1-class MoE inference (MLA, FP8, EP, EPLB)"};
   app.require_subcommand(1);
   std::vector<Subcommand> commands = {
-      add_make_model_command(app),
-      add_generate_command(app),
-      add_sim_command(app),
-      add_eplb_command(app),
-      add_serve_command(app),
-      add_tokenize_command(app),
-      add_detokenize_command(app),
-      add_render_chat_command(app),
+      add_make_model_command(app), add_generate_command(app),    add_sim_command(app),
+      add_eplb_command(app),       add_serve_command(app),       add_tokenize_command(app),
+      add_detokenize_command(app), add_render_chat_command(app),
   };
   try {
     app.parse(argc, argv);

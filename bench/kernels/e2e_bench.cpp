@@ -22,7 +22,9 @@ double view_bytes(const WeightView& w) {
   }
   return b;
 }
-double mlp_bytes(const MlpWeights& m) { return view_bytes(m.gate) + view_bytes(m.up) + view_bytes(m.down); }
+double mlp_bytes(const MlpWeights& m) {
+  return view_bytes(m.gate) + view_bytes(m.up) + view_bytes(m.down);
+}
 
 // Bytes one decode step at batch 1 must read: every non-expert weight, top-k experts per MoE
 // layer (taking the average expert size), one embedding row, and the KV of `context` tokens.
@@ -65,7 +67,8 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
   for (int32_t b = 0; int64_t(b) * kKvBlockSize < total; ++b) table.push_back(b);
   KvCache cache({c.num_hidden_layers, c.kv_cache_dim(), DType::kBF16}, int32_t(table.size()));
   std::vector<int32_t> tokens;
-  for (int i = 0; i < o.prompt_tokens; ++i) tokens.push_back(int32_t((i * 7919 + 17) % c.vocab_size));
+  for (int i = 0; i < o.prompt_tokens; ++i)
+    tokens.push_back(int32_t((i * 7919 + 17) % c.vocab_size));
   StepOutput out;
   std::vector<float>& logits = out.logits;
   StepSequence prefill{tokens, 0, table, 1};
@@ -99,9 +102,10 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
                                 {"dram_read_gbps", ceil.dram_read_gbps}};
     fmt::print("{}\n", j.dump());
   } else {
-    fmt::print("e2e batch 1: {:.2f} tokens/s, roofline {:.2f} tokens/s ({:.1f} MB/token at "
-               "{:.1f} GB/s): {:.0f}%\n",
-               tps, roofline, bytes / 1e6, ceil.dram_read_gbps, 100 * tps / roofline);
+    fmt::print(
+        "e2e batch 1: {:.2f} tokens/s, roofline {:.2f} tokens/s ({:.1f} MB/token at "
+        "{:.1f} GB/s): {:.0f}%\n",
+        tps, roofline, bytes / 1e6, ceil.dram_read_gbps, 100 * tps / roofline);
   }
   return 0;
 }

@@ -241,7 +241,6 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
   }
 }
 
-
 // The lm_head: BF16 weights [vocab, hidden] (the checkpoints keep it in BF16) repacked into the
 // tiled layout (gemm_bf16_packed, what the forward pass runs), F32 logits; the same oneDNN matmul
 // as the baseline (here both read the same bytes).
@@ -253,7 +252,8 @@ void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
   w.push_back(random_bf16(size_t(n * k), rng));
   for (int i = 1; i < copies; ++i) w.push_back(w[0]);  // equal bytes, distinct memory
   std::vector<PackedBf16Weight> packed;  // what the forward pass runs (the tiled layout)
-  for (int i = 0; i < copies; ++i) packed.push_back(pack_bf16_weight(w[size_t(i)].data(), n, k, k, &pool));
+  for (int i = 0; i < copies; ++i)
+    packed.push_back(pack_bf16_weight(w[size_t(i)].data(), n, k, k, &pool));
   for (int64_t m : ms) {
     std::vector<uint16_t> x = random_bf16(size_t(m * k), rng);
     std::vector<float> y(size_t(m * n));
@@ -277,10 +277,11 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
   auto want = [&](const char* kernel) { return std::string(kernel).rfind(opt.only, 0) == 0; };
   if (!want("gemm_bf16") && !want("gemm_fp8") && !want("gemm_fp8_grouped")) return;
   if (!opt.json) {
-    fmt::print("{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  "
-               "{:<7} {}\n",
-               "kernel", "m", "n", "k", "E", "layout", "act", "GB/s", "GFLOP/s", "ceil", "oneDNN",
-               "vs_bf16", "bound", "DRAM GB/s (around the case)");
+    fmt::print(
+        "{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  "
+        "{:<7} {}\n",
+        "kernel", "m", "n", "k", "E", "layout", "act", "GB/s", "GFLOP/s", "ceil", "oneDNN",
+        "vs_bf16", "bound", "DRAM GB/s (around the case)");
   }
   struct Shape {
     int64_t n, k;

@@ -1,6 +1,6 @@
 // gemm_fp8 benchmark cases: DeepSeek-V3's projection shapes (dense) and routed-expert shapes
-// (grouped) and the lm_head (gemm_bf16), timed against the measured ceilings and oneDNN's BF16 matmul on the same shapes.
-// Each case prints one line (JSON or a table row).
+// (grouped) and the lm_head (gemm_bf16), timed against the measured ceilings and oneDNN's BF16
+// matmul on the same shapes. Each case prints one line (JSON or a table row).
 #pragma once
 
 #include <string>

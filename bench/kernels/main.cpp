@@ -6,9 +6,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/thread_pool.h"
 #include "bench_mla.h"
 #include "bench_small_ops.h"
+#include "core/thread_pool.h"
 #include "e2e_bench.h"
 #include "gemm_bench.h"
 #include "kernels/cpu_features.h"
@@ -24,7 +24,9 @@ int main(int argc, char** argv) {
   kernels->add_flag("--json", json, "one JSON object per line and case");
   kernels->add_flag("--quick", quick, "a short subset of the cases");
   std::string only;
-  kernels->add_option("--only", only, "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, mla, small_ops)");
+  kernels->add_option(
+      "--only", only,
+      "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, mla, small_ops)");
   kernels->add_option("--threads", threads, "threads for kernels and baseline")
       ->check(CLI::Range(1, 1024));
   CLI::App* e2e = app.add_subcommand("e2e", "Batch-1 decode tokens/s against the roofline");

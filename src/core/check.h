@@ -9,7 +9,8 @@ namespace moeserve::detail {
 [[noreturn]] void check_failed(const char* cond, const char* msg, const char* file, int line);
 }
 
-#define CHECK(cond, msg)                                                              \
-  do {                                                                                \
-    if (!(cond)) [[unlikely]] ::moeserve::detail::check_failed(#cond, msg, __FILE__, __LINE__); \
+#define CHECK(cond, msg)                                                \
+  do {                                                                  \
+    if (!(cond)) [[unlikely]]                                           \
+      ::moeserve::detail::check_failed(#cond, msg, __FILE__, __LINE__); \
   } while (0)

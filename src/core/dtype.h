@@ -39,7 +39,9 @@ inline float f32_from_bits(uint32_t u) {
   return f;
 }
 
-inline float bf16_to_f32(uint16_t b) { return f32_from_bits(uint32_t(b) << 16); }
+inline float bf16_to_f32(uint16_t b) {
+  return f32_from_bits(uint32_t(b) << 16);
+}
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
@@ -51,7 +53,9 @@ float f16_to_f32(uint16_t h);
 
 // All 256 fp8 e4m3 values as float (NaN for 0x7f/0xff).
 const float* fp8e4m3_table();
-inline float fp8e4m3_to_f32(uint8_t b) { return fp8e4m3_table()[b]; }
+inline float fp8e4m3_to_f32(uint8_t b) {
+  return fp8e4m3_table()[b];
+}
 
 inline uint8_t f32_to_fp8e4m3(float f) {
   uint32_t u = f32_bits(f);

@@ -45,7 +45,8 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
                               int64_t grain) {
   if (n <= 0) return;
-  int chunks = int(std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, grain))));
+  int chunks =
+      int(std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, grain))));
   if (chunks <= 1) {
     fn(0, n);
     return;
@@ -62,7 +63,8 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   int64_t b, e;
   chunk_range(n, chunks, 0, &b, &e);
   fn(b, e);
-  for (int spin = 0; spin < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++spin) {
+  for (int spin = 0; spin < kSpinIterations && pending_.load(std::memory_order_acquire) != 0;
+       ++spin) {
     cpu_relax();
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -73,9 +75,8 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    for (int spin = 0; spin < kSpinIterations &&
-                       generation_.load(std::memory_order_acquire) == seen;
-         ++spin) {
+    for (int spin = 0;
+         spin < kSpinIterations && generation_.load(std::memory_order_acquire) == seen; ++spin) {
       cpu_relax();
     }
     const std::function<void(int64_t, int64_t)>* job;
@@ -83,9 +84,8 @@ void ThreadPool::worker_loop(int index) {
     int chunks;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] {
-        return stop_ || generation_.load(std::memory_order_acquire) != seen;
-      });
+      start_cv_.wait(lock,
+                     [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
       if (stop_) return;
       seen = generation_.load(std::memory_order_acquire);
       job = job_;

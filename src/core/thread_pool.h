@@ -29,8 +29,7 @@ class ThreadPool {
 
   // Calls fn(begin, end) over [0, n) split into at most size() contiguous chunks of at least
   // `grain` items each.
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                    int64_t grain = 1);
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
 
  private:
   void worker_loop(int index);

@@ -45,14 +45,17 @@ Status Tracer::write(const std::string& path) const {
   std::string out = "{\"traceEvents\": [\n";
   out += fmt::format(
       "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{0},\"args\":{{\"name\":\"rank {0}\"}}}},\n"
-      "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{0},\"tid\":0,\"args\":{{\"name\":\"compute\"}}}},\n"
-      "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{0},\"tid\":1,\"args\":{{\"name\":\"communication\"}}}}",
+      "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{0},\"tid\":0,\"args\":{{\"name\":"
+      "\"compute\"}}}},\n"
+      "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{0},\"tid\":1,\"args\":{{\"name\":"
+      "\"communication\"}}}}",
       rank_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Event& e : events_) {
-      out += fmt::format(",\n{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}",
-                         escape(e.name), rank_, int(e.lane), e.begin_us, e.end_us - e.begin_us);
+      out += fmt::format(
+          ",\n{{\"name\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}",
+          escape(e.name), rank_, int(e.lane), e.begin_us, e.end_us - e.begin_us);
     }
   }
   out += "\n]}\n";

@@ -48,7 +48,10 @@ class TraceSpan {
  public:
   TraceSpan(Tracer* tracer, const char* name, int64_t index = -1,
             TraceLane lane = TraceLane::kCompute)
-      : tracer_(tracer), name_(name), index_(index), lane_(lane),
+      : tracer_(tracer),
+        name_(name),
+        index_(index),
+        lane_(lane),
         begin_(tracer ? tracer->now_us() : 0) {}
   ~TraceSpan() {
     if (!tracer_) return;

@@ -51,9 +51,9 @@ struct RequestOutput {
   std::vector<GeneratedToken> tokens;  // new since the last callback (may be empty at finish)
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;  // valid when finished
-  Status error;                      // non-ok only with FinishReason::kError
-  int64_t prompt_tokens = 0;         // set on every callback
-  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  Status error;                                        // non-ok only with FinishReason::kError
+  int64_t prompt_tokens = 0;                           // set on every callback
+  int64_t cached_prompt_tokens = 0;                    // prompt tokens served from the prefix cache
   friend bool operator==(const RequestOutput&, const RequestOutput&) = default;
 };
 

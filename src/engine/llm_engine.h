@@ -16,8 +16,8 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,20 +36,20 @@ namespace moeserve {
 
 struct EngineOptions {
   std::string model_dir;
-  int threads = 0;               // compute threads (0: all cores)
-  double kv_cache_gb = 1.0;      // memory for the latent KV cache
-  int64_t max_num_seqs = 64;     // running sequences
+  int threads = 0;            // compute threads (0: all cores)
+  double kv_cache_gb = 1.0;   // memory for the latent KV cache
+  int64_t max_num_seqs = 64;  // running sequences
   // Tokens per step. Running decodes wait for the whole step, so on CPUs (~100-1000 prefill
   // tokens/s) a small budget keeps inter-token latency bounded while prompts stream in.
   int64_t max_batch_tokens = 256;
-  int64_t max_waiting = 1024;    // queued requests beyond which submit() refuses
-  int64_t max_model_len = 0;     // 0: the model's max_position_embeddings
+  int64_t max_waiting = 1024;  // queued requests beyond which submit() refuses
+  int64_t max_model_len = 0;   // 0: the model's max_position_embeddings
   DType kv_dtype = DType::kBF16;
   AttentionMode attention = AttentionMode::kAbsorbed;
   ComputePath compute = ComputePath::kFast;
-  bool progress = false;         // loading progress on stderr
-  Tracer* tracer = nullptr;      // records each step's stages when set (borrowed)
-  bool overlap = true;           // EP: dual micro-batch overlap (DeepseekModel::set_overlap)
+  bool progress = false;            // loading progress on stderr
+  Tracer* tracer = nullptr;         // records each step's stages when set (borrowed)
+  bool overlap = true;              // EP: dual micro-batch overlap (DeepseekModel::set_overlap)
   int64_t overlap_min_tokens = -1;  // EP: DeepseekModel::set_overlap_min_tokens (-1: auto)
 };
 

@@ -209,8 +209,8 @@ Result<RankMessage> decode_rank(std::span<const uint8_t> bytes) {
   }
   m.stats = rd.get<EngineStats>();
   if (!rd.ok() || !rd.at_end()) {
-    return Corrupt(fmt::format("control message to rank 0 ({} bytes) is truncated or too long",
-                               bytes.size()));
+    return Corrupt(
+        fmt::format("control message to rank 0 ({} bytes) is truncated or too long", bytes.size()));
   }
   return m;
 }
@@ -221,7 +221,7 @@ Result<std::vector<std::vector<uint8_t>>> exchange_control(
   if (to_peer.size() != R) return Internal("exchange_control: one message per rank expected");
   std::vector<int64_t> mine(R), sizes(R * R);
   for (size_t p = 0; p < R; ++p) mine[p] = p == me ? 0 : int64_t(to_peer[p].size());
-  RETURN_IF_ERROR(comm.all_gather(mine, sizes));  // sizes[q * R + p]: bytes q sends p
+  RETURN_IF_ERROR(comm.all_gather(mine, sizes));     // sizes[q * R + p]: bytes q sends p
   constexpr int64_t kMaxMessage = int64_t(1) << 30;  // far above any step's requests/outputs
   for (size_t q = 0; q < R; ++q) {
     const int64_t n = sizes[q * R + me];

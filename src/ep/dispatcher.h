@@ -51,10 +51,10 @@ struct ExpertBatch {
   // buffer); the grouped GEMM gathers the rows (gemm_fp8_grouped_contiguous_gather).
   RowVector<uint16_t> tokens_bf16;  // [tokens received, hidden]
   std::vector<int32_t> row_source;  // [n_rows()] token row of each row (padding rows: 0)
-  std::vector<int32_t> experts;   // global ids of this rank's experts with a segment
-  std::vector<int64_t> offsets;   // [experts.size() + 1] first row of each segment, end
-  std::vector<int64_t> counts;    // [experts.size()] rows in use in each segment
-  std::vector<float> row_weight;  // [n_rows()] gate weight of each row (padding: 0)
+  std::vector<int32_t> experts;     // global ids of this rank's experts with a segment
+  std::vector<int64_t> offsets;     // [experts.size() + 1] first row of each segment, end
+  std::vector<int64_t> counts;      // [experts.size()] rows in use in each segment
+  std::vector<float> row_weight;    // [n_rows()] gate weight of each row (padding: 0)
   // Private to the dispatcher that made the batch (how to route results back). The batch carries
   // all of it, so two batches (micro-batches) may be in flight between dispatch and combine.
   std::vector<int64_t> row_token;        // LocalDispatcher: [n_rows] source token index

@@ -50,9 +50,9 @@ struct EpOptions {
   int64_t hidden = 0;
   int64_t top_k = 0;
   int64_t max_tokens_per_rank = 0;  // most tokens any rank passes to one dispatch
-  // Deliver received rows as BF16 (ExpertBatch::tokens_bf16) rather than F32, for experts that round
-  // their inputs to BF16 anyway (the fast path): half the bytes written and read, no F32 pass.
-  // Ignored with the F32 payload (which exists to be lossless).
+  // Deliver received rows as BF16 (ExpertBatch::tokens_bf16) rather than F32, for experts that
+  // round their inputs to BF16 anyway (the fast path): half the bytes written and read, no F32
+  // pass. Ignored with the F32 payload (which exists to be lossless).
   bool bf16_rows = false;
 };
 

@@ -9,8 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <optional>
+#include <string>
 
 #include "ep/communicator.h"
 #include "ep/ep_dispatcher.h"

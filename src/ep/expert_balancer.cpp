@@ -141,9 +141,9 @@ Status ExpertBalancer::switch_to_pending() {
                "eplb: new placement after step {} (planned after step {}): {} experts moved, "
                "{:.2f} MiB in the group over {} steps; rank 0 sent {:.2f} MiB, received {:.2f} "
                "MiB, spent {:.1f} ms (longest step {:.1f} ms)\n",
-               r.switched_at_step, r.planned_at_step, r.transfers, double(r.group_bytes) / (1 << 20),
-               r.steps, double(r.bytes_sent) / (1 << 20), double(r.bytes_received) / (1 << 20),
-               r.seconds * 1e3, r.max_step_seconds * 1e3);
+               r.switched_at_step, r.planned_at_step, r.transfers,
+               double(r.group_bytes) / (1 << 20), r.steps, double(r.bytes_sent) / (1 << 20),
+               double(r.bytes_received) / (1 << 20), r.seconds * 1e3, r.max_step_seconds * 1e3);
   }
   return Status::Ok();
 }

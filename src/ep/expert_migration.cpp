@@ -105,9 +105,10 @@ Result<std::unique_ptr<ExpertMigration>> ExpertMigration::start(Communicator& co
   for (int p = 0; p < R; ++p) {
     if (all[size_t(p) * (n + 1) + n] == 1) continue;
     m->export_failed_ = true;  // every rank sees the same flags: all give up alike
-    m->export_error_ = p == me ? export_error.with_context("EPLB migration")
-                               : Internal(fmt::format(
-                                     "EPLB migration: rank {} cannot send an expert it holds", p));
+    m->export_error_ =
+        p == me
+            ? export_error.with_context("EPLB migration")
+            : Internal(fmt::format("EPLB migration: rank {} cannot send an expert it holds", p));
     return m;
   }
   m->size_.resize(n);
@@ -118,8 +119,8 @@ Result<std::unique_ptr<ExpertMigration>> ExpertMigration::start(Communicator& co
     m->size_[i] = all[size_t(t.src) * (n + 1) + i];
     // An expert is a header plus three matrices: never empty, never near 2^40 bytes.
     if (m->size_[i] <= 0 || m->size_[i] > (int64_t(1) << 40)) {
-      return Corrupt(fmt::format("EPLB migration: rank {} announced {} bytes for an expert",
-                                 t.src, m->size_[i]));
+      return Corrupt(fmt::format("EPLB migration: rank {} announced {} bytes for an expert", t.src,
+                                 m->size_[i]));
     }
     m->offset_[i] = stream[size_t(t.src)];
     stream[size_t(t.src)] += m->size_[i];

@@ -183,7 +183,8 @@ class MpiCommunicator final : public Communicator {
       // Yield for the first couple of milliseconds (an exchange inside a step completes in
       // that time), then sleep in short naps: a rank waiting for an idle group's next heartbeat
       // should not burn a core its peers on the same host could use.
-      if (idle < 4096 || std::chrono::steady_clock::now() - started < std::chrono::milliseconds(2)) {
+      if (idle < 4096 ||
+          std::chrono::steady_clock::now() - started < std::chrono::milliseconds(2)) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(std::chrono::microseconds(200));

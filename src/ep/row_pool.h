@@ -1,4 +1,5 @@
-// RowPool and RowVector: recycled storage for the big row arrays of an ExpertBatch (x, tokens_bf16).
+// RowPool and RowVector: recycled storage for the big row arrays of an ExpertBatch (x,
+// tokens_bf16).
 //
 // Why: every MoE layer's dispatch hands the caller megabytes of expert rows in a fresh vector,
 // and the caller drops it after combine. Memory that large is mapped fresh by malloc (always

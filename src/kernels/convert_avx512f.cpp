@@ -25,8 +25,8 @@ inline __m512 load_bf16(const uint16_t* p, __mmask16 m) {
 inline __m512 e4m3_to_f32(__m128i bytes) {
   const __m512i b = _mm512_cvtepu8_epi32(bytes);
   const __m512i low = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
-  __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(low, 20)),
-                           _mm512_set1_ps(0x1p120f));
+  __m512 v =
+      _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(low, 20)), _mm512_set1_ps(0x1p120f));
   const __mmask16 nan = _mm512_cmpeq_epi32_mask(low, _mm512_set1_epi32(0x7f));
   v = _mm512_mask_mov_ps(v, nan, _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
   const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
@@ -38,8 +38,8 @@ inline __m256i f32_bits_to_bf16(__m512i u) {
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                                 _mm512_set1_epi32(0x7f800000));
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  __m512i r =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
   const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, quiet));
 }

@@ -33,7 +33,8 @@ static Isa detect() {
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   // The BF16 level also byte-shuffles (VBMI: the FP8 -> BF16 lookups); every CPU with BF16 dot
   // products except Cooper Lake has it.
-  bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
+  bool bf16 =
+      avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
   if (bf16) return Isa::kAvx512Bf16;
   if (avx512) return Isa::kAvx512;
   if (avx2) return Isa::kAvx2;

@@ -1,7 +1,8 @@
 // Run-time instruction-set selection for the SIMD kernels.
 //
 // Kernels come in levels: a scalar reference, AVX2+FMA, AVX-512 (F/BW/VL/DQ) and AVX-512 with
-// BF16 dot products and VBMI byte shuffles (every BF16-capable CPU but Cooper Lake has both). cpu_isa() is the best level this CPU runs (checked once with
+// BF16 dot products and VBMI byte shuffles (every BF16-capable CPU but Cooper Lake has both).
+// cpu_isa() is the best level this CPU runs (checked once with
 // __builtin_cpu_supports); active_isa() is that level, lowered by the environment variable
 // MOESERVE_ISA=scalar|avx2|avx512|avx512bf16 when set (for testing slower paths; a request above
 // what the CPU supports is clamped to cpu_isa()). Both are computed once and never change, so any

@@ -9,8 +9,8 @@
 namespace moeserve {
 
 // Implemented in gemm_bf16_avx512.cpp (rows [n0, n1) of W).
-void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
-                           int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy);
+void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n0,
+                           int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy);
 
 // Implemented in gemm_bf16_avx512.cpp (AVX-512F only).
 void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n0,
@@ -74,14 +74,15 @@ void gemm_bf16_ref(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       float acc = 0.0f;
-      for (int64_t c = 0; c < k; ++c) acc += bf16_to_f32(x[i * ldx + c]) * bf16_to_f32(w[j * ldw + c]);
+      for (int64_t c = 0; c < k; ++c)
+        acc += bf16_to_f32(x[i * ldx + c]) * bf16_to_f32(w[j * ldw + c]);
       y[i * ldy + j] = acc;
     }
   }
 }
 
-void gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,
-               int64_t k, int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
+void gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n, int64_t k,
+               int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
   if (m <= 0 || n <= 0) return;
   auto rows = [&](int64_t n0, int64_t n1) {
     if (isa == Isa::kAvx512Bf16) {

@@ -15,9 +15,8 @@
 namespace moeserve {
 
 // x: [m, k] row stride ldx; w: [n, k] row stride ldw; y: [m, n] row stride ldy.
-void gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,
-               int64_t k, int64_t ldw, float* y, int64_t ldy, ThreadPool* pool,
-               Isa isa = active_isa());
+void gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n, int64_t k,
+               int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa = active_isa());
 
 // The scalar reference (FP32 accumulation in k order).
 void gemm_bf16_ref(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,

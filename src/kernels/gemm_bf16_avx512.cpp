@@ -30,7 +30,8 @@ void dot_rows_f32(const float* x, int64_t ldx, const float* wr, int64_t k, float
   int64_t c = 0;
   for (; c + 16 <= k; c += 16) {
     __m512 wv = _mm512_loadu_ps(wr + c);
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * ldx + c), wv, acc[r]);
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * ldx + c), wv, acc[r]);
   }
   if (c < k) {
     __mmask16 mask = (__mmask16)((1u << (k - c)) - 1);
@@ -95,8 +96,10 @@ void gemm_f32_kn_avx512_cols(const float* x, int64_t m, int64_t ldx, const float
   int64_t j = j0;
   for (; j + 64 <= j1; j += 64) {
     int64_t i = 0;
-    for (; i + 6 <= m; i += 6) f32_kn_tile64<6>(x + i * ldx, ldx, wt + j, ldwt, k, y + i * ldy + j, ldy);
-    for (; i + 2 <= m; i += 2) f32_kn_tile64<2>(x + i * ldx, ldx, wt + j, ldwt, k, y + i * ldy + j, ldy);
+    for (; i + 6 <= m; i += 6)
+      f32_kn_tile64<6>(x + i * ldx, ldx, wt + j, ldwt, k, y + i * ldy + j, ldy);
+    for (; i + 2 <= m; i += 2)
+      f32_kn_tile64<2>(x + i * ldx, ldx, wt + j, ldwt, k, y + i * ldy + j, ldy);
     for (; i < m; ++i) f32_kn_tile64<1>(x + i * ldx, ldx, wt + j, ldwt, k, y + i * ldy + j, ldy);
   }
   // A partial block of columns: masked.
@@ -116,14 +119,16 @@ void gemm_f32_kn_avx512_cols(const float* x, int64_t m, int64_t ldx, const float
         for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
       for (int64_t c = 0; c < k; ++c) {
         __m512 w[4];
-        for (int v = 0; v < nv; ++v) w[v] = _mm512_maskz_loadu_ps(mask[v], wt + c * ldwt + j + 16 * v);
+        for (int v = 0; v < nv; ++v)
+          w[v] = _mm512_maskz_loadu_ps(mask[v], wt + c * ldwt + j + 16 * v);
         for (int r = 0; r < 4; ++r) {
           __m512 xb = _mm512_set1_ps(x[(i + r) * ldx + c]);
           for (int v = 0; v < nv; ++v) acc[r][v] = _mm512_fmadd_ps(xb, w[v], acc[r][v]);
         }
       }
       for (int r = 0; r < 4; ++r)
-        for (int v = 0; v < nv; ++v) _mm512_mask_storeu_ps(y + (i + r) * ldy + j + 16 * v, mask[v], acc[r][v]);
+        for (int v = 0; v < nv; ++v)
+          _mm512_mask_storeu_ps(y + (i + r) * ldy + j + 16 * v, mask[v], acc[r][v]);
     }
     for (; i < m; ++i) {
       __m512 acc[4];
@@ -131,7 +136,8 @@ void gemm_f32_kn_avx512_cols(const float* x, int64_t m, int64_t ldx, const float
       for (int64_t c = 0; c < k; ++c) {
         __m512 xb = _mm512_set1_ps(x[i * ldx + c]);
         for (int v = 0; v < nv; ++v) {
-          acc[v] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(mask[v], wt + c * ldwt + j + 16 * v), acc[v]);
+          acc[v] = _mm512_fmadd_ps(xb, _mm512_maskz_loadu_ps(mask[v], wt + c * ldwt + j + 16 * v),
+                                   acc[v]);
         }
       }
       for (int v = 0; v < nv; ++v) _mm512_mask_storeu_ps(y + i * ldy + j + 16 * v, mask[v], acc[v]);
@@ -143,8 +149,8 @@ namespace {
 
 // R rows of x against C rows of w: R x C dot products sharing every load (k in steps of 32).
 template <int R, int C>
-void dot_block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64_t k,
-               float* y, int64_t ldy) {
+void dot_block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64_t k, float* y,
+               int64_t ldy) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -171,8 +177,8 @@ void dot_block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, i
 }
 
 template <int C>
-void rows_of_x(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t ldw,
-               int64_t k, float* y, int64_t ldy) {
+void rows_of_x(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t ldw, int64_t k,
+               float* y, int64_t ldy) {
   int64_t i = 0;
   for (; i + 4 <= m; i += 4) dot_block<4, C>(x + i * ldx, ldx, w, ldw, k, y + i * ldy, ldy);
   for (; i < m; ++i) dot_block<1, C>(x + i * ldx, ldx, w, ldw, k, y + i * ldy, ldy);
@@ -180,8 +186,8 @@ void rows_of_x(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int
 
 }  // namespace
 
-void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
-                           int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy) {
+void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n0,
+                           int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy) {
   // 4 rows of w at a time: each x load feeds 4 dot products, each w load up to 4.
   int64_t j = n0;
   for (; j + 4 <= n1; j += 4) rows_of_x<4>(x, m, ldx, w + j * ldw, ldw, k, y + j, ldy);

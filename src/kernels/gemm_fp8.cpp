@@ -53,7 +53,8 @@ void pack_panels(const T* w, int64_t n, int64_t k, int64_t ldw, T* dst, int64_t 
 // A 64-byte aligned block of `bytes`, freed with the last owner.
 template <class T>
 std::shared_ptr<T[]> aligned_block(size_t bytes) {
-  std::shared_ptr<T[]> p(static_cast<T*>(std::aligned_alloc(64, bytes)), [](T* q) { std::free(q); });
+  std::shared_ptr<T[]> p(static_cast<T*>(std::aligned_alloc(64, bytes)),
+                         [](T* q) { std::free(q); });
   CHECK(p != nullptr, "packing a weight: out of memory");
   return p;
 }
@@ -308,12 +309,13 @@ void gemm_bf16_packed(const uint16_t* x, int64_t m, int64_t ldx, const PackedBf1
   CHECK(isa_at_most(isa, cpu_isa()), "gemm_bf16_packed: ISA level above what this CPU supports");
   CHECK(ldx >= w.k && ldy >= w.n, "gemm_bf16_packed: row stride shorter than a row");
   if (m <= 0) return;
-  GemmJob job{x,  m,       ldx,   reinterpret_cast<const uint8_t*>(w.data.get()),
-              nullptr, w.n, w.k, w.k_blocks(),
-              y,  false,   ldy,   nullptr,
+  GemmJob job{x,       m,     ldx, reinterpret_cast<const uint8_t*>(w.data.get()),
+              nullptr, w.n,   w.k, w.k_blocks(),
+              y,       false, ldy, nullptr,
               true};
   if (isa == Isa::kAvx512Bf16 || isa == Isa::kScalar) {
-    run_jobs({job}, isa == Isa::kScalar ? gemm_detail::panels_scalar : gemm_detail::panels_avx512bf16,
+    run_jobs({job},
+             isa == Isa::kScalar ? gemm_detail::panels_scalar : gemm_detail::panels_avx512bf16,
              pool);
     return;
   }

@@ -21,9 +21,9 @@ namespace {
 constexpr int kRows = 6;  // register block of the tiled path: 6 rows x 4 zmm (64 columns)
 
 struct Consts {
-  __m512i perm;            // byte order for the unpacks (see fp8x64_to_bf16)
-  __m512i lo0, lo1;        // low byte of bf16(e4m3(v)), v = 0..127
-  __m512i hi0, hi1;        // high byte of bf16(e4m3(v)) without the sign
+  __m512i perm;      // byte order for the unpacks (see fp8x64_to_bf16)
+  __m512i lo0, lo1;  // low byte of bf16(e4m3(v)), v = 0..127
+  __m512i hi0, hi1;  // high byte of bf16(e4m3(v)) without the sign
 };
 
 // BF16 bits of the e4m3 value with the bits v (0..127, sign clear), exactly: a normal
@@ -260,8 +260,8 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
   const int64_t chunk = job.k_blocks < kChunk ? job.k_blocks : kChunk;
   // BF16 tiles are kept only when more than one row block reads them.
   __m512i* tiles = job.m > kRows && !job.bf16_tiles
-                      ? tls_tiles.get<__m512i>(size_t(kTileBytes * 2 * chunk))
-                      : nullptr;
+                       ? tls_tiles.get<__m512i>(size_t(kTileBytes * 2 * chunk))
+                       : nullptr;
   float* tot = tls_tot.get<float>(size_t(mb_cap * kPanelCols * 4));
   const bool tail = job.k % kBlockK != 0;
   uint16_t* tail_x = tail ? tls_tail.get<uint16_t>(size_t(mb_cap * kBlockK * 2)) : nullptr;
@@ -314,8 +314,7 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
                 const int64_t nrows = mb - ni < kRows ? mb - ni : kRows;
                 for (int64_t r = 0; r < nrows; ++r)
                   for (int l = 0; l < 4; ++l)
-                    _mm_prefetch(reinterpret_cast<const char*>(nx + r * nld) + 64 * l,
-                                 _MM_HINT_T0);
+                    _mm_prefetch(reinterpret_cast<const char*>(nx + r * nld) + 64 * l, _MM_HINT_T0);
               }
             }
             int pf_n = 0;

@@ -40,8 +40,8 @@ void panels_scalar(const GemmJob& job, int64_t p0, int64_t p1) {
           int64_t kw = std::min<int64_t>(kBlockK, job.k - kb * kBlockK);
           float part = 0;
           if (job.bf16_tiles) {
-            const uint16_t* tb = reinterpret_cast<const uint16_t*>(job.tiles) +
-                                 (p * job.k_blocks + kb) * kTileBytes;
+            const uint16_t* tb =
+                reinterpret_cast<const uint16_t*>(job.tiles) + (p * job.k_blocks + kb) * kTileBytes;
             for (int64_t kk = 0; kk < kw; ++kk) {
               part += bf16_to_f32(xr[kb * kBlockK + kk]) *
                       bf16_to_f32(tb[(kk / 2) * 128 + c * 2 + kk % 2]);

@@ -4,8 +4,8 @@
 
 namespace moeserve {
 
-void linear_ref(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
-                int64_t ldy, ThreadPool* pool) {
+void linear_ref(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy,
+                ThreadPool* pool) {
   const int64_t k = w.cols;
   const int64_t bk = w.dtype == DType::kF8E4M3 ? w.block_cols : k;
   auto rows = [&](int64_t n_begin, int64_t n_end) {

@@ -13,7 +13,7 @@
 namespace moeserve {
 
 // x: [m, w.cols] with row stride ldx; y: [m, w.rows] with row stride ldy.
-void linear_ref(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
-                int64_t ldy, ThreadPool* pool);
+void linear_ref(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy,
+                ThreadPool* pool);
 
 }  // namespace moeserve

@@ -257,8 +257,8 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
       const int64_t t0 = next->b0 * kMlaBlockTokens;
       const int64_t nt = std::min(kMlaBlockTokens, ng.first_pos + ng.n_q - t0);
       const int64_t id = ng.seq->block_table[size_t(next->b0)];
-      pc.next_block = static_cast<const char*>(b.cache.blocks) +
-                      size_t(id * ctx.block_stride) * c_esize;
+      pc.next_block =
+          static_cast<const char*>(b.cache.blocks) + size_t(id * ctx.block_stride) * c_esize;
       pc.next_bytes = nt * ctx.dim * int64_t(c_esize);
     }
     if (p.slot < 0) {

@@ -86,12 +86,18 @@ Work carve(int64_t M, int64_t R, int64_t D) {
   w.D = D;
   w.Dp = D / 2;
   w.ldv = R + 16;
-  const size_t sz[12] = {size_t(w.Dp * M) * 4,      size_t(w.Dp * M) * 4,
-                         size_t(kTile * M) * 4,      size_t(kTile / 2 * M) * 4,
-                         size_t(kTile / 2 * M) * 4,  size_t(kTile / 2 * w.ldv) * 4,
-                         size_t(M * R) * 4,          size_t(M) * 4,
-                         size_t(M) * 4,              size_t(M) * 4,
-                         size_t(M) * 4,              size_t(32 * D) * 2 + 64};
+  const size_t sz[12] = {size_t(w.Dp * M) * 4,
+                         size_t(w.Dp * M) * 4,
+                         size_t(kTile * M) * 4,
+                         size_t(kTile / 2 * M) * 4,
+                         size_t(kTile / 2 * M) * 4,
+                         size_t(kTile / 2 * w.ldv) * 4,
+                         size_t(M * R) * 4,
+                         size_t(M) * 4,
+                         size_t(M) * 4,
+                         size_t(M) * 4,
+                         size_t(M) * 4,
+                         size_t(32 * D) * 2 + 64};
   char* part[12];
   thread_scratch_parts(sz, 12, part);
   w.qp = reinterpret_cast<uint32_t*>(part[0]);
@@ -318,8 +324,7 @@ void softmax_tile(Work& w, int64_t t0, int64_t ntp, float scale_log2, bool split
 // V token pairs for latent columns [c_lo, c_hi) (multiples of 32): vp[tp][32c .. 32c+31] =
 // unpacklo/hi of K[2tp][32c..] and K[2tp+1][32c..]; rows at or past nt are zero (their slots
 // may hold anything, even NaN bit patterns).
-void build_vp(Work& w, const uint16_t* kblk, int64_t nt, int64_t ntp, int64_t c_lo,
-              int64_t c_hi) {
+void build_vp(Work& w, const uint16_t* kblk, int64_t nt, int64_t ntp, int64_t c_lo, int64_t c_hi) {
   const int64_t D = w.D;
   for (int64_t tp = 0; tp < ntp; ++tp) {
     const int64_t t = 2 * tp;

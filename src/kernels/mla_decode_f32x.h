@@ -61,9 +61,10 @@ Work carve(int64_t M, int64_t R, int64_t D) {
   w.R = R;
   w.D = D;
   w.ldk = round_up(D, 16);
-  const size_t sz[8] = {size_t(D * M) * 4, size_t(kTile * w.ldk) * 4, size_t(kTile * M) * 4,
-                        size_t(M * R) * 4,  size_t(M) * 4,               size_t(M) * 4,
-                        size_t(M) * 4,      size_t(M) * 4};
+  const size_t sz[8] = {size_t(D * M) * 4,     size_t(kTile * w.ldk) * 4,
+                        size_t(kTile * M) * 4, size_t(M * R) * 4,
+                        size_t(M) * 4,         size_t(M) * 4,
+                        size_t(M) * 4,         size_t(M) * 4};
   char* part[8];
   thread_scratch_parts(sz, 8, part);
   w.qf = reinterpret_cast<float*>(part[0]);

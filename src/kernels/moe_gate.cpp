@@ -14,16 +14,15 @@ namespace {
 void top_k_indices(const float* v, int64_t n, int64_t k, std::vector<int32_t>* out) {
   out->resize(n);
   std::iota(out->begin(), out->end(), 0);
-  std::partial_sort(out->begin(), out->begin() + k, out->end(), [&](int32_t a, int32_t b) {
-    return v[a] > v[b] || (v[a] == v[b] && a < b);
-  });
+  std::partial_sort(out->begin(), out->begin() + k, out->end(),
+                    [&](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
   out->resize(k);
 }
 
 }  // namespace
 
-void moe_gate_ref(const float* logits, int64_t n_tokens, const float* bias,
-                  const MoeGateParams& p, int32_t* ids, float* weights) {
+void moe_gate_ref(const float* logits, int64_t n_tokens, const float* bias, const MoeGateParams& p,
+                  int32_t* ids, float* weights) {
   const int64_t E = p.n_experts;
   const int64_t per_group = E / p.n_group;
   const float kNegInf = -std::numeric_limits<float>::infinity();

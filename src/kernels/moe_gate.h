@@ -19,8 +19,10 @@ namespace moeserve {
 struct MoeGateParams {
   enum class Scoring { kSigmoid, kSoftmax } scoring = Scoring::kSoftmax;
   enum class Method { kNoauxTc, kGroupLimitedGreedy, kGreedy } method = Method::kGreedy;
-  enum class WeightRule { kV3NormThenScale, kV2NormElseScale } weight_rule =
-      WeightRule::kV3NormThenScale;
+  enum class WeightRule {
+    kV3NormThenScale,
+    kV2NormElseScale
+  } weight_rule = WeightRule::kV3NormThenScale;
   int64_t n_experts = 0;
   int64_t top_k = 0;
   int64_t n_group = 1;
@@ -31,7 +33,7 @@ struct MoeGateParams {
 
 // logits: [n_tokens, n_experts]; bias: [n_experts] or nullptr (noaux_tc requires it);
 // ids: [n_tokens, top_k]; weights: [n_tokens, top_k].
-void moe_gate_ref(const float* logits, int64_t n_tokens, const float* bias,
-                  const MoeGateParams& p, int32_t* ids, float* weights);
+void moe_gate_ref(const float* logits, int64_t n_tokens, const float* bias, const MoeGateParams& p,
+                  int32_t* ids, float* weights);
 
 }  // namespace moeserve

@@ -36,6 +36,6 @@ void quantize_avx512(const uint16_t* x, int64_t rows, int64_t cols, int64_t ldx,
                      int64_t ldq, float* scales);
 void quantize_f32_avx512(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
                          int64_t ldq, float* scales);
-}
+}  // namespace quant_detail
 
 }  // namespace moeserve

@@ -46,7 +46,9 @@ uint64_t rank_key(float logit, int32_t id) {
   return (uint64_t(~u) << 32) | uint32_t(id);
 }
 
-int32_t key_id(uint64_t key) { return int32_t(uint32_t(key)); }
+int32_t key_id(uint64_t key) {
+  return int32_t(uint32_t(key));
+}
 
 }  // namespace
 
@@ -73,11 +75,13 @@ int32_t sample_token(const float* logits, int64_t n, const SamplingParams& p,
     keys.resize(size_t(p.top_k));
     prob.resize(static_cast<size_t>(n));
     const double mx = logits[key_id(keys[0])];
-    for (uint64_t key : keys) total += prob[size_t(key_id(key))] = std::exp((double(logits[key_id(key)]) - mx) * inv_t);
+    for (uint64_t key : keys)
+      total += prob[size_t(key_id(key))] = std::exp((double(logits[key_id(key)]) - mx) * inv_t);
   } else {
     const double mx = *std::max_element(logits, logits + n);
     prob.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) total += prob[size_t(i)] = std::exp((double(logits[i]) - mx) * inv_t);
+    for (int64_t i = 0; i < n; ++i)
+      total += prob[size_t(i)] = std::exp((double(logits[i]) - mx) * inv_t);
     if (p.top_p >= 1.0f) {
       // Nothing cut: inverse CDF over the vocabulary in id order, no sorting at all.
       double u = std::uniform_real_distribution<double>(0.0, total)(rng);

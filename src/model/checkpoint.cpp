@@ -24,9 +24,13 @@ struct Located {
   const TensorInfo* info;
 };
 
-std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string shape_str(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Layer index of "model.layers.<i>.<rest>", if the name has that form.
 std::optional<int64_t> layer_of(const std::string& name) {
@@ -47,8 +51,7 @@ std::optional<int64_t> layer_of(const std::string& name) {
 // names were used so leftovers can be reported.
 class Checkpoint::Binder {
  public:
-  Binder(const ModelConfig& config, const std::string& dir,
-         std::deque<std::vector<float>>* copies)
+  Binder(const ModelConfig& config, const std::string& dir, std::deque<std::vector<float>>* copies)
       : config_(config), dir_(dir), copies_(copies) {}
 
   void add_file(const SafetensorsFile& f) {
@@ -72,8 +75,8 @@ class Checkpoint::Binder {
   }
   Status shape_error(const std::string& name, const TensorInfo& t, const std::string& want) {
     return InvalidArgument(fmt::format("{}: tensor '{}': {} {} but the config needs {}",
-                                       file_of(name), name, dtype_name(t.dtype),
-                                       shape_str(t.shape), want));
+                                       file_of(name), name, dtype_name(t.dtype), shape_str(t.shape),
+                                       want));
   }
 
   // A 2-D projection [rows, cols]: FP8 with weight_scale_inv, or a float dtype.
@@ -90,14 +93,14 @@ class Checkpoint::Binder {
     bytes_ += t->nbytes;
     if (t->dtype == DType::kF8E4M3) {
       if (!config_.quant) {
-        return InvalidArgument(fmt::format(
-            "{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config",
-            file_of(name), name));
+        return InvalidArgument(
+            fmt::format("{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config",
+                        file_of(name), name));
       }
       std::string sname = name + "_scale_inv";
       if (!has(sname)) {
-        return NotFound(fmt::format("{}: tensor '{}' is F8_E4M3 but '{}' is missing",
-                                    file_of(name), name, sname));
+        return NotFound(fmt::format("{}: tensor '{}' is F8_E4M3 but '{}' is missing", file_of(name),
+                                    name, sname));
       }
       ASSIGN_OR_RETURN(const TensorInfo* s, find(sname));
       v.block_rows = config_.quant->block_n;
@@ -162,14 +165,15 @@ class Checkpoint::Binder {
           *layer < config_.num_hidden_layers + config_.num_nextn_predict_layers) {
         continue;  // MTP module weights: not used until speculative decoding exists
       }
-      extra.push_back(fmt::format("'{}' (in {})", name, fs::path(loc.file->path()).filename().string()));
+      extra.push_back(
+          fmt::format("'{}' (in {})", name, fs::path(loc.file->path()).filename().string()));
     }
     if (extra.empty()) return Status::Ok();
     size_t shown = std::min<size_t>(extra.size(), 8);
-    return InvalidArgument(fmt::format(
-        "{}: {} unexpected tensor(s) for this config: {}{}", dir_, extra.size(),
-        fmt::join(extra.begin(), extra.begin() + long(shown), ", "),
-        extra.size() > shown ? ", ..." : ""));
+    return InvalidArgument(fmt::format("{}: {} unexpected tensor(s) for this config: {}{}", dir_,
+                                       extra.size(),
+                                       fmt::join(extra.begin(), extra.begin() + long(shown), ", "),
+                                       extra.size() > shown ? ", ..." : ""));
   }
 
   size_t bytes() const { return bytes_; }
@@ -207,7 +211,8 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
     std::set<std::string> seen;
     for (auto& [name, file] : j["weight_map"].items()) {
       if (!file.is_string()) {
-        return Corrupt(fmt::format("{}: weight_map['{}'] is not a file name", index_path.string(), name));
+        return Corrupt(
+            fmt::format("{}: weight_map['{}'] is not a file name", index_path.string(), name));
       }
       std::string f = file.get<std::string>();
       if (f.find('/') != std::string::npos || f == ".." || f.empty()) {
@@ -241,8 +246,9 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
       if (fs::path(f.path()).filename() == file) found = f.find(name) != nullptr;
     }
     if (!found) {
-      return Corrupt(fmt::format("{}: the index places tensor '{}' in {}, which does not contain it",
-                                 index_path.string(), name, file));
+      return Corrupt(
+          fmt::format("{}: the index places tensor '{}' in {}, which does not contain it",
+                      index_path.string(), name, file));
     }
   }
 
@@ -263,7 +269,8 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
     if (c.q_lora_rank) {
       ASSIGN_OR_RETURN(A.q_a, b.matrix(a + "q_a_proj.weight", *c.q_lora_rank, H));
       ASSIGN_OR_RETURN(A.q_a_norm, b.vector(a + "q_a_layernorm.weight", *c.q_lora_rank));
-      ASSIGN_OR_RETURN(A.q_b, b.matrix(a + "q_b_proj.weight", nh * c.qk_head_dim(), *c.q_lora_rank));
+      ASSIGN_OR_RETURN(A.q_b,
+                       b.matrix(a + "q_b_proj.weight", nh * c.qk_head_dim(), *c.q_lora_rank));
     } else {
       ASSIGN_OR_RETURN(A.q_b, b.matrix(a + "q_proj.weight", nh * c.qk_head_dim(), H));
     }
@@ -286,8 +293,8 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
     for (int32_t e = 0; e < int32_t(c.n_routed_experts); ++e) {
       std::string ep = fmt::format("{}mlp.experts.{}", p, e);
       const bool held = options.holds_layer_expert ? options.holds_layer_expert(moe_layer, e)
-                        : options.holds_expert      ? options.holds_expert(e)
-                                                    : true;
+                        : options.holds_expert     ? options.holds_expert(e)
+                                                   : true;
       if (!held) {
         b.skip_prefix(ep + ".");
         continue;

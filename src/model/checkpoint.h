@@ -39,10 +39,10 @@ struct AttentionWeights {
 };
 
 struct MoeWeights {
-  WeightView gate;                         // [n_routed_experts, hidden]
-  std::vector<float> score_bias;           // [n_routed_experts] (noaux_tc) or empty
+  WeightView gate;                                 // [n_routed_experts, hidden]
+  std::vector<float> score_bias;                   // [n_routed_experts] (noaux_tc) or empty
   std::vector<std::optional<MlpWeights>> experts;  // [n_routed_experts]; nullopt: not on this rank
-  std::optional<MlpWeights> shared;        // intermediate = moe_intermediate * n_shared_experts
+  std::optional<MlpWeights> shared;  // intermediate = moe_intermediate * n_shared_experts
 };
 
 struct LayerWeights {

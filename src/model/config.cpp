@@ -159,7 +159,8 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
     } else if (method == "greedy") {
       c.topk_method = TopkMethod::kGreedy;
     } else {
-      r.fail("topk_method", "is '" + method + "'; expected noaux_tc, group_limited_greedy or greedy");
+      r.fail("topk_method",
+             "is '" + method + "'; expected noaux_tc, group_limited_greedy or greedy");
     }
     if (scoring == "sigmoid") {
       c.scoring_func = ScoringFunc::kSigmoid;
@@ -193,7 +194,8 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
 
   if (r.has("rope_scaling")) {
     const json& rs = j["rope_scaling"];
-    if (!rs.is_object()) return InvalidArgument(source + ": field 'rope_scaling' must be an object");
+    if (!rs.is_object())
+      return InvalidArgument(source + ": field 'rope_scaling' must be an object");
     FieldReader s(rs, source + ": rope_scaling");
     std::string type = s.has("rope_type") ? s.string("rope_type") : s.string("type");
     RETURN_IF_ERROR(s.status());
@@ -268,7 +270,7 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["num_experts_per_tok"] = c.num_experts_per_tok;
   j["n_group"] = c.n_group;
   j["topk_group"] = c.topk_group;
-  j["topk_method"] = c.topk_method == TopkMethod::kNoauxTc             ? "noaux_tc"
+  j["topk_method"] = c.topk_method == TopkMethod::kNoauxTc              ? "noaux_tc"
                      : c.topk_method == TopkMethod::kGroupLimitedGreedy ? "group_limited_greedy"
                                                                         : "greedy";
   j["scoring_func"] = c.scoring_func == ScoringFunc::kSigmoid ? "sigmoid" : "softmax";

@@ -63,15 +63,14 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   std::optional<int64_t> bos_token_id;
   std::optional<int64_t> eos_token_id;
-  std::optional<QuantConfig> quant;  // nullopt: BF16 (or F32/F16) checkpoint
+  std::optional<QuantConfig> quant;      // nullopt: BF16 (or F32/F16) checkpoint
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the main layers
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Latent KV values per token per layer: the compressed kv plus the shared rope key.
   int64_t kv_cache_dim() const { return kv_lora_rank + qk_rope_head_dim; }
   bool is_moe_layer(int64_t layer) const {
-    return n_routed_experts > 0 && layer >= first_k_dense_replace &&
-           layer % moe_layer_freq == 0;
+    return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
   }
   int64_t num_moe_layers() const {
     int64_t n = 0;

@@ -52,9 +52,10 @@ MoeGateParams gate_params(const ModelConfig& c) {
   MoeGateParams p;
   p.scoring = c.scoring_func == ScoringFunc::kSigmoid ? MoeGateParams::Scoring::kSigmoid
                                                       : MoeGateParams::Scoring::kSoftmax;
-  p.method = c.topk_method == TopkMethod::kNoauxTc             ? MoeGateParams::Method::kNoauxTc
-             : c.topk_method == TopkMethod::kGroupLimitedGreedy ? MoeGateParams::Method::kGroupLimitedGreedy
-                                                                 : MoeGateParams::Method::kGreedy;
+  p.method = c.topk_method == TopkMethod::kNoauxTc ? MoeGateParams::Method::kNoauxTc
+             : c.topk_method == TopkMethod::kGroupLimitedGreedy
+                 ? MoeGateParams::Method::kGroupLimitedGreedy
+                 : MoeGateParams::Method::kGreedy;
   p.weight_rule = c.model_type == "deepseek_v2" ? MoeGateParams::WeightRule::kV2NormElseScale
                                                 : MoeGateParams::WeightRule::kV3NormThenScale;
   p.n_experts = c.n_routed_experts;
@@ -115,7 +116,8 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
 }
 
 Status DeepseekModel::supports(const ModelConfig& c, ComputePath path) {
-  if (path == ComputePath::kFast && c.quant && (c.quant->block_n != 128 || c.quant->block_k != 128)) {
+  if (path == ComputePath::kFast && c.quant &&
+      (c.quant->block_n != 128 || c.quant->block_k != 128)) {
     return InvalidArgument(fmt::format(
         "config.json: quantization_config.weight_block_size [{}, {}] is not supported by the fast "
         "path's FP8 GEMMs, which need [128, 128] (DeepSeek's release); --compute reference runs it",
@@ -139,8 +141,8 @@ void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightV
   } else if (auto it = packed_bf16_.find(w.data); it != packed_bf16_.end()) {
     gemm_bf16_packed(x_bf16_.data(), m, k, it->second, y, ldy, pool_);
   } else {
-    gemm_bf16(x_bf16_.data(), m, k, reinterpret_cast<const uint16_t*>(w.data), w.rows, k, k, y,
-              ldy, pool_);
+    gemm_bf16(x_bf16_.data(), m, k, reinterpret_cast<const uint16_t*>(w.data), w.rows, k, k, y, ldy,
+              pool_);
   }
 }
 
@@ -236,8 +238,7 @@ void DeepseekModel::attention_stage(int64_t l, int mb, std::span<const StepSeque
   norm(x, n, H, H, L.ffn_norm.data(), eps, h, H);  // [n, H] the ffn's input
 }
 
-void DeepseekModel::mlp_stage(int64_t l, int mb, const float* h, float* x, float* tmp,
-                              int64_t n) {
+void DeepseekModel::mlp_stage(int64_t l, int mb, const float* h, float* x, float* tmp, int64_t n) {
   {
     StageSpan span(tracer_, "mlp", l, mb);
     mlp(*weights_.layers[size_t(l)].mlp, h, n, tmp);  // [n, H]
@@ -293,7 +294,7 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
   for (const StepSequence& s : batch) {
     for (size_t i = 0; i < s.tokens.size(); ++i, ++row) {
       int64_t pos = s.start_pos + int64_t(i);
-      if (path_ == ComputePath::kFast) {  // the same bits, vectorized
+      if (path_ == ComputePath::kFast) {                                // the same bits, vectorized
         rope_.apply_fast(&q[size_t(row * nh * dq + dn)], nh, dq, pos);  // q_pe of every head
         rope_.apply_fast(&kv[size_t(row * D + R)], 1, D, pos);          // k_pe
       } else {
@@ -414,14 +415,15 @@ void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const 
   }
 
   auto heads = [&](int64_t h0, int64_t h1) {
-    std::vector<float> scores(static_cast<size_t>(T)), q_lat(static_cast<size_t>(R)), o_lat(static_cast<size_t>(R));
+    std::vector<float> scores(static_cast<size_t>(T)), q_lat(static_cast<size_t>(R)),
+        o_lat(static_cast<size_t>(R));
     for (int64_t h = h0; h < h1; ++h) {
-      const float* wk = &kv_b[size_t(h * (dn + dv) * R)];    // [dn, R] key rows of head h
+      const float* wk = &kv_b[size_t(h * (dn + dv) * R)];         // [dn, R] key rows of head h
       const float* wv = &kv_b[size_t((h * (dn + dv) + dn) * R)];  // [dv, R] value rows
       for (int64_t i = 0; i < n_new; ++i) {
-        const float* qh = q + i * ldq + h * dq;  // [dn + dr]
+        const float* qh = q + i * ldq + h * dq;     // [dn + dr]
         const int64_t n_ctx = s.start_pos + i + 1;  // causal: positions [0, pos]
-        float* oh = o + i * ldo + h * dv;        // [dv]
+        float* oh = o + i * ldo + h * dv;           // [dv]
         if (mode_ == AttentionMode::kNaive) {
           const int64_t W = nh * (dn + dv);
           for (int64_t t = 0; t < n_ctx; ++t) {
@@ -486,13 +488,13 @@ void DeepseekModel::gate_stage(int64_t layer, int mb, const float* x, int64_t n,
   if (route_observer_) route_observer_(layer, {ids, size_t(n * c.num_experts_per_tok)});
 }
 
-Status DeepseekModel::experts_stage(int64_t layer, int mb, const ExpertBatch& b,
-                                    ExpertRows& out) {
+Status DeepseekModel::experts_stage(int64_t layer, int mb, const ExpertBatch& b, ExpertRows& out) {
   StageSpan span(tracer_, "experts", layer, mb);
   const MoeWeights& w = *weights_.layers[size_t(layer)].moe;
   const int64_t H = config_.hidden_size, n_rows = b.n_rows();
   for (int32_t e : b.experts) {
-    if (!held_expert(w, e)) return Internal(fmt::format("expert {} was dispatched here but is not loaded", e));
+    if (!held_expert(w, e))
+      return Internal(fmt::format("expert {} was dispatched here but is not loaded", e));
   }
   const bool fast = path_ == ComputePath::kFast;
   // The fast path hands every expert output on as BF16, as a BF16 model does and as the EP
@@ -563,7 +565,7 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, u
   }
   // Scratch kept across calls (the step thread is the only caller): megabytes per layer that a
   // fresh allocation would page-fault in again every time.
-  std::vector<uint16_t>& xb = scratch_.xb;  // [rows, H] BF16 input, unless delivered as BF16
+  std::vector<uint16_t>& xb = scratch_.xb;    // [rows, H] BF16 input, unless delivered as BF16
   std::vector<uint16_t>& act = scratch_.act;  // [rows, I] BF16 SiLU(g) * u
   std::vector<float>& g = scratch_.g;
   std::vector<float>& u = scratch_.u;  // [rows, I]

@@ -127,8 +127,8 @@ class DeepseekModel {
                  KvCache& cache, float* out);
   // Attention of one sequence's new tokens over its whole cached context.
   void attend_sequence(int64_t layer, const StepSequence& seq, const float* q, int64_t ldq,
-                       const KvCache& cache, const std::vector<float>& kv_b,
-                       float* attn_out, int64_t ld_out);
+                       const KvCache& cache, const std::vector<float>& kv_b, float* attn_out,
+                       int64_t ld_out);
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                             int64_t n, const KvCache& cache, float* o);
   // The routed experts' output rows [b.n_rows(), H]: BF16 on the fast path (the expert GEMMs
@@ -149,8 +149,8 @@ class DeepseekModel {
   //                    combine              (the dispatcher) weighted sum back into tmp [n, H]
   //                    shared_stage         shared [n, H] = shared experts(h)
   //                    moe_residual         x += tmp + shared
-  void attention_stage(int64_t layer, int mb, std::span<const StepSequence> batch,
-                       KvCache& cache, float* x, float* h, float* tmp, int64_t n);
+  void attention_stage(int64_t layer, int mb, std::span<const StepSequence> batch, KvCache& cache,
+                       float* x, float* h, float* tmp, int64_t n);
   void mlp_stage(int64_t layer, int mb, const float* h, float* x, float* tmp, int64_t n);
   void gate_stage(int64_t layer, int mb, const float* h, int64_t n, int32_t* ids, float* wts);
   Status experts_stage(int64_t layer, int mb, const ExpertBatch& b, ExpertRows& out);
@@ -159,8 +159,8 @@ class DeepseekModel {
   Status combine(const ExpertBatch& b, const ExpertRows& rows, float* y);
   int64_t moe_layer_index(int64_t layer) const;
   // RMSNorm on the configured compute path: y[n, d] (row stride ldy) of x[n, d] (stride ldx).
-  void norm(const float* x, int64_t n, int64_t d, int64_t ldx, const float* w, float eps,
-            float* y, int64_t ldy) const;
+  void norm(const float* x, int64_t n, int64_t d, int64_t ldx, const float* w, float eps, float* y,
+            int64_t ldy) const;
   // The layers of forward() with two interleaved micro-batches (microbatch.cpp); x: [n, H]
   // residual stream in batch order, in and out.
   struct MicroBatch;

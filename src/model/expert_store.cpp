@@ -199,9 +199,9 @@ Status DeepseekModel::install_expert(int64_t moe_layer, int32_t expert,
     }
   }
   if (m.gate.dtype != want || m.up.dtype != want || m.down.dtype != want) {
-    return InvalidArgument(fmt::format(
-        "MoE layer {} expert {}: its dtype differs from the layer's other experts", moe_layer,
-        expert));
+    return InvalidArgument(
+        fmt::format("MoE layer {} expert {}: its dtype differs from the layer's other experts",
+                    moe_layer, expert));
   }
   std::vector<std::pair<const uint8_t*, PackedFp8Weight>> packed;
   if (path_ == ComputePath::kFast) {

@@ -43,8 +43,8 @@ void DeepseekModel::pack_absorbed_fp8(const WeightView& kv_b, AbsorbedWeights& W
     W.uk_t_fp8.push_back(pack_fp8_weight(bytes.data(), scales.data(), R, dn));
     // W_UV [dv, R]: rows row0 + dn + j of kv_b as they are, with their scale rows.
     const int64_t vrow0 = row0 + dn;
-    W.uv_fp8.push_back(pack_fp8_weight(kv_b.data + vrow0 * kv_b.cols,
-                                       kv_b.scale_inv + (vrow0 / 128) * sc, dv, R));
+    W.uv_fp8.push_back(
+        pack_fp8_weight(kv_b.data + vrow0 * kv_b.cols, kv_b.scale_inv + (vrow0 / 128) * sc, dv, R));
   }
 }
 
@@ -85,7 +85,8 @@ void DeepseekModel::prepare_fast_path(bool progress) {
       W.uk.resize(size_t(nh * dn * R));
       W.uv_t.resize(size_t(nh * R * dv));
       for (int64_t h = 0; h < nh; ++h) {
-        for (int64_t d = 0; d < dn; ++d) A.kv_b.row_to_f32(h * (dn + dv) + d, &W.uk[size_t((h * dn + d) * R)]);
+        for (int64_t d = 0; d < dn; ++d)
+          A.kv_b.row_to_f32(h * (dn + dv) + d, &W.uk[size_t((h * dn + d) * R)]);
         for (int64_t j = 0; j < dv; ++j) {
           A.kv_b.row_to_f32(h * (dn + dv) + dn + j, row.data());
           for (int64_t r = 0; r < R; ++r) W.uv_t[size_t((h * R + r) * dv + j)] = row[size_t(r)];
@@ -111,7 +112,8 @@ void DeepseekModel::prepare_fast_path(bool progress) {
     }
   };
   auto run_all = [&](int64_t b, int64_t e) {
-    pool_ ? pool_->parallel_for(e - b, [&](int64_t i, int64_t j) { run(b + i, b + j); }) : run(b, e);
+    pool_ ? pool_->parallel_for(e - b, [&](int64_t i, int64_t j) { run(b + i, b + j); })
+          : run(b, e);
   };
   if (!progress) {
     run_all(0, int64_t(jobs.size()));

@@ -20,45 +20,102 @@ json preset_json(const std::string& name) {
   if (name == "tiny") {
     // The README's embedded default: the real vocabulary (so the DeepSeek-V3 tokenizer works),
     // V3 features (q_lora, noaux_tc over groups, shared expert, dense first layer), tiny widths.
-    return {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 256},
-            {"intermediate_size", 512}, {"moe_intermediate_size", 128},
-            {"num_hidden_layers", 4}, {"first_k_dense_replace", 1}, {"moe_layer_freq", 1},
-            {"num_attention_heads", 4}, {"n_routed_experts", 16}, {"n_shared_experts", 1},
-            {"num_experts_per_tok", 4}, {"n_group", 4}, {"topk_group", 2},
-            {"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"}, {"norm_topk_prob", true},
-            {"routed_scaling_factor", 2.5}, {"q_lora_rank", 192}, {"kv_lora_rank", 128},
-            {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32},
-            {"rope_theta", 10000.0}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6},
-            {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
+    return {{"model_type", "deepseek_v3"},
+            {"vocab_size", 129280},
+            {"hidden_size", 256},
+            {"intermediate_size", 512},
+            {"moe_intermediate_size", 128},
+            {"num_hidden_layers", 4},
+            {"first_k_dense_replace", 1},
+            {"moe_layer_freq", 1},
+            {"num_attention_heads", 4},
+            {"n_routed_experts", 16},
+            {"n_shared_experts", 1},
+            {"num_experts_per_tok", 4},
+            {"n_group", 4},
+            {"topk_group", 2},
+            {"topk_method", "noaux_tc"},
+            {"scoring_func", "sigmoid"},
+            {"norm_topk_prob", true},
+            {"routed_scaling_factor", 2.5},
+            {"q_lora_rank", 192},
+            {"kv_lora_rank", 128},
+            {"qk_nope_head_dim", 32},
+            {"qk_rope_head_dim", 16},
+            {"v_head_dim", 32},
+            {"rope_theta", 10000.0},
+            {"max_position_embeddings", 4096},
+            {"rms_norm_eps", 1e-6},
+            {"tie_word_embeddings", false},
+            {"bos_token_id", 0},
+            {"eos_token_id", 1},
             {"num_nextn_predict_layers", 0}};
   }
   if (name == "bench") {
     // DeepSeek-V3 proportions at ~2.5 GB of FP8: real MLA head dims (kv_lora 512 + rope 64 =
     // the 576-value latent), 64 routed experts, top-8 over 8 groups (4 kept), one shared expert.
-    return {{"model_type", "deepseek_v3"}, {"vocab_size", 129280}, {"hidden_size", 2048},
-            {"intermediate_size", 5632}, {"moe_intermediate_size", 512},
-            {"num_hidden_layers", 12}, {"first_k_dense_replace", 1}, {"moe_layer_freq", 1},
-            {"num_attention_heads", 16}, {"n_routed_experts", 64}, {"n_shared_experts", 1},
-            {"num_experts_per_tok", 8}, {"n_group", 8}, {"topk_group", 4},
-            {"topk_method", "noaux_tc"}, {"scoring_func", "sigmoid"}, {"norm_topk_prob", true},
-            {"routed_scaling_factor", 2.5}, {"q_lora_rank", 512}, {"kv_lora_rank", 512},
-            {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128},
-            {"rope_theta", 10000.0}, {"max_position_embeddings", 16384}, {"rms_norm_eps", 1e-6},
-            {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
+    return {{"model_type", "deepseek_v3"},
+            {"vocab_size", 129280},
+            {"hidden_size", 2048},
+            {"intermediate_size", 5632},
+            {"moe_intermediate_size", 512},
+            {"num_hidden_layers", 12},
+            {"first_k_dense_replace", 1},
+            {"moe_layer_freq", 1},
+            {"num_attention_heads", 16},
+            {"n_routed_experts", 64},
+            {"n_shared_experts", 1},
+            {"num_experts_per_tok", 8},
+            {"n_group", 8},
+            {"topk_group", 4},
+            {"topk_method", "noaux_tc"},
+            {"scoring_func", "sigmoid"},
+            {"norm_topk_prob", true},
+            {"routed_scaling_factor", 2.5},
+            {"q_lora_rank", 512},
+            {"kv_lora_rank", 512},
+            {"qk_nope_head_dim", 128},
+            {"qk_rope_head_dim", 64},
+            {"v_head_dim", 128},
+            {"rope_theta", 10000.0},
+            {"max_position_embeddings", 16384},
+            {"rms_norm_eps", 1e-6},
+            {"tie_word_embeddings", false},
+            {"bos_token_id", 0},
+            {"eos_token_id", 1},
             {"num_nextn_predict_layers", 0}};
   }
   if (name == "v2-lite-tiny") {
     // V2-Lite's features: plain q_proj, softmax greedy gate, two shared experts.
-    return {{"model_type", "deepseek_v2"}, {"vocab_size", 129280}, {"hidden_size", 256},
-            {"intermediate_size", 512}, {"moe_intermediate_size", 96},
-            {"num_hidden_layers", 3}, {"first_k_dense_replace", 1}, {"moe_layer_freq", 1},
-            {"num_attention_heads", 4}, {"n_routed_experts", 8}, {"n_shared_experts", 2},
-            {"num_experts_per_tok", 2}, {"n_group", 1}, {"topk_group", 1},
-            {"topk_method", "greedy"}, {"scoring_func", "softmax"}, {"norm_topk_prob", false},
-            {"routed_scaling_factor", 1.0}, {"q_lora_rank", nullptr}, {"kv_lora_rank", 128},
-            {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32},
-            {"rope_theta", 10000.0}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6},
-            {"tie_word_embeddings", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
+    return {{"model_type", "deepseek_v2"},
+            {"vocab_size", 129280},
+            {"hidden_size", 256},
+            {"intermediate_size", 512},
+            {"moe_intermediate_size", 96},
+            {"num_hidden_layers", 3},
+            {"first_k_dense_replace", 1},
+            {"moe_layer_freq", 1},
+            {"num_attention_heads", 4},
+            {"n_routed_experts", 8},
+            {"n_shared_experts", 2},
+            {"num_experts_per_tok", 2},
+            {"n_group", 1},
+            {"topk_group", 1},
+            {"topk_method", "greedy"},
+            {"scoring_func", "softmax"},
+            {"norm_topk_prob", false},
+            {"routed_scaling_factor", 1.0},
+            {"q_lora_rank", nullptr},
+            {"kv_lora_rank", 128},
+            {"qk_nope_head_dim", 32},
+            {"qk_rope_head_dim", 16},
+            {"v_head_dim", 32},
+            {"rope_theta", 10000.0},
+            {"max_position_embeddings", 4096},
+            {"rms_norm_eps", 1e-6},
+            {"tie_word_embeddings", false},
+            {"bos_token_id", 0},
+            {"eos_token_id", 1},
             {"num_nextn_predict_layers", 0}};
   }
   return nullptr;
@@ -173,7 +230,8 @@ class ModelWriter {
       return;
     }
     // A strong gate so that routing is decisive rather than near-uniform.
-    bf16_tensor(w, p + "mlp.gate.weight", {c.n_routed_experts, H}, 4.0f * std::sqrt(3.0f / float(H)), 0.0f);
+    bf16_tensor(w, p + "mlp.gate.weight", {c.n_routed_experts, H},
+                4.0f * std::sqrt(3.0f / float(H)), 0.0f);
     if (c.topk_method == TopkMethod::kNoauxTc) {
       f32_tensor(w, p + "mlp.gate.e_score_correction_bias", c.n_routed_experts, 0.0f, 0.1f);
     }
@@ -201,12 +259,15 @@ Status write_text(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-std::vector<std::string> make_model_presets() { return {"tiny", "bench", "v2-lite-tiny"}; }
+std::vector<std::string> make_model_presets() {
+  return {"tiny", "bench", "v2-lite-tiny"};
+}
 
 Result<ModelConfig> make_model_config(const MakeModelOptions& o) {
   json j = preset_json(o.preset);
   if (j.is_null()) {
-    return InvalidArgument(fmt::format("unknown preset '{}' (known: tiny, bench, v2-lite-tiny)", o.preset));
+    return InvalidArgument(
+        fmt::format("unknown preset '{}' (known: tiny, bench, v2-lite-tiny)", o.preset));
   }
   for (const std::string& kv : o.overrides) {
     size_t eq = kv.find('=');
@@ -217,8 +278,10 @@ Result<ModelConfig> make_model_config(const MakeModelOptions& o) {
     json v = json::parse(value, nullptr, false);
     j[key] = v.is_discarded() ? json(value) : v;  // bare words are strings
   }
-  j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"},
-                              {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}};
+  j["quantization_config"] = {{"quant_method", "fp8"},
+                              {"fmt", "e4m3"},
+                              {"activation_scheme", "dynamic"},
+                              {"weight_block_size", {128, 128}}};
   return parse_model_config(j.dump(), "preset " + o.preset);
 }
 
@@ -232,7 +295,8 @@ Result<uint64_t> make_model(const MakeModelOptions& o, const std::string& out_di
 
   // Shard by layer ranges: embed + first layers, ..., last layers + norm + lm_head.
   const int64_t L = c.num_hidden_layers;
-  int shards = o.shards > 0 ? o.shards : int(std::max<int64_t>(2, std::min<int64_t>(L, (L + 2) / 3)));
+  int shards =
+      o.shards > 0 ? o.shards : int(std::max<int64_t>(2, std::min<int64_t>(L, (L + 2) / 3)));
   shards = int(std::min<int64_t>(shards, L));
   shards = std::max(shards, 1);
   json weight_map = json::object();
@@ -240,7 +304,8 @@ Result<uint64_t> make_model(const MakeModelOptions& o, const std::string& out_di
   for (int s = 0; s < shards; ++s) {
     SafetensorsWriter w;
     w.set_metadata("format", "pt");
-    if (s == 0) mw.bf16_tensor(w, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, 1.0f, 0.0f);
+    if (s == 0)
+      mw.bf16_tensor(w, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, 1.0f, 0.0f);
     for (int64_t l = L * s / shards; l < L * (s + 1) / shards; ++l) mw.layer(w, l);
     if (s == shards - 1) {
       mw.norm(w, "model.norm.weight", c.hidden_size);
@@ -255,13 +320,15 @@ Result<uint64_t> make_model(const MakeModelOptions& o, const std::string& out_di
     for (const std::string& name : w.names()) weight_map[name] = file;
   }
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-  RETURN_IF_ERROR(write_text(fs::path(out_dir) / "model.safetensors.index.json", index.dump(2) + "\n"));
+  RETURN_IF_ERROR(
+      write_text(fs::path(out_dir) / "model.safetensors.index.json", index.dump(2) + "\n"));
   RETURN_IF_ERROR(write_text(fs::path(out_dir) / "config.json", model_config_to_json(c)));
   if (!o.tokenizer_dir.empty()) {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
       fs::copy_file(fs::path(o.tokenizer_dir) / f, fs::path(out_dir) / f,
                     fs::copy_options::overwrite_existing, ec);
-      if (ec) return IOError(fmt::format("copying {} from {}: {}", f, o.tokenizer_dir, ec.message()));
+      if (ec)
+        return IOError(fmt::format("copying {} from {}: {}", f, o.tokenizer_dir, ec.message()));
     }
   }
   return total;

@@ -16,11 +16,11 @@
 namespace moeserve {
 
 struct MakeModelOptions {
-  std::string preset = "tiny";           // tiny | bench | v2-lite-tiny
-  std::vector<std::string> overrides;    // "key=value" on config.json fields (value is JSON)
+  std::string preset = "tiny";         // tiny | bench | v2-lite-tiny
+  std::vector<std::string> overrides;  // "key=value" on config.json fields (value is JSON)
   uint64_t seed = 0;
-  int shards = 0;                        // 0: automatic (>= 2)
-  std::string tokenizer_dir;             // copied into the checkpoint when non-empty
+  int shards = 0;             // 0: automatic (>= 2)
+  std::string tokenizer_dir;  // copied into the checkpoint when non-empty
 };
 
 std::vector<std::string> make_model_presets();

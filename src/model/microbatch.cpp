@@ -62,17 +62,17 @@ std::array<std::vector<size_t>, 2> split_micro_batches(std::span<const StepSeque
 struct DeepseekModel::MicroBatch {
   int index = 0;
   std::vector<StepSequence> seqs;
-  int64_t n = 0;                  // rows (new tokens)
-  std::vector<float> x;           // [n, H] residual stream
-  std::vector<float> h;           // [n, H] normalised input of the current sub-layer
-  std::vector<float> out;         // [n, H] sub-layer output (attention, then combine's y)
-  std::vector<float> shared;      // [n, H] shared experts' output
-  std::vector<int32_t> ids;       // [n, top_k]
-  std::vector<float> wts;         // [n, top_k]
-  ExpertBatch batch;              // rows received for this rank's experts
-  ExpertRows expert_out;          // [batch.n_rows(), H]
-  int64_t layer = 0;              // next layer to run (front), or the MoE layer in flight
-  bool moe_pending = false;       // layer `layer` is between dispatch and its residual add
+  int64_t n = 0;              // rows (new tokens)
+  std::vector<float> x;       // [n, H] residual stream
+  std::vector<float> h;       // [n, H] normalised input of the current sub-layer
+  std::vector<float> out;     // [n, H] sub-layer output (attention, then combine's y)
+  std::vector<float> shared;  // [n, H] shared experts' output
+  std::vector<int32_t> ids;   // [n, top_k]
+  std::vector<float> wts;     // [n, top_k]
+  ExpertBatch batch;          // rows received for this rank's experts
+  ExpertRows expert_out;      // [batch.n_rows(), H]
+  int64_t layer = 0;          // next layer to run (front), or the MoE layer in flight
+  bool moe_pending = false;   // layer `layer` is between dispatch and its residual add
   std::future<Result<ExpertBatch>> dispatched;
   std::future<Status> combined;
 
@@ -88,7 +88,8 @@ struct DeepseekModel::MicroBatch {
 
 int64_t DeepseekModel::overlap_min_tokens() const {
   if (overlap_min_tokens_ >= 0) return overlap_min_tokens_;
-  const int64_t ranks = std::max(1, dispatcher_.world_size()), k = std::max<int64_t>(1, config_.num_experts_per_tok);
+  const int64_t ranks = std::max(1, dispatcher_.world_size()),
+                k = std::max<int64_t>(1, config_.num_experts_per_tok);
   return (2 * kOverlapRidgeRows * config_.n_routed_experts + ranks * k - 1) / (ranks * k);
 }
 

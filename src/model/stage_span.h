@@ -18,7 +18,8 @@ class StageSpan {
             TraceLane lane = TraceLane::kCompute)
       : tracer_(tracer), lane_(lane), begin_(tracer ? tracer->now_us() : 0) {
     if (!tracer_) return;
-    name_ = mb < 0 ? fmt::format("{} {}", stage, layer) : fmt::format("{} L{} mb{}", stage, layer, mb);
+    name_ =
+        mb < 0 ? fmt::format("{} {}", stage, layer) : fmt::format("{} L{} mb{}", stage, layer, mb);
   }
   ~StageSpan() {
     if (tracer_) tracer_->add(std::move(name_), lane_, begin_, tracer_->now_us());

@@ -46,7 +46,8 @@ struct Collector {
   }
   bool wait_tokens(size_t n) {
     std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return tokens.size() >= n || finished; });
+    return cv.wait_for(lock, std::chrono::seconds(60),
+                       [&] { return tokens.size() >= n || finished; });
   }
   void wait() {
     std::unique_lock<std::mutex> lock(mu);
@@ -54,7 +55,9 @@ struct Collector {
   }
 };
 
-std::string model_dir() { return testing::small_model_dir("engine_ep", "tiny"); }
+std::string model_dir() {
+  return testing::small_model_dir("engine_ep", "tiny");
+}
 
 EngineOptions options() {
   EngineOptions o;
@@ -220,7 +223,8 @@ TEST(EngineEp, RanksShareTheRequestsAndMatchOneProcess) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       EXPECT_FALSE(g.engines[size_t(r)]->healthy()) << "rank " << r << " kept running";
-      EXPECT_TRUE(g.engines[size_t(r)]->failure().ok()) << g.engines[size_t(r)]->failure().to_string();
+      EXPECT_TRUE(g.engines[size_t(r)]->failure().ok())
+          << g.engines[size_t(r)]->failure().to_string();
     }
   }
 }

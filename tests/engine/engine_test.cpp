@@ -108,7 +108,8 @@ TEST(Engine, PreemptionChangesNothing) {
   std::vector<std::vector<int32_t>> alone;
   for (const auto& r : reqs) alone.push_back(run_alone(**probe, r));
   std::vector<Collector> cs(reqs.size());
-  for (size_t i = 0; i < reqs.size(); ++i) ASSERT_TRUE((*e)->submit(reqs[i], cs[i].callback()).ok());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    ASSERT_TRUE((*e)->submit(reqs[i], cs[i].callback()).ok());
   for (size_t i = 0; i < reqs.size(); ++i) {
     cs[i].wait();
     EXPECT_EQ(cs[i].tokens, alone[i]) << reqs[i].id;
@@ -159,7 +160,9 @@ TEST(Engine, CancelStopsAndFreesBlocks) {
 TEST(Engine, ValidatesRequests) {
   auto e = make_engine(options());
   ASSERT_TRUE(e.ok());
-  auto bad = [&](EngineRequest r) { return (*e)->submit(std::move(r), [](const RequestOutput&) {}); };
+  auto bad = [&](EngineRequest r) {
+    return (*e)->submit(std::move(r), [](const RequestOutput&) {});
+  };
   EXPECT_EQ(bad(request("empty", 0, 1)).code(), StatusCode::kInvalidArgument);
   EngineRequest r = request("vocab", 3, 1);
   r.prompt[1] = 1000;

@@ -12,9 +12,9 @@
 #include <random>
 #include <vector>
 
+#include "../test_isa.h"
 #include "core/dtype.h"
 #include "kernels/convert.h"
-#include "../test_isa.h"
 
 namespace moeserve {
 namespace {

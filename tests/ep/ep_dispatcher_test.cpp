@@ -160,10 +160,9 @@ TEST(EpDispatcher, Bf16RowsAreTheRoundedF32Rows) {
       const int R = 2;
       auto group = make_in_process_group(R, CommOptions{std::chrono::milliseconds(20000)});
       ExpertPlacement pl = *ExpertPlacement::contiguous(E, R);
-      BothRowKinds got =
-          dispatch_both_row_kinds(group, pl, EpOptions{dt, mode, H, K, 64}, [](int r) {
-            return random_tokens(20 + 7 * r, 90 + uint32_t(r), any_expert);
-          });
+      BothRowKinds got = dispatch_both_row_kinds(
+          group, pl, EpOptions{dt, mode, H, K, 64},
+          [](int r) { return random_tokens(20 + 7 * r, 90 + uint32_t(r), any_expert); });
       const std::string what = std::string(dispatch_dtype_name(dt)) + " " + ep_mode_name(mode);
       for (int r = 0; r < R; ++r) {
         const Status& st = got.status[size_t(r)];
@@ -238,7 +237,8 @@ TEST(EpDispatcher, Bf16ExpertOutputsCombineLikeTheirF32Values) {
       for (int r = 0; r < R; ++r) {
         ASSERT_TRUE(status[size_t(r)].ok()) << what << ": " << status[size_t(r)].to_string();
         ASSERT_EQ(y16[size_t(r)].size(), y32[size_t(r)].size()) << what;
-        EXPECT_EQ(std::memcmp(y16[size_t(r)].data(), y32[size_t(r)].data(), y32[size_t(r)].size() * 4), 0)
+        EXPECT_EQ(
+            std::memcmp(y16[size_t(r)].data(), y32[size_t(r)].data(), y32[size_t(r)].size() * 4), 0)
             << what << " rank " << r;
       }
     }

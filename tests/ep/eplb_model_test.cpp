@@ -266,7 +266,8 @@ std::vector<OnlineOutcome> run_online(const std::string& dir, int R, int64_t int
       for (int32_t l = 0; l < moe_layers; ++l) {
         const MoeWeights& mw = *(*ck)->weights().layers[size_t(moe_to_layer[size_t(l)])].moe;
         for (int32_t e = 0; e < int32_t(config.n_routed_experts); ++e) {
-          for (int p = 0; p < R; ++p) o.placement_changed |= initial.holds(l, p, e) != final_p.holds(l, p, e);
+          for (int p = 0; p < R; ++p)
+            o.placement_changed |= initial.holds(l, p, e) != final_p.holds(l, p, e);
           const std::string at = fmt::format("layer {} expert {}: ", l, e);
           if (final_p.holds(l, r, e) != model.has_expert(l, e)) o.errors += at + "held != placed; ";
           if (final_p.holds(l, r, e) && !initial.holds(l, r, e)) {
@@ -313,19 +314,22 @@ TEST(EplbModel, OnlineMigrationKeepsTokensExactAndBalances) {
       EXPECT_EQ(m.planned_at_step, 4);
       EXPECT_GE(m.steps, 2) << where << ": the weights move over several steps";
       EXPECT_GT(m.group_bytes, 0);
-      std::printf("%s: first migration %lld transfers, %lld bytes in the group, %lld steps; "
-                  "this rank sent %lld, received %lld bytes (%lld experts), dropped %lld\n",
-                  where.c_str(), (long long)m.transfers, (long long)m.group_bytes,
-                  (long long)m.steps, (long long)m.bytes_sent, (long long)m.bytes_received,
-                  (long long)m.experts_received, (long long)m.experts_dropped);
+      std::printf(
+          "%s: first migration %lld transfers, %lld bytes in the group, %lld steps; "
+          "this rank sent %lld, received %lld bytes (%lld experts), dropped %lld\n",
+          where.c_str(), (long long)m.transfers, (long long)m.group_bytes, (long long)m.steps,
+          (long long)m.bytes_sent, (long long)m.bytes_received, (long long)m.experts_received,
+          (long long)m.experts_dropped);
     }
     ASSERT_TRUE(off[0].loads.ok() && on[0].loads.ok());
     EXPECT_EQ(on[0].loads->tokens.tokens, off[0].loads->tokens.tokens) << "the same routing";
     for (int32_t l = 0; l < off[0].loads->rank_rows.num_layers; ++l) {
       const double before = rank_imbalance(off[0].loads->rank_rows, l);
       const double after = rank_imbalance(on[0].loads->rank_rows, l);
-      std::printf("R %d MoE layer %d: max/mean rows per rank (last 3 steps) %.3f without EPLB, "
-                  "%.3f after migration\n", R, l, before, after);
+      std::printf(
+          "R %d MoE layer %d: max/mean rows per rank (last 3 steps) %.3f without EPLB, "
+          "%.3f after migration\n",
+          R, l, before, after);
       EXPECT_LT(after, before) << "R " << R << " layer " << l;
     }
   }

@@ -109,8 +109,7 @@ struct RankRun {
   std::unique_ptr<FakeHost> host;
 };
 
-std::vector<RankRun> migrate(int R, int64_t budget, int refusing_rank,
-                             int refusing_exporter = -1) {
+std::vector<RankRun> migrate(int R, int64_t budget, int refusing_rank, int refusing_exporter = -1) {
   const int64_t L = 2;
   auto cur = *ExpertPlacement::contiguous(ep_testing::E, R);
   BalancerOptions bo{.redundant_experts = 8, .groups = 4};
@@ -229,7 +228,8 @@ TEST(ExpertMigration, OneRankFailingAnExportCancelsOnEveryRankBeforeAnythingMove
   auto cur = *ExpertPlacement::contiguous(ep_testing::E, R);
   for (int r = 0; r < R; ++r) {
     const RankRun& run = runs[size_t(r)];
-    EXPECT_NE(run.error.find("export failed"), std::string::npos) << "rank " << r << ": " << run.error;
+    EXPECT_NE(run.error.find("export failed"), std::string::npos)
+        << "rank " << r << ": " << run.error;
     EXPECT_NE(run.error.find(r == 2 ? "cannot read the expert" : "rank 2"), std::string::npos)
         << run.error;
     EXPECT_EQ(run.host->installs, 0);

@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
+#include "../test_isa.h"
 #include "core/dtype.h"
 #include "kernels/gemm_bf16.h"
-#include "../test_isa.h"
 
 namespace moeserve {
 namespace {
@@ -42,10 +42,16 @@ TEST(Convert, Fp8RowsMatchTheTableAtEveryLevel) {
 std::vector<float> tricky_floats(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 3.0f);
-  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(), 1e-40f, -3e-39f,
-                            1.00390625f /* tie: rounds to even */, 1.01171875f, 3.4e38f};
+                            std::numeric_limits<float>::quiet_NaN(),
+                            1e-40f,
+                            -3e-39f,
+                            1.00390625f /* tie: rounds to even */,
+                            1.01171875f,
+                            3.4e38f};
   std::vector<float> x(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     x[size_t(i)] = i % 7 == 3 ? specials[size_t(i / 7) % std::size(specials)] : normal(rng);
@@ -69,7 +75,8 @@ TEST(Convert, Bf16RowsMatchTheScalarConversionsAtEveryLevel) {
       std::vector<float> f(static_cast<size_t>(n + 1), 5.0f);
       bf16_to_f32_row(want_b.data(), n, f.data(), isa);
       for (int64_t i = 0; i < n; ++i) {
-        ASSERT_TRUE(testing::same_bits(f[size_t(i)], bf16_to_f32(want_b[size_t(i)]))) << isa_name(isa) << " i=" << i;
+        ASSERT_TRUE(testing::same_bits(f[size_t(i)], bf16_to_f32(want_b[size_t(i)])))
+            << isa_name(isa) << " i=" << i;
       }
       EXPECT_EQ(f[size_t(n)], 5.0f);
 
@@ -79,7 +86,9 @@ TEST(Convert, Bf16RowsMatchTheScalarConversionsAtEveryLevel) {
       for (int64_t i = 0; i < n; ++i) {
         float p = w * bf16_to_f32(want_b[size_t(i)]);
         float want = y_ref[size_t(i)] + p;
-        ASSERT_TRUE(testing::same_bits(y[size_t(i)], want)) << isa_name(isa) << " i=" << i << " got " << y[size_t(i)] << " want " << want << " ref " << y_ref[size_t(i)] << " x " << bf16_to_f32(want_b[size_t(i)]);
+        ASSERT_TRUE(testing::same_bits(y[size_t(i)], want))
+            << isa_name(isa) << " i=" << i << " got " << y[size_t(i)] << " want " << want << " ref "
+            << y_ref[size_t(i)] << " x " << bf16_to_f32(want_b[size_t(i)]);
       }
       EXPECT_TRUE(testing::same_bits(y[size_t(n)], y_ref[size_t(n)]));
     }

@@ -43,8 +43,8 @@ TEST(GemmBf16, EveryIsaMatchesReference) {
             continue;
           }
           // Different summation order: tolerance relative to sqrt(k) * |terms| ~ 1.
-          EXPECT_NEAR(a, b, 1e-4f * std::sqrt(float(s.k)) * 4) << isa_name(isa) << " m=" << s.m
-                                                               << " n=" << s.n << " k=" << s.k;
+          EXPECT_NEAR(a, b, 1e-4f * std::sqrt(float(s.k)) * 4)
+              << isa_name(isa) << " m=" << s.m << " n=" << s.n << " k=" << s.k;
         }
       }
     }
@@ -60,7 +60,8 @@ TEST(GemmBf16Packed, PackPlacesEveryElement) {
     ThreadPool pool(2);
     PackedBf16Weight p = pack_bf16_weight(w.data(), n, k, ldw, &pool);
     for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < k; ++c) ASSERT_EQ(p.at(r, c), w[size_t(r * ldw + c)]) << r << "," << c;
+      for (int64_t c = 0; c < k; ++c)
+        ASSERT_EQ(p.at(r, c), w[size_t(r * ldw + c)]) << r << "," << c;
   }
 }
 
@@ -115,8 +116,8 @@ namespace {
 TEST(GemmF32, EveryIsaMatchesScalar) {
   std::mt19937 rng(5);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 3}, {6, 33, 17},
-                         {9, 128, 160}, {2, 7, 512}}) {
+  for (auto [m, n, k] :
+       {std::tuple<int64_t, int64_t, int64_t>{1, 5, 3}, {6, 33, 17}, {9, 128, 160}, {2, 7, 512}}) {
     std::vector<float> x(size_t(m * k)), w(size_t(n * k));
     for (auto& v : x) v = d(rng);
     for (auto& v : w) v = d(rng);
@@ -142,9 +143,14 @@ namespace {
 TEST(GemmF32Kn, EveryIsaMatchesScalar) {
   std::mt19937 rng(6);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 3}, {6, 33, 17},
-                         {9, 160, 48}, {5, 512, 128}, {70, 40, 160}, {3, 200, 7},
-                         {32, 128, 512}, {13, 576, 64}}) {
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 3},
+                         {6, 33, 17},
+                         {9, 160, 48},
+                         {5, 512, 128},
+                         {70, 40, 160},
+                         {3, 200, 7},
+                         {32, 128, 512},
+                         {13, 576, 64}}) {
     const int64_t ldx = k + 1, ldwt = n + 3, ldy = n + 2;
     std::vector<float> x(size_t(m * ldx)), wt(size_t(k * ldwt));
     for (auto& v : x) v = d(rng);

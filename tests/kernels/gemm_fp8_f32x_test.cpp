@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "../test_isa.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "gemm_fp8_problem.h"
-#include "../test_isa.h"
 
 namespace moeserve {
 namespace {

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "../test_isa.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "gemm_fp8_problem.h"
-#include "../test_isa.h"
 
 namespace moeserve {
 namespace {
@@ -168,8 +168,8 @@ TEST(GemmFp8, LongKAcrossChunks) {
       struct Window {
         int64_t r0, m;
       };
-      for (Window w : {Window{0, 37}, Window{0, 1}, Window{0, 7}, Window{530, 40},
-                       Window{rows - 13, 13}}) {
+      for (Window w :
+           {Window{0, 37}, Window{0, 1}, Window{0, 7}, Window{530, 40}, Window{rows - 13, 13}}) {
         std::vector<float> y(size_t(w.m * p.n));
         gemm_fp8(x.data() + w.r0 * k, w.m, k, p.packed, GemmOutput{y.data(), DType::kF32, p.n},
                  (w.m & 1) ? &pool : nullptr, isa);

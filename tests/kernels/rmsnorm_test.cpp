@@ -59,8 +59,9 @@ TEST(Rmsnorm, FastKernelMatchesReferenceAtEveryLevel) {
             continue;
           }
           // 1/sqrt may round to a neighbouring float (1 ulp), then two F32 multiplies.
-          ASSERT_LE(testing::ulps(y[k], want[k]), 3) << isa_name(isa) << " dim=" << dim << " row " << r
-                                            << " i=" << i << ": " << y[k] << " vs " << want[k];
+          ASSERT_LE(testing::ulps(y[k], want[k]), 3)
+              << isa_name(isa) << " dim=" << dim << " row " << r << " i=" << i << ": " << y[k]
+              << " vs " << want[k];
           row_differs |= y[k] != want[k];
         }
         if (isa != Isa::kScalar) {

@@ -26,7 +26,8 @@ std::set<int32_t> allowed(const std::vector<float>& l, const SamplingParams& p) 
   size_t k = p.top_k > 0 ? std::min(idx.size(), size_t(p.top_k)) : idx.size();
   std::vector<double> w(k);
   double total = 0;
-  for (size_t i = 0; i < k; ++i) total += w[i] = std::exp((l[size_t(idx[i])] - l[size_t(idx[0])]) / p.temperature);
+  for (size_t i = 0; i < k; ++i)
+    total += w[i] = std::exp((l[size_t(idx[i])] - l[size_t(idx[0])]) / p.temperature);
   std::set<int32_t> out;
   double cum = 0;
   for (size_t i = 0; i < k; ++i) {
@@ -47,9 +48,9 @@ TEST(Sampling, GreedyAtZeroTemperature) {
 // without cuts (the cut ones renormalised over the allowed set).
 TEST(Sampling, FrequenciesFollowTheTemperedSoftmax) {
   const std::vector<float> l = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, 1.5f};
-  for (SamplingParams p : {SamplingParams{1.0f, 1.0f, 0}, SamplingParams{0.7f, 1.0f, 0},
-                           SamplingParams{1.0f, 1.0f, 3}, SamplingParams{1.3f, 0.8f, 0},
-                           SamplingParams{1.0f, 0.9f, 4}}) {
+  for (SamplingParams p :
+       {SamplingParams{1.0f, 1.0f, 0}, SamplingParams{0.7f, 1.0f, 0}, SamplingParams{1.0f, 1.0f, 3},
+        SamplingParams{1.3f, 0.8f, 0}, SamplingParams{1.0f, 0.9f, 4}}) {
     std::set<int32_t> ok = allowed(l, p);
     std::vector<double> want(l.size(), 0.0);
     double z = 0;
@@ -58,11 +59,13 @@ TEST(Sampling, FrequenciesFollowTheTemperedSoftmax) {
     std::mt19937_64 rng(7);
     const int draws = 200000;
     std::vector<int> count(l.size(), 0);
-    for (int d = 0; d < draws; ++d) ++count[size_t(sample_token(l.data(), int64_t(l.size()), p, rng))];
+    for (int d = 0; d < draws; ++d)
+      ++count[size_t(sample_token(l.data(), int64_t(l.size()), p, rng))];
     for (size_t i = 0; i < l.size(); ++i) {
       const double sd = std::sqrt(draws * want[i] * (1 - want[i])) + 1e-9;
       EXPECT_NEAR(count[i], draws * want[i], 5 * sd + (want[i] == 0 ? 0 : 1))
-          << "token " << i << " T=" << p.temperature << " top_p=" << p.top_p << " top_k=" << p.top_k;
+          << "token " << i << " T=" << p.temperature << " top_p=" << p.top_p
+          << " top_k=" << p.top_k;
     }
   }
 }

@@ -116,7 +116,8 @@ TEST(SiluMul, SweepStaysWithinAFewUlps) {
         if (std::fabs(exact) < 1e-37) continue;  // subnormal results: absolute error only
         const float exact_f = float(exact);
         if (want[size_t(i)] == 0.0f) continue;  // exp(-g) overflowed in F32 for both
-        worst = std::max(worst, testing::ulps(out[size_t(i)], exact_f) - testing::ulps(want[size_t(i)], exact_f));
+        worst = std::max(worst, testing::ulps(out[size_t(i)], exact_f) -
+                                    testing::ulps(want[size_t(i)], exact_f));
         worst_exact = std::max(worst_exact, testing::ulps(out[size_t(i)], exact_f));
       }
       EXPECT_LE(worst_exact, 3) << isa_name(isa) << ": ulps from the exact value";

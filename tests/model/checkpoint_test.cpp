@@ -158,9 +158,10 @@ TEST_F(CheckpointTest, MissingTensorAndScale) {
                              "model.layers.2.mlp.experts.3.up_proj.weight"}) {
     std::string dir = damaged_copy("missing");
     for (int s : {1, 2}) {
-      rewrite(shard(dir, s), [&](const std::string& name, const TensorInfo& t, SafetensorsWriter& w) {
-        if (name != victim) w.add(name, t.dtype, t.shape, t.data, t.nbytes);
-      });
+      rewrite(shard(dir, s),
+              [&](const std::string& name, const TensorInfo& t, SafetensorsWriter& w) {
+                if (name != victim) w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+              });
     }
     std::string e = error_of(dir);
     EXPECT_NE(e.find(victim), std::string::npos) << e;
@@ -185,7 +186,8 @@ TEST_F(CheckpointTest, MtpLayersAreSkipped) {
   // An MTP layer after the last layer is accepted once num_nextn_predict_layers says so.
   rewrite(shard(dir, 2), [](const std::string& name, const TensorInfo& t, SafetensorsWriter& w) {
     w.add(name, t.dtype, t.shape, t.data, t.nbytes);
-    if (name == "model.norm.weight") w.add("model.layers.4.eh_proj.weight", t.dtype, t.shape, t.data, t.nbytes);
+    if (name == "model.norm.weight")
+      w.add("model.layers.4.eh_proj.weight", t.dtype, t.shape, t.data, t.nbytes);
   });
   std::string e = error_of(dir);
   EXPECT_NE(e.find("model.layers.4.eh_proj.weight"), std::string::npos) << e;

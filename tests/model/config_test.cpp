@@ -75,13 +75,11 @@ TEST(ModelConfig, BadFieldsAreNamed) {
     json value;  // null: remove the key
   };
   std::vector<Case> cases = {
-      {"hidden_size", nullptr},        {"hidden_size", -5},
-      {"hidden_size", "big"},          {"kv_lora_rank", 0},
-      {"topk_method", "best"},         {"scoring_func", "relu"},
-      {"num_experts_per_tok", 300},    {"n_group", 7},
-      {"topk_group", 9},               {"qk_rope_head_dim", 63},
-      {"model_type", "llama"},         {"vocab_size", nullptr},
-      {"norm_topk_prob", "yes"},       {"hidden_act", "gelu"},
+      {"hidden_size", nullptr},     {"hidden_size", -5},     {"hidden_size", "big"},
+      {"kv_lora_rank", 0},          {"topk_method", "best"}, {"scoring_func", "relu"},
+      {"num_experts_per_tok", 300}, {"n_group", 7},          {"topk_group", 9},
+      {"qk_rope_head_dim", 63},     {"model_type", "llama"}, {"vocab_size", nullptr},
+      {"norm_topk_prob", "yes"},    {"hidden_act", "gelu"},
   };
   for (const Case& k : cases) {
     json j = v3_config();

@@ -65,7 +65,8 @@ void expect_same(const GenerateResult& a, const GenerateResult& b, float tol) {
     const auto& ta = a.top_logprobs[s];
     const auto& tb = b.top_logprobs[s];
     for (const TokenLogprob& x : ta) {
-      auto it = std::find_if(tb.begin(), tb.end(), [&](const TokenLogprob& y) { return y.id == x.id; });
+      auto it =
+          std::find_if(tb.begin(), tb.end(), [&](const TokenLogprob& y) { return y.id == x.id; });
       if (it != tb.end()) {
         EXPECT_NEAR(x.logprob, it->logprob, tol) << "step " << s << " id " << x.id;
       } else {  // dropped out of b's list: only if it was within tol of b's last entry
@@ -73,7 +74,8 @@ void expect_same(const GenerateResult& a, const GenerateResult& b, float tol) {
       }
     }
     if (a.tokens[s] != b.tokens[s]) {
-      EXPECT_LT(ta[0].logprob - ta[1].logprob, tol) << "step " << s << ": tokens differ without a tie";
+      EXPECT_LT(ta[0].logprob - ta[1].logprob, tol)
+          << "step " << s << ": tokens differ without a tie";
       return;
     }
   }
@@ -174,21 +176,23 @@ TEST_P(DeepseekTest, RejectsBadTokenAndContext) {
   EXPECT_FALSE(empty.ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Variants, DeepseekTest,
-    ::testing::Combine(::testing::Values("v3", "v3h128", "v2"),
-                       ::testing::Values(ComputePath::kReference, ComputePath::kFast)),
-    [](const auto& info) {
-      return std::get<0>(info.param) +
-             (std::get<1>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
-    });
+INSTANTIATE_TEST_SUITE_P(Variants, DeepseekTest,
+                         ::testing::Combine(::testing::Values("v3", "v3h128", "v2"),
+                                            ::testing::Values(ComputePath::kReference,
+                                                              ComputePath::kFast)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) == ComputePath::kFast ? "_fast"
+                                                                                 : "_reference");
+                         });
 
 // Below min_tokens new tokens a step stays one micro-batch (the second empty); at or above it
 // the split balances as before.
 TEST(MicroBatches, SmallStepsStayWhole) {
   std::vector<int32_t> toks(40, 1), table(4, 0);
   std::vector<StepSequence> b;
-  for (int i = 0; i < 4; ++i) b.push_back({std::span<const int32_t>(toks).first(size_t(10)), 5 * i, table, true});
+  for (int i = 0; i < 4; ++i)
+    b.push_back({std::span<const int32_t>(toks).first(size_t(10)), 5 * i, table, true});
   auto whole = split_micro_batches(b, 41);  // 40 tokens
   EXPECT_EQ(whole[0], (std::vector<size_t>{0, 1, 2, 3}));
   EXPECT_TRUE(whole[1].empty());

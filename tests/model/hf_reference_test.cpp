@@ -138,7 +138,8 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
     std::vector<int32_t> table;
     for (int32_t b = 0; b * kKvBlockSize < int64_t(seq.size()); ++b) table.push_back(b);
     KvCache cache({cfg.num_hidden_layers, cfg.kv_cache_dim(), kv_dtype()}, int32_t(table.size()));
-    KvCache ref_cache({cfg.num_hidden_layers, cfg.kv_cache_dim(), DType::kF32}, int32_t(table.size()));
+    KvCache ref_cache({cfg.num_hidden_layers, cfg.kv_cache_dim(), DType::kF32},
+                      int32_t(table.size()));
     StepOutput out, ref_out;
     std::vector<float>& logits = out.logits;
     std::vector<float> lp(size_t(cfg.vocab_size));
