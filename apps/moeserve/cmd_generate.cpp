@@ -5,25 +5,26 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cache/kv_cache.h"
 #include "commands.h"
-#include "ep_flags.h"
 #include "core/thread_pool.h"
 #include "core/trace.h"
 #include "engine/generator.h"
 #include "ep/dispatcher.h"
 #include "ep/ep_group.h"
 #include "ep/expert_load_counter.h"
+#include "ep_flags.h"
 #include "eplb/expert_loads.h"
 #include "model/checkpoint.h"
 #include "model/deepseek.h"
 #include "model/expert_store.h"
+#include "model/fingerprint.h"
 #include "tokenizer/chat_messages_json.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -35,9 +36,9 @@ namespace {
 struct GenerateOptions {
   std::string model;
   std::vector<std::string> prompt_ids;
-  std::vector<std::string> prompts;        // text, encoded with the tokenizer
-  std::vector<std::string> messages_files; // chat messages (JSON), rendered with the template
-  std::string tokenizer;                   // default: the model directory
+  std::vector<std::string> prompts;         // text, encoded with the tokenizer
+  std::vector<std::string> messages_files;  // chat messages (JSON), rendered with the template
+  std::string tokenizer;                    // default: the model directory
   int64_t max_tokens = 16;
   float temperature = 0.0f;
   float top_p = 1.0f;
@@ -80,7 +81,8 @@ void print_step_times(std::vector<double> ms, const std::vector<bool>& migrating
              median > 0 ? worst_other / median : 0.0);
   if (std::getenv("MOESERVE_EPLB_STEP_TIMES")) {  // every step, for the figures of docs/eplb.md
     std::string all;
-    for (size_t i = 0; i < ms.size(); ++i) all += fmt::format(" {:.0f}{}", ms[i], migrating[i] ? "*" : "");
+    for (size_t i = 0; i < ms.size(); ++i)
+      all += fmt::format(" {:.0f}{}", ms[i], migrating[i] ? "*" : "");
     fmt::print(stderr, "eplb: step ms (* = moved weights):{}\n", all);
   }
 }
@@ -119,7 +121,8 @@ Result<std::vector<std::vector<int32_t>>> collect_prompts(const GenerateOptions&
   if ((!o.prompts.empty() || !o.messages_files.empty()) && !tok) {
     return InvalidArgument("--prompt and --messages need a tokenizer (--tokenizer DIR)");
   }
-  for (const std::string& text : o.prompts) prompts.push_back(tok->encode(text, tok->default_add_bos()));
+  for (const std::string& text : o.prompts)
+    prompts.push_back(tok->encode(text, tok->default_add_bos()));
   if (!o.messages_files.empty()) {
     ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::for_tokenizer(*tok));
     for (const std::string& file : o.messages_files) {
@@ -140,7 +143,8 @@ int run_generate(const GenerateOptions& o) {
   // The tokenizer: --tokenizer, else the model directory when it has one.
   std::optional<Tokenizer> tok;
   std::string tok_dir = o.tokenizer.empty() ? o.model : o.tokenizer;
-  if (!o.tokenizer.empty() || std::filesystem::exists(std::filesystem::path(tok_dir) / "tokenizer.json")) {
+  if (!o.tokenizer.empty() ||
+      std::filesystem::exists(std::filesystem::path(tok_dir) / "tokenizer.json")) {
     auto t = Tokenizer::load(tok_dir);
     if (!t.ok()) {
       fmt::print(stderr, "generate: {}\n", t.status().message());
@@ -219,9 +223,13 @@ int run_generate(const GenerateOptions& o) {
   model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
   int32_t n_blocks = 0;
   for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
-  KvCache cache({c.num_hidden_layers, c.kv_cache_dim(),
-                 o.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32},
-                n_blocks);
+  const DType kv_dtype = o.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  auto fingerprint = model_fingerprint(o.model, kv_dtype, path);
+  if (!fingerprint.ok()) {
+    fmt::print(stderr, "generate: {}\n", fingerprint.status().message());
+    return 1;
+  }
+  KvCache cache({c.num_hidden_layers, c.kv_cache_dim(), kv_dtype}, n_blocks, *fingerprint);
   Generator gen(model, cache, &pool);
   const int rank = ep ? ep->comm->rank() : 0;
   std::optional<Tracer> tracer;
@@ -236,7 +244,8 @@ int run_generate(const GenerateOptions& o) {
   std::vector<bool> step_migrating;
   auto step_t0 = std::chrono::steady_clock::now();
   if (ep && ep->balancer) {
-    if (o.ep.eplb_interval > 0) ep->balancer->set_expert_host(std::make_unique<ModelExpertHost>(model));
+    if (o.ep.eplb_interval > 0)
+      ep->balancer->set_expert_host(std::make_unique<ModelExpertHost>(model));
     gen.set_after_step([&]() -> Status {
       const bool started = ep->balancer->migrating();
       Result<bool> r = ep->balancer->end_step();
@@ -256,7 +265,8 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   double gen_s = seconds_since(t1);
-  if (ep && ep->balancer && o.ep.eplb_interval > 0 && print) print_step_times(step_ms, step_migrating);
+  if (ep && ep->balancer && o.ep.eplb_interval > 0 && print)
+    print_step_times(step_ms, step_migrating);
   if (ep && ep->balancer) {
     if (Status st = report_expert_loads(*ep, o.ep.expert_stats_out); !st.ok()) {
       fmt::print(stderr, "generate: {}\n", st.message());
@@ -317,25 +327,31 @@ Subcommand add_generate_command(CLI::App& parent) {
   app->add_option("--prompt", o->prompts, "Prompt text (repeat for a batch)");
   app->add_option("--messages", o->messages_files,
                   "Chat messages JSON file, rendered with the chat template (repeat for a batch)");
-  app->add_option("--tokenizer", o->tokenizer, "Tokenizer directory (default: the model directory)");
-  app->add_option("--max-tokens", o->max_tokens, "Tokens to generate per prompt")->capture_default_str();
+  app->add_option("--tokenizer", o->tokenizer,
+                  "Tokenizer directory (default: the model directory)");
+  app->add_option("--max-tokens", o->max_tokens, "Tokens to generate per prompt")
+      ->capture_default_str();
   app->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   app->add_option("--top-p", o->top_p)->capture_default_str();
   app->add_option("--top-k", o->top_k, "0 = all")->capture_default_str();
   app->add_option("--seed", o->seed)->capture_default_str();
-  app->add_option("--logprobs", o->logprobs, "Record the top K logprobs per step")->capture_default_str();
+  app->add_option("--logprobs", o->logprobs, "Record the top K logprobs per step")
+      ->capture_default_str();
   app->add_flag("--json", o->json, "One JSON line per prompt");
   app->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
   app->add_option("--threads", o->threads, "Threads (default: all cores)");
   app->add_option("--attention", o->attention, "absorbed | naive")
-      ->check(CLI::IsMember({"absorbed", "naive"}))->capture_default_str();
+      ->check(CLI::IsMember({"absorbed", "naive"}))
+      ->capture_default_str();
   app->add_option("--kv-cache-dtype", o->kv_dtype, "f32 | bf16")
-      ->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   app->add_option("--trace", o->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every layer's stages");
   app->add_option("--compute", o->compute,
                   "fast (BF16 activations, SIMD kernels) | reference (FP32, scalar)")
-      ->check(CLI::IsMember({"fast", "reference"}))->capture_default_str();
+      ->check(CLI::IsMember({"fast", "reference"}))
+      ->capture_default_str();
   app->add_option("--prefill-chunk", o->prefill_chunk, "Max prompt tokens per step (0 = all)");
   add_ep_flags(*app, o->ep);
   return {app, [o] { return run_generate(*o); }};

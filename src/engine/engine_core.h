@@ -7,8 +7,8 @@
 //   emit(plan, r);                            // callbacks, stop checks, finishing
 //
 // step() does all of it; schedule() and run(plan) are the same two halves for a client that
-// must agree with other ranks between them (the data-parallel group, dp_group.h). Clients:
-// Generator (a fixed batch to completion) and the serving engine (llm_engine.cpp).
+// must agree with other ranks between them (the data-parallel rank protocol, dp_control.h).
+// Clients: Generator (a fixed batch to completion) and the serving engine (llm_engine.cpp).
 //
 // Borrows the model, cache and pool (they outlive it). Not thread-safe: every call comes from
 // one thread (the engine's step thread); callbacks run on it, in order, and may call cancel().

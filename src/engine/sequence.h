@@ -15,9 +15,11 @@ namespace moeserve {
 // waiting --admit--> prefill --first token--> decode --stop/length/cancel/error--> finished
 //    ^                  |                        |
 //    +----preempt-------+------------------------+
-// loading KV (a lower tier's blocks on their way in) sits between waiting and prefill; handed
-// off (the KV went to another unit, which continues the request) ends a prefill-only run.
-// Every transition goes through Sequence::set_state, which CHECKs it is one of these edges.
+// Also: every state may finish (cancel, error, or the end of its run); loading KV (a lower tier's
+// blocks on their way in) sits between waiting and prefill and may fall back to waiting; prefill
+// and decode may be handed off (the KV went to another unit, which continues the request), and a
+// handed-off sequence only finishes. is_valid_transition() is the one table (docs/engine.md
+// draws it); every transition goes through Sequence::set_state, which CHECKs it.
 enum class SeqState { kWaiting, kLoadingKv, kPrefill, kDecode, kHandedOff, kFinished };
 
 std::string_view to_string(SeqState s);
