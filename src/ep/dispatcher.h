@@ -20,10 +20,14 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "core/trace.h"
+#include "ep/comm_worker.h"
 #include "ep/row_pool.h"
 
 namespace moeserve {
@@ -69,9 +73,16 @@ struct ExpertBatch {
   int64_t segment_rows(size_t s) const { return counts[s]; }
 };
 
+// How an asynchronous exchange appears on the trace's communication lane (nothing without a
+// tracer).
+struct CommLabel {
+  Tracer* tracer = nullptr;
+  std::string name;
+};
+
 class Dispatcher {
  public:
-  virtual ~Dispatcher() = default;
+  virtual ~Dispatcher();
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
@@ -93,6 +104,25 @@ class Dispatcher {
   // expert_out: [batch.n_rows(), hidden], F32 or BF16 bits; y: [n_tokens, hidden] (overwritten).
   virtual Status combine(const ExpertBatch& batch, const float* expert_out, float* y) = 0;
   virtual Status combine(const ExpertBatch& batch, const uint16_t* expert_out, float* y) = 0;
+
+  // Dual micro-batch overlap (docs/ep-overlap.md): dispatch and combine on the dispatcher's
+  // own communication thread (started on first use), one after another in submission order,
+  // while the caller computes. Every rank of a group submits the same exchanges in the same
+  // order, so the ranks' threads meet in the same collectives. What an exchange reads and
+  // writes must stay alive and untouched until its future is ready, and every future must be
+  // ready before the caller's next synchronous call or the dispatcher's destruction.
+  std::future<Result<ExpertBatch>> dispatch_async(int64_t moe_layer, const float* x,
+                                                  int64_t n_tokens, int64_t hidden,
+                                                  const int32_t* topk_ids,
+                                                  const float* topk_weights, int64_t top_k,
+                                                  CommLabel label);
+  // Exactly one of expert_f32, expert_bf16 is non-null (the combine overloads above).
+  std::future<Status> combine_async(const ExpertBatch& batch, const float* expert_f32,
+                                    const uint16_t* expert_bf16, float* y, CommLabel label);
+
+ private:
+  CommWorker& comm_thread();
+  std::unique_ptr<CommWorker> comm_;  // the step thread's only: made by the first async call
 };
 
 // All experts in this process: dispatch is a gather, combine a weighted scatter-add. With

@@ -23,7 +23,6 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "core/trace.h"
-#include "ep/comm_worker.h"
 #include "ep/dispatcher.h"
 #include "ep/expert_migration.h"
 #include "kernels/gemm_fp8.h"
@@ -189,7 +188,6 @@ class DeepseekModel {
   RouteObserver route_observer_;
   bool overlap_ = true;
   int64_t overlap_min_tokens_ = -1;
-  std::unique_ptr<CommWorker> comm_worker_;  // made by the first overlapped forward()
   RopeTable rope_;
   // Fast path: FP8 weights repacked for gemm_fp8, keyed by the checkpoint bytes they came from.
   std::unordered_map<const uint8_t*, PackedFp8Weight> packed_;

@@ -1,6 +1,6 @@
 // Dual micro-batch overlap (docs/ep-overlap.md): the layers of DeepseekModel::forward with the
 // step's sequences split in two micro-batches that take turns on the step thread, while each
-// one's dispatch and combine run on the rank's communication thread (CommWorker).
+// one's dispatch and combine run on the dispatcher's communication thread (dispatch_async).
 //
 // The schedule is DeepSeek's prefill order, cut into two stages per MoE layer and micro-batch:
 //   front    [shared experts, wait combine, residual of layer l-1] + layers up to the next MoE
@@ -30,6 +30,12 @@ namespace {
 int64_t attention_work(const StepSequence& s) {
   const int64_t n = int64_t(s.tokens.size());
   return n * s.start_pos + n * (n + 1) / 2;
+}
+
+// An exchange's name on the trace's communication lane: "dispatch L3 mb0".
+CommLabel comm_label_for(Tracer* tracer, const char* stage, int64_t layer, int mb) {
+  if (!tracer) return {};
+  return {tracer, fmt::format("{} L{} mb{}", stage, layer, mb)};
 }
 
 }  // namespace
@@ -96,7 +102,6 @@ int64_t DeepseekModel::overlap_min_tokens() const {
 Status DeepseekModel::layers_overlapped(std::span<const StepSequence> batch, KvCache& cache,
                                         std::vector<float>& x) {
   const int64_t H = config_.hidden_size;
-  if (!comm_worker_) comm_worker_ = std::make_unique<CommWorker>();
   std::vector<int64_t> first_row(batch.size() + 1, 0);  // row of each sequence in x
   for (size_t i = 0; i < batch.size(); ++i) {
     first_row[i + 1] = first_row[i] + int64_t(batch[i].tokens.size());
@@ -160,10 +165,9 @@ void DeepseekModel::advance_to_dispatch(MicroBatch& mb, KvCache& cache) {
     mb.wts.resize(size_t(n * k));  // [n, k]
     gate_stage(l, mb.index, mb.h.data(), n, mb.ids.data(), mb.wts.data());
     const int64_t moe_layer = moe_layer_index(l);
-    mb.dispatched = comm_worker_->submit([this, &mb, l, moe_layer, H, n, k] {
-      StageSpan span(tracer_, "dispatch", l, mb.index, TraceLane::kComm);
-      return dispatcher_.dispatch(moe_layer, mb.h.data(), n, H, mb.ids.data(), mb.wts.data(), k);
-    });
+    mb.dispatched =
+        dispatcher_.dispatch_async(moe_layer, mb.h.data(), n, H, mb.ids.data(), mb.wts.data(), k,
+                                   comm_label_for(tracer_, "dispatch", l, mb.index));
     mb.moe_pending = true;
     return;
   }
@@ -175,10 +179,11 @@ Status DeepseekModel::submit_combine(MicroBatch& mb) {
   RETURN_IF_ERROR(got.status());
   mb.batch = std::move(*got);
   RETURN_IF_ERROR(experts_stage(mb.layer, mb.index, mb.batch, mb.expert_out));
-  mb.combined = comm_worker_->submit([this, &mb] {
-    StageSpan span(tracer_, "combine", mb.layer, mb.index, TraceLane::kComm);
-    return combine(mb.batch, mb.expert_out, mb.out.data());  // [n, H]
-  });
+  const bool bf16 = path_ == ComputePath::kFast;  // the rows combine() would hand on
+  mb.combined = dispatcher_.combine_async(mb.batch, bf16 ? nullptr : mb.expert_out.f32.data(),
+                                          bf16 ? mb.expert_out.bf16.data() : nullptr,
+                                          mb.out.data(),  // [n, H]
+                                          comm_label_for(tracer_, "combine", mb.layer, mb.index));
   return Status::Ok();
 }
 
