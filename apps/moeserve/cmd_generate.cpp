@@ -245,7 +245,7 @@ int run_generate(const GenerateOptions& o) {
   auto step_t0 = std::chrono::steady_clock::now();
   if (ep && ep->balancer) {
     if (o.ep.eplb_interval > 0)
-      ep->balancer->set_expert_host(std::make_unique<ModelExpertHost>(model));
+      ep->balancer->set_expert_host(std::make_unique<ModelExpertHost>(model.experts()));
     gen.set_after_step([&]() -> Status {
       const bool started = ep->balancer->migrating();
       Result<bool> r = ep->balancer->end_step();

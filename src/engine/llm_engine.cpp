@@ -135,7 +135,7 @@ class LlmEngine final : public Engine {
     model_.set_tracer(options_.tracer);
     model_.set_overlap_min_tokens(options_.overlap_min_tokens);
     Status failed;
-    if (balancer_) balancer_->set_expert_host(std::make_unique<ModelExpertHost>(model_));
+    if (balancer_) balancer_->set_expert_host(std::make_unique<ModelExpertHost>(model_.experts()));
     dp_.set_before_finish([this] { publish_stats(); });
     try {
       failed = run();

@@ -111,7 +111,8 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
       mode_(mode),
       path_(path),
       overlap_(overlap),
-      rope_(rope_params(config)) {
+      rope_(rope_params(config)),
+      experts_(config, weights, path == ComputePath::kFast ? &packed_ : nullptr) {
   if (path_ == ComputePath::kFast) prepare_fast_path(progress);
 }
 

@@ -29,10 +29,9 @@
 #include "kernels/rope.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/expert_store.h"
 
 namespace moeserve {
-
-struct RuntimeExpert;  // model/expert_store.h
 
 // How attention reads the latent cache (DeepSeek's model.py keeps both):
 //   naive: expand each cached latent into per-head K and V with kv_b_proj, then attend;
@@ -110,15 +109,10 @@ class DeepseekModel {
   // Runs the step; `out` gets the logits and final hidden rows of the requested positions.
   Status forward(std::span<const StepSequence> batch, KvCache& cache, StepOutput* out);
 
-  // Routed experts changed at run time (EPLB migration; model/expert_store.{h,cpp}), between
-  // two forward() calls on its thread. moe_layer counts MoE layers only. install_expert takes an
-  // expert in the wire format of expert_store.h (replacing any copy held); drop_expert releases
-  // one (its packed weights; the checkpoint's mapping stays); the others are untouched.
-  Status install_expert(int64_t moe_layer, int32_t expert, std::vector<uint8_t> bytes);
-  void drop_expert(int64_t moe_layer, int32_t expert);
-  Result<ExpertBlob> export_expert(int64_t moe_layer, int32_t expert) const;
-  bool has_expert(int64_t moe_layer, int32_t expert) const;
-  bool expert_received(int64_t moe_layer, int32_t expert) const;  // from install_expert
+  // The routed experts this rank holds now (EPLB installs and drops them through it, between
+  // two forward() calls on its thread: model/expert_store.h).
+  ExpertStore& experts() { return experts_; }
+  const ExpertStore& experts() const { return experts_; }
 
  private:
   // x: [n, hidden] normalised input of the layer's attention; out: [n, hidden].
@@ -221,11 +215,10 @@ class DeepseekModel {
   void pack_absorbed_fp8(const WeightView& kv_b, AbsorbedWeights& W) const;
   // Fast path: router weights in F32 (routing stays FP32-exact), keyed by checkpoint bytes.
   std::unordered_map<const uint8_t*, std::vector<float>> gate_f32_;
-  // Run-time experts over the checkpoint's (expert_store.cpp): installed, or null when dropped.
-  const MlpWeights* held_expert(const MoeWeights& w, int32_t expert) const;
-  const MoeWeights* moe_layer_weights(int64_t moe_layer) const;
-  std::map<std::pair<const MoeWeights*, int32_t>, std::shared_ptr<const RuntimeExpert>>
-      runtime_experts_;
+  const MlpWeights* held_expert(const MoeWeights& w, int32_t e) const {
+    return experts_.held(w, e);
+  }
+  ExpertStore experts_;  // after packed_, which it borrows
 };
 
 }  // namespace moeserve

@@ -127,9 +127,13 @@ Result<std::shared_ptr<const RuntimeExpert>> decode_expert(std::vector<uint8_t> 
   return std::shared_ptr<const RuntimeExpert>(std::move(e));
 }
 
-// ---- DeepseekModel: run-time experts ----
+// ---- ExpertStore ----
 
-const MoeWeights* DeepseekModel::moe_layer_weights(int64_t moe_layer) const {
+ExpertStore::ExpertStore(const ModelConfig& config, const ModelWeights& weights,
+                         std::unordered_map<const uint8_t*, PackedFp8Weight>* packed)
+    : config_(config), weights_(weights), packed_(packed) {}
+
+const MoeWeights* ExpertStore::moe_layer_weights(int64_t moe_layer) const {
   int64_t m = 0;
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     if (!config_.is_moe_layer(l)) continue;
@@ -141,40 +145,40 @@ const MoeWeights* DeepseekModel::moe_layer_weights(int64_t moe_layer) const {
   return nullptr;
 }
 
-const MlpWeights* DeepseekModel::held_expert(const MoeWeights& w, int32_t expert) const {
-  if (!runtime_experts_.empty()) {
-    auto it = runtime_experts_.find({&w, expert});
-    if (it != runtime_experts_.end()) return it->second ? &it->second->weights : nullptr;
+const MlpWeights* ExpertStore::held(const MoeWeights& w, int32_t expert) const {
+  if (!runtime_.empty()) {
+    auto it = runtime_.find({&w, expert});
+    if (it != runtime_.end()) return it->second ? &it->second->weights : nullptr;
   }
   const auto& e = w.experts[size_t(expert)];
   return e ? &*e : nullptr;
 }
 
-bool DeepseekModel::has_expert(int64_t moe_layer, int32_t expert) const {
+bool ExpertStore::has_expert(int64_t moe_layer, int32_t expert) const {
   const MoeWeights* w = moe_layer_weights(moe_layer);
-  return w && expert >= 0 && expert < config_.n_routed_experts && held_expert(*w, expert);
+  return w && expert >= 0 && expert < config_.n_routed_experts && held(*w, expert);
 }
 
-bool DeepseekModel::expert_received(int64_t moe_layer, int32_t expert) const {
+bool ExpertStore::expert_received(int64_t moe_layer, int32_t expert) const {
   const MoeWeights* w = moe_layer_weights(moe_layer);
   if (!w) return false;
-  auto it = runtime_experts_.find({w, expert});
-  return it != runtime_experts_.end() && it->second;
+  auto it = runtime_.find({w, expert});
+  return it != runtime_.end() && it->second;
 }
 
-Result<ExpertBlob> DeepseekModel::export_expert(int64_t moe_layer, int32_t expert) const {
+Result<ExpertBlob> ExpertStore::export_expert(int64_t moe_layer, int32_t expert) {
   const MoeWeights* w = moe_layer_weights(moe_layer);
   const MlpWeights* e =
-      w && expert >= 0 && expert < config_.n_routed_experts ? held_expert(*w, expert) : nullptr;
-  if (!e)
+      w && expert >= 0 && expert < config_.n_routed_experts ? held(*w, expert) : nullptr;
+  if (!e) {
     return NotFound(fmt::format("MoE layer {} expert {} is not on this rank", moe_layer, expert));
+  }
   std::shared_ptr<const void> keep;
-  if (auto it = runtime_experts_.find({w, expert}); it != runtime_experts_.end()) keep = it->second;
+  if (auto it = runtime_.find({w, expert}); it != runtime_.end()) keep = it->second;
   return encode_expert(*e, std::move(keep));
 }
 
-Status DeepseekModel::install_expert(int64_t moe_layer, int32_t expert,
-                                     std::vector<uint8_t> bytes) {
+Status ExpertStore::install_expert(int64_t moe_layer, int32_t expert, std::vector<uint8_t> bytes) {
   const MoeWeights* w = moe_layer_weights(moe_layer);
   if (!w || expert < 0 || expert >= config_.n_routed_experts) {
     return InvalidArgument(
@@ -192,7 +196,7 @@ Status DeepseekModel::install_expert(int64_t moe_layer, int32_t expert,
   // newcomer must have their dtype, in all three matrices.
   DType want = m.gate.dtype;
   for (int32_t other = 0; other < int32_t(config_.n_routed_experts); ++other) {
-    const MlpWeights* o = other == expert ? nullptr : held_expert(*w, other);
+    const MlpWeights* o = other == expert ? nullptr : held(*w, other);
     if (o) {
       want = o->gate.dtype;
       break;
@@ -204,7 +208,7 @@ Status DeepseekModel::install_expert(int64_t moe_layer, int32_t expert,
                     moe_layer, expert));
   }
   std::vector<std::pair<const uint8_t*, PackedFp8Weight>> packed;
-  if (path_ == ComputePath::kFast) {
+  if (packed_) {
     for (const WeightView* v : {&m.gate, &m.up, &m.down}) {
       if (v->dtype != DType::kF8E4M3) continue;
       if (v->block_rows != 128 || v->block_cols != 128) {
@@ -214,33 +218,33 @@ Status DeepseekModel::install_expert(int64_t moe_layer, int32_t expert,
     }
   }
   drop_expert(moe_layer, expert);
-  for (auto& [key, p] : packed) packed_[key] = std::move(p);
-  runtime_experts_[{w, expert}] = std::move(e);
+  for (auto& [key, p] : packed) (*packed_)[key] = std::move(p);
+  runtime_[{w, expert}] = std::move(e);
   return Status::Ok();
 }
 
-void DeepseekModel::drop_expert(int64_t moe_layer, int32_t expert) {
+void ExpertStore::drop_expert(int64_t moe_layer, int32_t expert) {
   const MoeWeights* w = moe_layer_weights(moe_layer);
   if (!w || expert < 0 || expert >= config_.n_routed_experts) return;
-  if (const MlpWeights* e = held_expert(*w, expert)) {
-    for (const WeightView* v : {&e->gate, &e->up, &e->down}) packed_.erase(v->data);
+  if (const MlpWeights* e = held(*w, expert); e && packed_) {
+    for (const WeightView* v : {&e->gate, &e->up, &e->down}) packed_->erase(v->data);
   }
-  runtime_experts_[{w, expert}] = nullptr;
+  runtime_[{w, expert}] = nullptr;
 }
 
 // ---- ModelExpertHost ----
 
 Result<ExpertBlob> ModelExpertHost::export_expert(int64_t moe_layer, int32_t expert) {
-  return model_.export_expert(moe_layer, expert);
+  return store_.export_expert(moe_layer, expert);
 }
 
 Status ModelExpertHost::install_expert(int64_t moe_layer, int32_t expert,
                                        std::vector<uint8_t> bytes) {
-  return model_.install_expert(moe_layer, expert, std::move(bytes));
+  return store_.install_expert(moe_layer, expert, std::move(bytes));
 }
 
 void ModelExpertHost::drop_expert(int64_t moe_layer, int32_t expert) {
-  model_.drop_expert(moe_layer, expert);
+  store_.drop_expert(moe_layer, expert);
 }
 
 }  // namespace moeserve

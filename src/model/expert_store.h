@@ -1,6 +1,7 @@
 // Routed experts installed and dropped at run time (EPLB migration, docs/eplb.md "Online
 // rebalancing"): the wire format of one routed expert, the owned form a received expert takes,
-// and ModelExpertHost, the ep::ExpertHost of a DeepseekModel.
+// ExpertStore (which experts a rank holds now; the model asks it for an expert's weights and
+// knows nothing of migration) and ModelExpertHost, the ep::ExpertHost over a model's store.
 //
 // Wire format of one expert (host byte order: the ranks of a group share one architecture):
 //   header  u32 magic "MSX1", u32 matrices (3: gate, up, down), then per matrix
@@ -12,21 +13,24 @@
 // and packing it on arrival costs about a copy (docs/eplb.md). encode_expert gives the bytes as
 // spans into the weights (nothing copied); decode_expert validates everything it reads.
 //
-// DeepseekModel's install_expert/drop_expert/export_expert (defined in expert_store.cpp) use
-// these; they must be called between two forward() calls, from the thread that calls forward().
+// ExpertStore's install_expert/drop_expert/export_expert must be called between two forward()
+// calls of its model, from the thread that calls forward().
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
 #include "ep/expert_migration.h"
+#include "kernels/gemm_fp8.h"
 #include "model/checkpoint.h"
+#include "model/config.h"
 
 namespace moeserve {
-
-class DeepseekModel;
 
 // A received expert: the wire bytes (the weights' views point into them) and aligned copies of
 // the scales. Immutable once built.
@@ -42,16 +46,48 @@ ExpertBlob encode_expert(const MlpWeights& w, std::shared_ptr<const void> keep);
 // Corrupt naming the problem when the bytes are not a well-formed expert.
 Result<std::shared_ptr<const RuntimeExpert>> decode_expert(std::vector<uint8_t> bytes);
 
-// The ExpertHost of a model (borrowed: it must outlive the host).
+// The routed experts a rank holds now: the checkpoint's, over which received experts are
+// installed and held ones dropped. moe_layer counts MoE layers only. Borrows the config, the
+// weights and the fast path's packed-weight map (null on the reference path), which install
+// and drop keep in step.
+class ExpertStore {
+ public:
+  ExpertStore(const ModelConfig& config, const ModelWeights& weights,
+              std::unordered_map<const uint8_t*, PackedFp8Weight>* packed);
+
+  // The weights of expert e of the layer whose MoE weights are w, or null when not held.
+  const MlpWeights* held(const MoeWeights& w, int32_t expert) const;
+  bool has_expert(int64_t moe_layer, int32_t expert) const;
+  bool expert_received(int64_t moe_layer, int32_t expert) const;  // from install_expert
+
+  // The bytes of a held expert (NotFound otherwise).
+  Result<ExpertBlob> export_expert(int64_t moe_layer, int32_t expert);
+  // Takes an expert in the wire format above (replacing any copy held); the error names what
+  // is wrong with the bytes or why they do not fit the model.
+  Status install_expert(int64_t moe_layer, int32_t expert, std::vector<uint8_t> bytes);
+  // Releases a held expert (its packed weights; the checkpoint's mapping stays).
+  void drop_expert(int64_t moe_layer, int32_t expert);
+
+ private:
+  const MoeWeights* moe_layer_weights(int64_t moe_layer) const;
+
+  const ModelConfig& config_;
+  const ModelWeights& weights_;
+  std::unordered_map<const uint8_t*, PackedFp8Weight>* packed_;
+  // Installed experts (null: dropped), over the checkpoint's.
+  std::map<std::pair<const MoeWeights*, int32_t>, std::shared_ptr<const RuntimeExpert>> runtime_;
+};
+
+// The ExpertHost of a model's store (borrowed: it must outlive the host).
 class ModelExpertHost final : public ExpertHost {
  public:
-  explicit ModelExpertHost(DeepseekModel& model) : model_(model) {}
+  explicit ModelExpertHost(ExpertStore& store) : store_(store) {}
   Result<ExpertBlob> export_expert(int64_t moe_layer, int32_t expert) override;
   Status install_expert(int64_t moe_layer, int32_t expert, std::vector<uint8_t> bytes) override;
   void drop_expert(int64_t moe_layer, int32_t expert) override;
 
  private:
-  DeepseekModel& model_;
+  ExpertStore& store_;
 };
 
 }  // namespace moeserve

@@ -244,7 +244,7 @@ std::vector<OnlineOutcome> run_online(const std::string& dir, int R, int64_t int
       DeepseekModel model((*ck)->config(), (*ck)->weights(), *group->dispatcher, nullptr,
                           AttentionMode::kAbsorbed, ComputePath::kFast);
       ExpertBalancer& balancer = *group->balancer;
-      if (interval > 0) balancer.set_expert_host(std::make_unique<ModelExpertHost>(model));
+      if (interval > 0) balancer.set_expert_host(std::make_unique<ModelExpertHost>(model.experts()));
       KvCache cache({config.num_hidden_layers, config.kv_cache_dim(), DType::kBF16}, 64);
       Generator gen(model, cache);
       gen.set_after_step([&] { return balancer.end_step().status(); });
@@ -269,9 +269,9 @@ std::vector<OnlineOutcome> run_online(const std::string& dir, int R, int64_t int
           for (int p = 0; p < R; ++p)
             o.placement_changed |= initial.holds(l, p, e) != final_p.holds(l, p, e);
           const std::string at = fmt::format("layer {} expert {}: ", l, e);
-          if (final_p.holds(l, r, e) != model.has_expert(l, e)) o.errors += at + "held != placed; ";
+          if (final_p.holds(l, r, e) != model.experts().has_expert(l, e)) o.errors += at + "held != placed; ";
           if (final_p.holds(l, r, e) && !initial.holds(l, r, e)) {
-            if (!model.expert_received(l, e)) o.errors += at + "not received; ";
+            if (!model.experts().expert_received(l, e)) o.errors += at + "not received; ";
             if (mw.experts[size_t(e)]) o.errors += at + "mapped from the checkpoint; ";
           }
         }
