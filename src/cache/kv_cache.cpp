@@ -116,15 +116,23 @@ int32_t KvCache::acquire_prefix(std::span<const int32_t> tokens, int32_t max_blo
   return n;
 }
 
-void KvCache::register_block(int32_t block, uint64_t hash, uint64_t parent,
-                             std::span<const int32_t> block_tokens) {
+bool KvCache::add_to_index(int32_t block, uint64_t hash, uint64_t parent,
+                           std::span<const int32_t> block_tokens) {
   CHECK(int64_t(block_tokens.size()) == kKvBlockSize, "only full blocks are registered");
   BlockInfo& i = info_[size_t(block)];
-  if (i.hash || by_hash_.count(hash)) return;  // already registered (here or in another block)
+  if (i.hash || by_hash_.count(hash)) return false;  // already registered (here or elsewhere)
   i.hash = hash;
   i.parent = parent;
   i.tokens.assign(block_tokens.begin(), block_tokens.end());
   by_hash_[hash] = block;
+  return true;
+}
+
+void KvCache::register_block(int32_t block, uint64_t hash, uint64_t parent,
+                             std::span<const int32_t> block_tokens) {
+  if (add_to_index(block, hash, parent, block_tokens) && tier_) {
+    tier_->on_register(export_block(block));
+  }
 }
 
 // ---- Bytes ----
@@ -195,7 +203,7 @@ bool KvCache::import_block(const KvBlock& b, std::vector<int32_t>* table) {
   if (!allocate(1, table)) return false;
   const int32_t block = table->back();
   std::memcpy(block_ptr(block), b.bytes.data(), b.bytes.size());
-  if (b.hash) register_block(block, *b.hash, b.parent, b.tokens);
+  if (b.hash) add_to_index(block, *b.hash, b.parent, b.tokens);  // (the tier has it)
   return true;
 }
 

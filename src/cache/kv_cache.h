@@ -19,8 +19,8 @@
 // free list runs dry; a referenced block is never evicted.
 //
 // Lower tier (KvTier). On a prefix-lookup miss the tier may supply the block (imported, then
-// used as if it had been here); a registered block about to be evicted is shown to the tier
-// first, bytes intact.
+// used as if it had been here); a block registered from KV computed here, and a registered
+// block about to be evicted, are shown to the tier, bytes intact.
 //
 // Not thread-safe: owned by the engine's step thread. Reads and writes of distinct tokens'
 // bytes may happen from the step's worker threads.
@@ -76,6 +76,8 @@ class KvTier {
   // the layout's size), or nullopt.
   virtual std::optional<KvBlock> fetch(uint64_t hash, uint64_t parent,
                                        std::span<const int32_t> tokens) = 0;
+  // A block was just registered from KV computed here (not imported); valid during the call.
+  virtual void on_register(const KvBlock& block) { (void)block; }
   // A registered block leaves RAM; `block` is valid only during the call.
   virtual void on_evict(const KvBlock& block) = 0;
 };
@@ -154,6 +156,8 @@ class KvCache {
                                 std::span<const int32_t> tokens) const;
   void evict_one();
   void take(int32_t block);
+  bool add_to_index(int32_t block, uint64_t hash, uint64_t parent,
+                    std::span<const int32_t> block_tokens);
 
   KvLayout layout_;
   uint64_t fingerprint_;

@@ -1,0 +1,307 @@
+#include "cache/disk_tier.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+namespace moeserve {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint32_t kMagic = 0x564B534D;  // "MSKV" read as a little-endian u32
+constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8 + 8 + 4 + 4 + 8 + 8;
+
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof v);
+}
+
+template <class T>
+T get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The whole file, or nullopt when it cannot be opened (a miss).
+std::optional<std::vector<uint8_t>> read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::vector<uint8_t> bytes;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.resize(size_t(st.st_size));
+  size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r <= 0) break;
+    got += size_t(r);
+  }
+  ::close(fd);
+  bytes.resize(got);
+  return bytes;
+}
+
+}  // namespace
+
+const char* to_string(DiskReject r) {
+  switch (r) {
+    case DiskReject::kShort:
+      return "short";
+    case DiskReject::kMagic:
+      return "magic";
+    case DiskReject::kVersion:
+      return "version";
+    case DiskReject::kFingerprint:
+      return "fingerprint";
+    case DiskReject::kIdentity:
+      return "identity";
+    case DiskReject::kSize:
+      return "size";
+    case DiskReject::kChecksum:
+      return "checksum";
+  }
+  return "?";
+}
+
+Result<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierOptions& o, uint64_t fingerprint,
+                                                 size_t block_bytes) {
+  std::error_code ec;
+  fs::create_directories(o.dir, ec);
+  if (ec || !fs::is_directory(o.dir)) {
+    return IOError(fmt::format("--kv-disk {}: not a usable directory ({})", o.dir,
+                               ec ? ec.message() : "not a directory"));
+  }
+  if (o.capacity_gb < 0 || o.max_queued < 1) {
+    return InvalidArgument("--kv-disk-gb must be >= 0 and the write queue >= 1 block");
+  }
+  return std::unique_ptr<DiskTier>(new DiskTier(o, fingerprint, block_bytes));
+}
+
+DiskTier::DiskTier(const DiskTierOptions& o, uint64_t fingerprint, size_t block_bytes)
+    : options_(o),
+      fingerprint_(fingerprint),
+      block_bytes_(block_bytes),
+      writer_([this] { writer_loop(); }) {}
+
+DiskTier::~DiskTier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
+}
+
+std::string DiskTier::object_path(uint64_t hash) const {
+  const std::string name = fmt::format("{:016x}", hash);
+  return fmt::format("{}/{}/{}.kv", options_.dir, name.substr(0, 2), name);
+}
+
+DiskTierStats DiskTier::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void DiskTier::reject(const std::string& path, DiskReject why) {
+  ::unlink(path.c_str());  // another process may have removed it already
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.rejected[size_t(why)];
+}
+
+std::optional<KvBlock> DiskTier::fetch(uint64_t hash, uint64_t parent,
+                                       std::span<const int32_t> tokens) {
+  const std::string path = object_path(hash);
+  std::optional<std::vector<uint8_t>> file = read_file(path);
+  if (!file) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.misses;
+    return std::nullopt;
+  }
+  const std::vector<uint8_t>& f = *file;
+  if (f.size() < kHeaderBytes) return reject(path, DiskReject::kShort), std::nullopt;
+  const uint8_t* p = f.data();
+  if (get<uint32_t>(p) != kMagic) return reject(path, DiskReject::kMagic), std::nullopt;
+  if (get<uint32_t>(p + 4) != kDiskFormatVersion) {
+    return reject(path, DiskReject::kVersion), std::nullopt;
+  }
+  if (get<uint64_t>(p + 8) != fingerprint_) {
+    return reject(path, DiskReject::kFingerprint), std::nullopt;
+  }
+  const uint32_t n_tokens = get<uint32_t>(p + 32);
+  const uint64_t payload = get<uint64_t>(p + 40), checksum = get<uint64_t>(p + 48);
+  if (payload != block_bytes_) return reject(path, DiskReject::kSize), std::nullopt;
+  if (n_tokens != tokens.size()) return reject(path, DiskReject::kIdentity), std::nullopt;
+  const size_t want = kHeaderBytes + size_t(n_tokens) * 4 + size_t(payload);
+  if (f.size() < want) return reject(path, DiskReject::kShort), std::nullopt;
+  if (f.size() > want) return reject(path, DiskReject::kSize), std::nullopt;
+  const uint8_t* tok = p + kHeaderBytes;
+  if (get<uint64_t>(p + 16) != hash || get<uint64_t>(p + 24) != parent ||
+      std::memcmp(tok, tokens.data(), tokens.size() * 4) != 0) {
+    return reject(path, DiskReject::kIdentity), std::nullopt;
+  }
+  const uint8_t* body = tok + size_t(n_tokens) * 4;
+  if (XXH3_64bits(body, size_t(payload)) != checksum) {
+    return reject(path, DiskReject::kChecksum), std::nullopt;
+  }
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // recently used (the budget's LRU order)
+  KvBlock b;
+  b.hash = hash;
+  b.parent = parent;
+  b.tokens.assign(tokens.begin(), tokens.end());
+  b.bytes.assign(body, body + payload);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.hits;
+  stats_.bytes_read += int64_t(f.size());
+  return b;
+}
+
+void DiskTier::enqueue(const KvBlock& block) {
+  if (!block.hash || block.bytes.size() != block_bytes_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stats_.writes_disabled) return;
+    if (int64_t(queue_.size()) >= options_.max_queued) {
+      ++stats_.write_drops;
+      return;
+    }
+    queue_.push_back(block);
+  }
+  cv_.notify_one();
+}
+
+void DiskTier::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
+}
+
+void DiskTier::writer_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) break;  // stopping, nothing left
+    KvBlock b = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    lock.unlock();
+    Status st = write_object(b);
+    lock.lock();
+    writing_ = false;
+    if (!st.ok()) {
+      ++stats_.write_errors;
+      if (!stats_.writes_disabled) {
+        stats_.writes_disabled = true;
+        queue_.clear();
+        fmt::print(stderr, "kv-disk: writes turned off, reads go on: {}\n", st.message());
+      }
+    }
+    idle_cv_.notify_all();
+  }
+  idle_cv_.notify_all();
+}
+
+Status DiskTier::write_object(const KvBlock& b) {
+  const std::string path = object_path(*b.hash);
+  if (::access(path.c_str(), F_OK) == 0) return Status::Ok();  // written before (any process)
+  std::vector<uint8_t> head;
+  head.reserve(kHeaderBytes + b.tokens.size() * 4);
+  put<uint32_t>(head, kMagic);
+  put<uint32_t>(head, kDiskFormatVersion);
+  put<uint64_t>(head, fingerprint_);
+  put<uint64_t>(head, *b.hash);
+  put<uint64_t>(head, b.parent);
+  put<uint32_t>(head, uint32_t(b.tokens.size()));
+  put<uint32_t>(head, 0);
+  put<uint64_t>(head, uint64_t(b.bytes.size()));
+  put<uint64_t>(head, XXH3_64bits(b.bytes.data(), b.bytes.size()));
+  for (int32_t t : b.tokens) put<int32_t>(head, t);
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  const std::string tmp = fmt::format("{}.tmp.{:016x}", path, rng());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return IOError(fmt::format("{}: {}", tmp, std::strerror(errno)));
+  bool ok = true;
+  using Piece = std::pair<const uint8_t*, size_t>;
+  for (const auto& [data, size] :
+       {Piece{head.data(), head.size()}, Piece{b.bytes.data(), b.bytes.size()}}) {
+    size_t done = 0;
+    while (ok && done < size) {
+      ssize_t w = ::write(fd, data + done, size - done);
+      if (w <= 0) ok = false;
+      done += w > 0 ? size_t(w) : 0;
+    }
+  }
+  const int err = errno;
+  if (::close(fd) != 0) ok = false;
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return IOError(fmt::format("{}: {}", path, std::strerror(ok ? errno : err)));
+  }
+  const int64_t bytes = int64_t(head.size() + b.bytes.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.written;
+    stats_.bytes_written += bytes;
+    bytes_since_scan_ += bytes;
+  }
+  enforce_budget();
+  return Status::Ok();
+}
+
+// Removes the least recently used objects (oldest mtime) while the directory holds more than
+// the budget. The directory is scanned only once the bytes written since the last scan could
+// have crossed it (other processes' writes are seen at the next scan).
+void DiskTier::enforce_budget() {
+  if (options_.capacity_gb <= 0) return;
+  const int64_t budget = int64_t(options_.capacity_gb * 1e9);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes_since_scan_ < budget / 16) return;
+    bytes_since_scan_ = 0;
+  }
+  struct Object {
+    fs::file_time_type used;
+    int64_t size;
+    fs::path path;
+  };
+  std::vector<Object> objects;
+  int64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(options_.dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file(ec) || it->path().extension() != ".kv") continue;
+    std::error_code e2;
+    const int64_t size = int64_t(it->file_size(e2));
+    const fs::file_time_type used = it->last_write_time(e2);
+    if (e2) continue;
+    objects.push_back({used, size, it->path()});
+    total += size;
+  }
+  if (total <= budget) return;
+  std::sort(objects.begin(), objects.end(),
+            [](const Object& a, const Object& b) { return a.used < b.used; });
+  int64_t removed = 0;
+  for (const Object& o : objects) {
+    if (total <= budget) break;
+    if (fs::remove(o.path, ec)) ++removed;
+    total -= o.size;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.evicted += removed;
+}
+
+}  // namespace moeserve
