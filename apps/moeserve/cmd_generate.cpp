@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cache/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "commands.h"
 #include "core/thread_pool.h"
@@ -50,6 +51,8 @@ struct GenerateOptions {
   int threads = 0;
   std::string attention = "absorbed";
   std::string kv_dtype = "bf16";
+  std::string kv_disk;  // the KV cache's disk tier (empty: none)
+  double kv_disk_gb = 0;
   std::string compute = "fast";
   std::string trace;  // Chrome trace JSON output (per rank under EP: FILE.rank<r>.json)
   int64_t prefill_chunk = 0;
@@ -229,7 +232,18 @@ int run_generate(const GenerateOptions& o) {
     fmt::print(stderr, "generate: {}\n", fingerprint.status().message());
     return 1;
   }
-  KvCache cache({c.num_hidden_layers, c.kv_cache_dim(), kv_dtype}, n_blocks, *fingerprint);
+  const KvLayout layout{c.num_hidden_layers, c.kv_cache_dim(), kv_dtype};
+  std::unique_ptr<DiskTier> disk;  // outlives the cache, which borrows it
+  if (!o.kv_disk.empty()) {
+    auto t = DiskTier::open({o.kv_disk, o.kv_disk_gb}, *fingerprint, layout.block_bytes());
+    if (!t.ok()) {
+      fmt::print(stderr, "generate: {}\n", t.status().message());
+      return 1;
+    }
+    disk = std::move(*t);
+  }
+  KvCache cache(layout, n_blocks, *fingerprint);
+  cache.set_tier(disk.get());
   Generator gen(model, cache, &pool);
   const int rank = ep ? ep->comm->rank() : 0;
   std::optional<Tracer> tracer;
@@ -265,6 +279,18 @@ int run_generate(const GenerateOptions& o) {
     return 1;
   }
   double gen_s = seconds_since(t1);
+  if (disk && print) {
+    disk->flush();
+    const DiskTierStats s = disk->stats();
+    std::string rejected;
+    for (int r = 0; r < kDiskRejectKinds; ++r) {
+      if (s.rejected[size_t(r)] > 0) {
+        rejected += fmt::format(" {} {}", to_string(DiskReject(r)), s.rejected[size_t(r)]);
+      }
+    }
+    fmt::print(stderr, "kv-disk: {} hits, {} misses, rejected:{}, {} written, {} dropped\n", s.hits,
+               s.misses, rejected.empty() ? " none" : rejected, s.written, s.write_drops);
+  }
   if (ep && ep->balancer && o.ep.eplb_interval > 0 && print)
     print_step_times(step_ms, step_migrating);
   if (ep && ep->balancer) {
@@ -343,6 +369,11 @@ Subcommand add_generate_command(CLI::App& parent) {
   app->add_option("--attention", o->attention, "absorbed | naive")
       ->check(CLI::IsMember({"absorbed", "naive"}))
       ->capture_default_str();
+  app->add_option("--kv-disk", o->kv_disk,
+                  "Directory of the KV cache's disk tier: prompts whose 64-token blocks are there "
+                  "are not recomputed (shared by every process using it; survives restarts)");
+  app->add_option("--kv-disk-gb", o->kv_disk_gb, "Size bound of --kv-disk (0: none)")
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--kv-cache-dtype", o->kv_dtype, "f32 | bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();

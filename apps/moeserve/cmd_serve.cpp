@@ -241,6 +241,12 @@ Subcommand add_serve_command(CLI::App& parent) {
   app->add_option("--kv-cache-gb", e.kv_cache_gb, "Memory for the latent KV cache")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app->add_option("--kv-disk", e.kv_disk_dir,
+                  "Directory of the KV cache's disk tier (shared by every process using it; "
+                  "survives restarts)");
+  app->add_option("--kv-disk-gb", e.kv_disk_gb, "Size bound of --kv-disk (0: none)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--kv-cache-dtype", o->kv_dtype, "bf16 | f32")
       ->check(CLI::IsMember({"bf16", "f32"}))
       ->capture_default_str();

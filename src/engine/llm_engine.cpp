@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "cache/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "core/thread_pool.h"
 #include "core/trace.h"
@@ -28,7 +29,7 @@ namespace {
 class LlmEngine final : public Engine {
  public:
   LlmEngine(const EngineOptions& o, const EngineParallel* par, std::unique_ptr<Checkpoint> ck,
-            int32_t num_blocks, uint64_t fingerprint)
+            int32_t num_blocks, uint64_t fingerprint, std::unique_ptr<DiskTier> disk)
       : options_(o),
         ck_(std::move(ck)),
         config_(ck_->config()),
@@ -40,6 +41,7 @@ class LlmEngine final : public Engine {
         model_(config_, ck_->weights(),
                par && par->dispatcher ? *par->dispatcher : local_dispatcher_, &pool_, o.attention,
                o.compute, o.overlap, o.progress),
+        disk_(std::move(disk)),
         cache_({config_.num_hidden_layers, config_.kv_cache_dim(), o.kv_dtype}, num_blocks,
                fingerprint),
         core_(model_, cache_, {o.max_num_seqs, o.max_batch_tokens}, &pool_, o.tracer),
@@ -134,6 +136,7 @@ class LlmEngine final : public Engine {
   void loop() {
     model_.set_tracer(options_.tracer);
     model_.set_overlap_min_tokens(options_.overlap_min_tokens);
+    cache_.set_tier(disk_.get());
     Status failed;
     if (balancer_) balancer_->set_expert_host(std::make_unique<ModelExpertHost>(model_.experts()));
     dp_.set_before_finish([this] { publish_stats(); });
@@ -257,6 +260,7 @@ class LlmEngine final : public Engine {
   ThreadPool pool_;
   LocalDispatcher local_dispatcher_;
   DeepseekModel model_;
+  std::unique_ptr<DiskTier> disk_;  // may be null; outlives cache_, which borrows it
   KvCache cache_;
   EngineCore core_;  // step-thread state from here to dp_
   DpControl dp_;
@@ -306,8 +310,14 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
     return InvalidArgument("max_num_seqs and max_batch_tokens must be >= 1");
   }
   ASSIGN_OR_RETURN(uint64_t fingerprint, model_fingerprint(o.model_dir, o.kv_dtype, o.compute));
+  std::unique_ptr<DiskTier> disk;
+  if (!o.kv_disk_dir.empty()) {
+    const KvLayout layout{c.num_hidden_layers, c.kv_cache_dim(), o.kv_dtype};
+    ASSIGN_OR_RETURN(
+        disk, DiskTier::open({o.kv_disk_dir, o.kv_disk_gb}, fingerprint, layout.block_bytes()));
+  }
   return std::unique_ptr<Engine>(
-      new LlmEngine(o, par, std::move(ck), int32_t(num_blocks), fingerprint));
+      new LlmEngine(o, par, std::move(ck), int32_t(num_blocks), fingerprint, std::move(disk)));
 }
 
 }  // namespace moeserve

@@ -45,6 +45,10 @@ struct EngineOptions {
   int64_t max_waiting = 1024;  // queued requests beyond which submit() refuses
   int64_t max_model_len = 0;   // 0: the model's max_position_embeddings
   DType kv_dtype = DType::kBF16;
+  // The KV cache's disk tier (cache/disk_tier.h): a directory shared by any number of
+  // processes; empty: none. kv_disk_gb bounds it (0: no bound).
+  std::string kv_disk_dir;
+  double kv_disk_gb = 0;
   AttentionMode attention = AttentionMode::kAbsorbed;
   ComputePath compute = ComputePath::kFast;
   bool progress = false;            // loading progress on stderr
