@@ -170,6 +170,14 @@ EngineStats DpControl::group_stats(EngineStats s) const {
     s.prompt_tokens += o.prompt_tokens;
     s.generated_tokens += o.generated_tokens;
     s.preemptions += o.preemptions;
+    s.kv_disk_hit_blocks += o.kv_disk_hit_blocks;
+    s.kv_disk_miss_blocks += o.kv_disk_miss_blocks;
+    s.kv_disk_rejected += o.kv_disk_rejected;
+    s.kv_disk_written += o.kv_disk_written;
+    s.kv_disk_write_drops += o.kv_disk_write_drops;
+    s.kv_disk_evicted += o.kv_disk_evicted;
+    s.kv_disk_bytes_read += o.kv_disk_bytes_read;
+    s.kv_disk_bytes_written += o.kv_disk_bytes_written;
   }
   return s;
 }

@@ -70,6 +70,15 @@ struct EngineStats {
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
+  // The KV disk tier (zero without one); prefix_hits counts the tokens of both tiers.
+  int64_t kv_disk_hit_blocks = 0;   // cumulative, as every counter below
+  int64_t kv_disk_miss_blocks = 0;  // looked up on disk, not there
+  int64_t kv_disk_rejected = 0;     // objects found but not used (and removed)
+  int64_t kv_disk_written = 0;
+  int64_t kv_disk_write_drops = 0;  // writes dropped: the writer's queue was full
+  int64_t kv_disk_evicted = 0;      // objects removed to keep the size budget
+  int64_t kv_disk_bytes_read = 0;
+  int64_t kv_disk_bytes_written = 0;
   friend bool operator==(const EngineStats&, const EngineStats&) = default;
 };
 

@@ -240,6 +240,17 @@ class LlmEngine final : public Engine {
     s.generated_tokens = core_.stats().generated_tokens;
     s.preemptions = sch.preemptions();
     s.steps = core_.stats().steps;
+    if (disk_) {
+      const DiskTierStats d = disk_->stats();
+      s.kv_disk_hit_blocks = d.hits;
+      s.kv_disk_miss_blocks = d.misses;
+      for (int64_t r : d.rejected) s.kv_disk_rejected += r;
+      s.kv_disk_written = d.written;
+      s.kv_disk_write_drops = d.write_drops;
+      s.kv_disk_evicted = d.evicted;
+      s.kv_disk_bytes_read = d.bytes_read;
+      s.kv_disk_bytes_written = d.bytes_written;
+    }
     return s;
   }
 

@@ -81,6 +81,23 @@ std::string ServerMetrics::render(const EngineStats& e) const {
              "Prompt tokens looked up in the prefix cache.", e.prefix_queries);
   add_metric(out, "moeserve_prefix_cache_hits_total", "counter",
              "Prompt tokens found in the prefix cache.", e.prefix_hits);
+  add_metric(out, "moeserve_kv_disk_hit_blocks_total", "counter",
+             "KV blocks read from the disk tier.", e.kv_disk_hit_blocks);
+  add_metric(out, "moeserve_kv_disk_miss_blocks_total", "counter",
+             "KV blocks looked up on the disk tier and not there.", e.kv_disk_miss_blocks);
+  add_metric(out, "moeserve_kv_disk_rejected_total", "counter",
+             "Disk tier objects found but not used (corrupt, another model or format).",
+             e.kv_disk_rejected);
+  add_metric(out, "moeserve_kv_disk_written_total", "counter", "KV blocks written to disk.",
+             e.kv_disk_written);
+  add_metric(out, "moeserve_kv_disk_write_drops_total", "counter",
+             "Disk writes dropped (the writer's queue was full).", e.kv_disk_write_drops);
+  add_metric(out, "moeserve_kv_disk_evicted_total", "counter",
+             "Disk tier objects removed to keep --kv-disk-gb.", e.kv_disk_evicted);
+  add_metric(out, "moeserve_kv_disk_read_bytes_total", "counter", "Bytes read from the disk tier.",
+             e.kv_disk_bytes_read);
+  add_metric(out, "moeserve_kv_disk_written_bytes_total", "counter",
+             "Bytes written to the disk tier.", e.kv_disk_bytes_written);
   add_metric(out, "moeserve_preemptions_total", "counter", "Sequences preempted (recomputed).",
              e.preemptions);
   add_metric(out, "moeserve_engine_steps_total", "counter", "Engine steps run.", e.steps);

@@ -134,7 +134,10 @@ class OpenAiService::Run {
     return {{"prompt_tokens", prompt},
             {"completion_tokens", completion},
             {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens}}}};
+            {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens}}},
+            // DeepSeek's API names for the same split (its pricing: hits are cheaper).
+            {"prompt_cache_hit_tokens", cached_prompt_tokens},
+            {"prompt_cache_miss_tokens", prompt - cached_prompt_tokens}};
   }
 
   OpenAiService& svc;

@@ -11,7 +11,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 "$bin" make-model --preset tiny --out "$dir/m" --set vocab_size=2000 --set num_hidden_layers=2 2>/dev/null
 p1=$(seq -s, 1 3 300)   # 100 tokens: one full block
-p2=$(seq -s, 7 11 1500)  # 137 tokens: two
+p2=$(seq -s, 7 11 1500)  # 136 tokens: two
 gen() {
   "$bin" generate --model "$dir/m" --prompt-ids "$p1" --prompt-ids "$p2" --max-tokens 8 \
     --logprobs 3 --json --ignore-eos "$@"
@@ -60,6 +60,7 @@ for run in 1 2; do
   for _ in $(seq 1 150); do curl -s "http://127.0.0.1:$port/health" > /dev/null && break; sleep 0.1; done
   curl -s "http://127.0.0.1:$port/health" > /dev/null || fail "server $run: $(cat "$dir/serve$run.log")"
   ask "$port" > "$dir/resp$run.json"
+  curl -s "http://127.0.0.1:$port/metrics" > "$dir/metrics$run.txt"
   kill -TERM "$server"
   wait "$server" || true
   server=""
@@ -69,7 +70,15 @@ import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:])
 assert a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, a["usage"]
 assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == 128, b["usage"]
+assert b["usage"]["prompt_cache_hit_tokens"] == 128, b["usage"]
+assert b["usage"]["prompt_cache_miss_tokens"] == b["usage"]["prompt_tokens"] - 128, b["usage"]
 assert a["choices"][0]["text"] == b["choices"][0]["text"]
 assert a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"]
 PY
+# /metrics: the first server wrote the prompt's two blocks, the restarted one read them.
+grep -q '^moeserve_kv_disk_miss_blocks_total 1$' "$dir/metrics1.txt" || fail "metrics 1"
+grep -q '^moeserve_kv_disk_hit_blocks_total 2$' "$dir/metrics2.txt" ||
+  fail "metrics 2: $(grep kv_disk "$dir/metrics2.txt")"
+grep -q '^moeserve_kv_disk_rejected_total 0$' "$dir/metrics2.txt" || fail "metrics 2 rejected"
 echo "kv_disk: ok"
+
