@@ -48,6 +48,20 @@ for r in third fourth fifth; do
   cmp -s "$dir/cold.jsonl" "$dir/$r.jsonl" || fail "corrupt objects changed the output ($r)"
 done
 
+# Two processes on one directory at once: both writing it (rounds 1, 3), then both reading it
+# (rounds 2, 4). No torn read (no rejection) and the cold output every time.
+for round in 1 2 3 4; do
+  gen --kv-disk "$dir/kv-shared" > "$dir/a$round.jsonl" 2> "$dir/a$round.err" &
+  a=$!
+  gen --kv-disk "$dir/kv-shared" > "$dir/b$round.jsonl" 2> "$dir/b$round.err"
+  wait "$a"
+  for r in a b; do
+    cmp -s "$dir/cold.jsonl" "$dir/$r$round.jsonl" || fail "concurrent run $r$round changed the output"
+    grep -q "rejected: none" "$dir/$r$round.err" || fail "concurrent $r$round: $(grep kv-disk "$dir/$r$round.err")"
+  done
+  if [ $((round % 2)) -eq 0 ]; then rm -rf "$dir/kv-shared"; fi  # odd rounds write, even read
+done
+
 # serve: a restarted server finds the prompt on disk on its first request.
 ask() {
   curl -s "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
