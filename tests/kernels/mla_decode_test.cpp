@@ -230,6 +230,38 @@ TEST(MlaDecode, EveryIsaLevelAndF32Cache) {
   }
 }
 
+// The KV cache is block-major (every layer's 64 tokens of a block together), so a layer's pool
+// has a block stride of n_layers * 64 * dim: every level must give the same bits as over a
+// compact pool, and read nothing between the blocks (filled with NaN here).
+TEST(MlaDecode, BlockStrideGivesTheCompactPoolsBits) {
+  ThreadPool pool(2);
+  Problem p = make_problem(3, 160, 16, 0.3f, {{1, 1}, {65, 1}, {200, 2}}, 72);
+  const int64_t D = p.shape.dim(), block = kMlaBlockTokens * D, stride = 3 * block;
+  std::vector<uint16_t> strided16(size_t(p.num_blocks * stride), 0x7fc0);  // BF16 NaN
+  std::vector<float> strided32(size_t(p.num_blocks * stride), std::nanf(""));
+  for (int64_t b = 0; b < p.num_blocks; ++b) {
+    std::copy_n(&p.pool16[size_t(b * block)], block, &strided16[size_t(b * stride + block)]);
+    std::copy_n(&p.pool32[size_t(b * block)], block, &strided32[size_t(b * stride + block)]);
+  }
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    if (!isa_at_most(isa, cpu_isa())) continue;
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      p.cache_dtype = dt;
+      MlaOptions opt{2};
+      if (isa != Isa::kAvx512Bf16) opt.split_p = false;
+      const Output want = run(p, &pool, opt, isa);
+      Output got{std::vector<float>(want.o.size(), -7.0f), std::vector<float>(want.lse.size())};
+      MlaBatch b = p.batch(got.o.data(), got.lse.data());
+      b.cache.blocks = dt == DType::kBF16 ? static_cast<const void*>(&strided16[size_t(block)])
+                                          : static_cast<const void*>(&strided32[size_t(block)]);
+      b.cache.block_stride = stride;
+      mla_decode(b, &pool, opt, isa);
+      EXPECT_EQ(got.o, want.o) << isa_name(isa) << (dt == DType::kF32 ? " f32" : " bf16");
+      EXPECT_EQ(got.lse, want.lse) << isa_name(isa);
+    }
+  }
+}
+
 TEST(MlaDecode, LseMayBeNull) {
   ThreadPool pool(2);
   Problem p = make_problem(16, 512, 64, 0.15f, {{700, 1}, {3, 1}}, 81);
