@@ -169,7 +169,7 @@ std::optional<KvBlock> DiskTier::fetch(uint64_t hash, uint64_t parent,
   return b;
 }
 
-void DiskTier::enqueue(const KvBlock& block) {
+void DiskTier::enqueue(KvBlock block) {
   if (!block.hash || block.bytes.size() != block_bytes_) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -178,7 +178,7 @@ void DiskTier::enqueue(const KvBlock& block) {
       ++stats_.write_drops;
       return;
     }
-    queue_.push_back(block);
+    queue_.push_back(std::move(block));
   }
   cv_.notify_one();
 }

@@ -29,6 +29,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "cache/kv_cache.h"
 #include "core/status.h"
@@ -73,8 +74,8 @@ class DiskTier final : public KvTier {
 
   std::optional<KvBlock> fetch(uint64_t hash, uint64_t parent,
                                std::span<const int32_t> tokens) override;
-  void on_register(const KvBlock& block) override { enqueue(block); }
-  void on_evict(const KvBlock& block) override { enqueue(block); }
+  void on_register(KvBlock block) override { enqueue(std::move(block)); }
+  void on_evict(KvBlock block) override { enqueue(std::move(block)); }
 
   DiskTierStats stats() const;
   // Waits until every queued write is done (tests, clean shutdown).
@@ -83,7 +84,7 @@ class DiskTier final : public KvTier {
 
  private:
   DiskTier(const DiskTierOptions& options, uint64_t fingerprint, size_t block_bytes);
-  void enqueue(const KvBlock& block);
+  void enqueue(KvBlock block);
   void writer_loop();
   Status write_object(const KvBlock& block);
   void enforce_budget();

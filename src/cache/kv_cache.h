@@ -76,10 +76,10 @@ class KvTier {
   // the layout's size), or nullopt.
   virtual std::optional<KvBlock> fetch(uint64_t hash, uint64_t parent,
                                        std::span<const int32_t> tokens) = 0;
-  // A block was just registered from KV computed here (not imported); valid during the call.
-  virtual void on_register(const KvBlock& block) { (void)block; }
-  // A registered block leaves RAM; `block` is valid only during the call.
-  virtual void on_evict(const KvBlock& block) = 0;
+  // A block was just registered from KV computed here (not imported): the tier's own copy.
+  virtual void on_register(KvBlock block) { (void)block; }
+  // A registered block leaves RAM: the tier's own copy.
+  virtual void on_evict(KvBlock block) = 0;
 };
 
 class KvCache {

@@ -2,10 +2,30 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "core/check.h"
 #include "kernels/sampling.h"
 
 namespace moeserve {
+
+Status validate_prompt(const ModelConfig& c, std::span<const int32_t> prompt, int64_t max_tokens,
+                       int64_t max_context) {
+  if (prompt.empty()) return InvalidArgument("the prompt is empty");
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return InvalidArgument(
+          fmt::format("token id {} outside the vocabulary [0, {})", t, c.vocab_size));
+    }
+  }
+  const int64_t total = int64_t(prompt.size()) + max_tokens;
+  if (total > max_context) {
+    return InvalidArgument(
+        fmt::format("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context length ({})",
+                    prompt.size(), max_tokens, total, max_context));
+  }
+  return Status::Ok();
+}
 
 Status ModelRunner::run(const StepPlan& plan, StepResult* result) {
   std::vector<StepSequence> batch;

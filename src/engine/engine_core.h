@@ -45,6 +45,11 @@ class ModelRunner {
   std::vector<std::vector<int32_t>> rows_with_drafts_;
 };
 
+// The checks every client makes of a request at its boundary (the core trusts them): a
+// non-empty prompt of ids in the vocabulary, and prompt + max_tokens within max_context.
+Status validate_prompt(const ModelConfig& config, std::span<const int32_t> prompt,
+                       int64_t max_tokens, int64_t max_context);
+
 struct EngineCoreStats {
   int64_t prompt_tokens = 0;  // of finished requests (errors excluded)
   int64_t generated_tokens = 0;

@@ -15,19 +15,9 @@ Result<std::vector<GenerateResult>> Generator::generate(
   int64_t blocks = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerateRequest& r = requests[i];
-    if (r.prompt.empty()) return InvalidArgument(fmt::format("request {}: empty prompt", i));
-    for (int32_t t : r.prompt) {
-      if (t < 0 || t >= c.vocab_size) {
-        return InvalidArgument(fmt::format("request {}: token id {} outside the vocabulary [0, {})",
-                                           i, t, c.vocab_size));
-      }
-    }
-    int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
-    if (total > c.max_position_embeddings) {
-      return InvalidArgument(
-          fmt::format("request {}: prompt ({}) + max_tokens ({}) exceeds the context ({})", i,
-                      r.prompt.size(), r.max_tokens, c.max_position_embeddings));
-    }
+    RETURN_IF_ERROR(validate_prompt(c, r.prompt, r.max_tokens, c.max_position_embeddings)
+                        .with_context(fmt::format("request {}", i)));
+    const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
     blocks += blocks_for(total);
     if (blocks > cache_.num_available()) {
       return ResourceExhausted(

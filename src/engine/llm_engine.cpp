@@ -104,20 +104,9 @@ class LlmEngine final : public Engine {
  private:
   // The engine's boundary: a request is checked here once (the step loop trusts it).
   Status validate(const EngineRequest& r) const {
-    if (r.prompt.empty()) return InvalidArgument("the prompt is empty");
-    for (int32_t t : r.prompt) {
-      if (t < 0 || t >= config_.vocab_size) {
-        return InvalidArgument(
-            fmt::format("token id {} outside the vocabulary [0, {})", t, config_.vocab_size));
-      }
-    }
+    RETURN_IF_ERROR(validate_prompt(config_, r.prompt, r.max_tokens, max_context_));
     if (r.max_tokens < 1) return InvalidArgument("max_tokens must be >= 1");
-    int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
-    if (total > max_context_) {
-      return InvalidArgument(
-          fmt::format("prompt ({} tokens) + max_tokens ({}) = {} exceeds the context length ({})",
-                      r.prompt.size(), r.max_tokens, total, max_context_));
-    }
+    const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
     if (blocks_for(total) > cache_.num_blocks()) {
       return InvalidArgument(fmt::format(
           "prompt + max_tokens ({} tokens) needs more KV cache than the server has ({} tokens)",

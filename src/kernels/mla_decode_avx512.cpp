@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/mla_decode_internal.h"
 
@@ -42,20 +43,12 @@ inline __m512bh as_bh(__m512 v) {
   return reinterpret_cast<__m512bh&>(v);
 }
 
-// 2^x for x <= ~0 (x = -inf gives 0): 2^round(x) * p(frac), p a degree-6 Taylor polynomial of
-// 2^f on [-0.5, 0.5] (relative error < 2e-7).
+// The F32 levels' vector type, for its exp2 (one copy of the polynomial for every AVX-512
+// level; this TU's anonymous namespace keeps it local).
+#include "kernels/vec_avx512f.h"
+
 inline __m512 exp2_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
-  __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265069591007f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471805599453f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return Vec::exp2(x);
 }
 
 // Pointers into the calling thread's scratch (thread_scratch_parts), carved per piece.

@@ -2,9 +2,10 @@
 // rmsnorm_f32x.h, rope_f32x.h, silu_mul_f32x.h): 16 floats in a zmm, 32 registers. vec_avx2.h is
 // its AVX2 twin with the same ops; every op gives the same bits in both but exp2 (see there).
 //
-// How to use: include only from *_avx512f.cpp files, inside their anonymous namespace (so the
-// linker can never give a baseline caller this copy: cpu_features.h), after <immintrin.h>,
-// <cstdint> and <cstring>, then the kernel body. No includes of its own.
+// How to use: include only from AVX-512 translation units (*_avx512f.cpp; mla_decode_avx512.cpp
+// for exp2), inside their anonymous namespace (so the linker can never give a baseline caller
+// this copy: cpu_features.h), after <immintrin.h>, <cstdint> and <cstring>, then the kernel
+// body. No includes of its own.
 #pragma once
 
 struct Vec {

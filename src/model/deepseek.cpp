@@ -202,7 +202,6 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, KvCache& cach
   }
   TraceSpan head_span(tracer_, "lm_head");
 
-  out->rows = n_out;
   out->hidden.resize(size_t(n_out * H));  // [n_out, H] final-norm'd requested rows
   row = 0;
   int64_t out_row = 0;

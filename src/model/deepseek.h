@@ -58,7 +58,6 @@ struct StepSequence {
 struct StepOutput {
   std::vector<float> logits;  // [rows, vocab_size]
   std::vector<float> hidden;  // [rows, hidden_size] after the final norm (the lm_head input)
-  int64_t rows = 0;
 };
 
 // The two micro-batches of a step (docs/ep-overlap.md): indices into the batch, ascending, each

@@ -208,7 +208,7 @@ class MapTier final : public KvTier {
     if (it == blocks.end()) return std::nullopt;
     return it->second;
   }
-  void on_evict(const KvBlock& b) override { blocks[*b.hash] = b; }
+  void on_evict(KvBlock b) override { blocks[*b.hash] = std::move(b); }
   std::map<uint64_t, KvBlock> blocks;
 };
 

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cache/block_allocator.h"
 #include "engine/generator.h"
+#include "kernels/linear_ref.h"
 #include "test_models.h"
 
 namespace moeserve {
@@ -174,6 +174,39 @@ TEST_P(DeepseekTest, RejectsBadTokenAndContext) {
   EXPECT_FALSE(too_long.ok());
   auto empty = h.gen.generate({request({})});
   EXPECT_FALSE(empty.ok());
+}
+
+// forward() returns the logits and the final hidden rows of the last n_logits positions: each
+// row is what a run ending at that position gives, and the logits are lm_head(hidden). Exact on
+// the reference path (every row is computed on its own there).
+TEST_P(DeepseekTest, LogitsAndHiddenRowsOfTheLastPositions) {
+  if (path() != ComputePath::kReference) GTEST_SKIP() << "bit equality across runs: reference";
+  Harness h(dir());
+  const ModelConfig& c = h.model.config();
+  const int64_t V = c.vocab_size, H = c.hidden_size;
+  const std::vector<int32_t> t = prompt(10, 3);
+  auto run = [&](int64_t n, int64_t n_logits, StepOutput* out) {
+    std::vector<int32_t> table;
+    EXPECT_TRUE(h.cache.allocate(1, &table));
+    StepSequence s{std::span<const int32_t>(t).first(size_t(n)), 0, table, n_logits};
+    Status st = h.model.forward({&s, 1}, h.cache, out);
+    h.cache.release(table);
+    return st;
+  };
+  StepOutput three, upto8, all10;
+  ASSERT_TRUE(run(10, 3, &three).ok());
+  ASSERT_EQ(three.logits.size(), size_t(3 * V));
+  ASSERT_EQ(three.hidden.size(), size_t(3 * H));
+  ASSERT_TRUE(run(8, 1, &upto8).ok());
+  ASSERT_TRUE(run(10, 1, &all10).ok());
+  EXPECT_EQ(std::vector<float>(three.logits.begin(), three.logits.begin() + V), upto8.logits);
+  EXPECT_EQ(std::vector<float>(three.logits.end() - V, three.logits.end()), all10.logits);
+  EXPECT_EQ(std::vector<float>(three.hidden.end() - H, three.hidden.end()), all10.hidden);
+  std::vector<float> from_hidden(size_t(3 * V));
+  linear_ref(three.hidden.data(), 3, H, h.ck->weights().lm_head, from_hidden.data(), V, &h.pool);
+  EXPECT_EQ(from_hidden, three.logits);
+  StepOutput bad;
+  EXPECT_EQ(run(4, 5, &bad).code(), StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, DeepseekTest,
