@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "core/check.h"
+
 namespace moeserve {
 
 namespace fs = std::filesystem;
@@ -37,23 +39,20 @@ T get(const uint8_t* p) {
   return v;
 }
 
-// The whole file, or nullopt when it cannot be opened (a miss).
-std::optional<std::vector<uint8_t>> read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::vector<uint8_t> bytes;
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.resize(size_t(st.st_size));
-  size_t got = 0;
-  while (got < bytes.size()) {
-    ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
-    if (r <= 0) break;
-    got += size_t(r);
+// Reads exactly n bytes at offset off; false on an error or end of file.
+bool read_at(int fd, uint8_t* p, size_t n, off_t off) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n, off);
+    if (r <= 0) return false;
+    p += r;
+    n -= size_t(r);
+    off += r;
   }
-  ::close(fd);
-  bytes.resize(got);
-  return bytes;
+  return true;
 }
+
+// Payload bytes read (and checksummed) at a time: a piece is hashed while it is still in L2.
+constexpr size_t kReadPiece = size_t(256) << 10;
 
 }  // namespace
 
@@ -95,7 +94,8 @@ DiskTier::DiskTier(const DiskTierOptions& o, uint64_t fingerprint, size_t block_
     : options_(o),
       fingerprint_(fingerprint),
       block_bytes_(block_bytes),
-      writer_([this] { writer_loop(); }) {}
+      writer_([this] { writer_loop(); }),
+      reader_([this] { reader_loop(); }) {}
 
 DiskTier::~DiskTier() {
   {
@@ -103,7 +103,9 @@ DiskTier::~DiskTier() {
     stop_ = true;
   }
   cv_.notify_all();
+  load_cv_.notify_all();
   writer_.join();
+  reader_.join();
 }
 
 std::string DiskTier::object_path(uint64_t hash) const {
@@ -122,51 +124,103 @@ void DiskTier::reject(const std::string& path, DiskReject why) {
   ++stats_.rejected[size_t(why)];
 }
 
-std::optional<KvBlock> DiskTier::fetch(uint64_t hash, uint64_t parent,
-                                       std::span<const int32_t> tokens) {
+bool DiskTier::contains(uint64_t hash) {
+  if (::access(object_path(hash).c_str(), F_OK) == 0) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.misses;
+  return false;
+}
+
+void DiskTier::load(std::shared_ptr<KvLoadJob> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    loads_.push_back(std::move(job));
+  }
+  load_cv_.notify_one();
+}
+
+void DiskTier::reader_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    load_cv_.wait(lock, [&] { return stop_ || !loads_.empty(); });
+    if (loads_.empty()) break;
+    std::shared_ptr<KvLoadJob> job = std::move(loads_.front());
+    loads_.pop_front();
+    if (stop_) {  // (a cache still waiting is told nothing arrived)
+      lock.unlock();
+      job->finish(0);
+      lock.lock();
+      continue;
+    }
+    lock.unlock();
+    int32_t n = 0;
+    while (n < job->size() && read_block(job->hashes[size_t(n)], job->parent_of(n),
+                                         job->tokens_of(n), job->dest[size_t(n)])) {
+      ++n;
+    }
+    job->finish(n);
+    lock.lock();
+  }
+}
+
+bool DiskTier::read_block(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
+                          uint8_t* dest) {
   const std::string path = object_path(hash);
-  std::optional<std::vector<uint8_t>> file = read_file(path);
-  if (!file) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.misses;
-    return std::nullopt;
+    return false;
   }
-  const std::vector<uint8_t>& f = *file;
-  if (f.size() < kHeaderBytes) return reject(path, DiskReject::kShort), std::nullopt;
-  const uint8_t* p = f.data();
-  if (get<uint32_t>(p) != kMagic) return reject(path, DiskReject::kMagic), std::nullopt;
-  if (get<uint32_t>(p + 4) != kDiskFormatVersion) {
-    return reject(path, DiskReject::kVersion), std::nullopt;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return reject(path, DiskReject::kShort), false;
+  const size_t file_size = size_t(st.st_size);
+  const size_t head_bytes = kHeaderBytes + tokens.size() * 4;
+  uint8_t head[kHeaderBytes + kKvBlockSize * 4];
+  CHECK(head_bytes <= sizeof head, "a block of kKvBlockSize tokens");
+  if (file_size < kHeaderBytes || !read_at(fd, head, kHeaderBytes, 0)) {
+    return reject(path, DiskReject::kShort), false;
   }
-  if (get<uint64_t>(p + 8) != fingerprint_) {
-    return reject(path, DiskReject::kFingerprint), std::nullopt;
-  }
+  const uint8_t* p = head;
+  if (get<uint32_t>(p) != kMagic) return reject(path, DiskReject::kMagic), false;
+  if (get<uint32_t>(p + 4) != kDiskFormatVersion) return reject(path, DiskReject::kVersion), false;
+  if (get<uint64_t>(p + 8) != fingerprint_) return reject(path, DiskReject::kFingerprint), false;
   const uint32_t n_tokens = get<uint32_t>(p + 32);
   const uint64_t payload = get<uint64_t>(p + 40), checksum = get<uint64_t>(p + 48);
-  if (payload != block_bytes_) return reject(path, DiskReject::kSize), std::nullopt;
-  if (n_tokens != tokens.size()) return reject(path, DiskReject::kIdentity), std::nullopt;
-  const size_t want = kHeaderBytes + size_t(n_tokens) * 4 + size_t(payload);
-  if (f.size() < want) return reject(path, DiskReject::kShort), std::nullopt;
-  if (f.size() > want) return reject(path, DiskReject::kSize), std::nullopt;
-  const uint8_t* tok = p + kHeaderBytes;
+  if (payload != block_bytes_) return reject(path, DiskReject::kSize), false;
+  if (n_tokens != tokens.size()) return reject(path, DiskReject::kIdentity), false;
+  const size_t want = head_bytes + size_t(payload);
+  if (file_size < want) return reject(path, DiskReject::kShort), false;
+  if (file_size > want) return reject(path, DiskReject::kSize), false;
+  if (!read_at(fd, head + kHeaderBytes, head_bytes - kHeaderBytes, kHeaderBytes)) {
+    return reject(path, DiskReject::kShort), false;
+  }
   if (get<uint64_t>(p + 16) != hash || get<uint64_t>(p + 24) != parent ||
-      std::memcmp(tok, tokens.data(), tokens.size() * 4) != 0) {
-    return reject(path, DiskReject::kIdentity), std::nullopt;
+      std::memcmp(head + kHeaderBytes, tokens.data(), tokens.size() * 4) != 0) {
+    return reject(path, DiskReject::kIdentity), false;
   }
-  const uint8_t* body = tok + size_t(n_tokens) * 4;
-  if (XXH3_64bits(body, size_t(payload)) != checksum) {
-    return reject(path, DiskReject::kChecksum), std::nullopt;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                 &XXH3_freeState);
+  CHECK(state != nullptr, "out of memory");
+  XXH3_64bits_reset(state.get());
+  for (size_t at = 0; at < payload; at += kReadPiece) {
+    const size_t n = std::min<size_t>(kReadPiece, payload - at);
+    if (!read_at(fd, dest + at, n, off_t(head_bytes + at))) {
+      return reject(path, DiskReject::kShort), false;  // shrank under us
+    }
+    XXH3_64bits_update(state.get(), dest + at, n);
   }
-  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // recently used (the budget's LRU order)
-  KvBlock b;
-  b.hash = hash;
-  b.parent = parent;
-  b.tokens.assign(tokens.begin(), tokens.end());
-  b.bytes.assign(body, body + payload);
+  if (XXH3_64bits_digest(state.get()) != checksum)
+    return reject(path, DiskReject::kChecksum), false;
+  ::futimens(fd, nullptr);  // recently used (the budget's LRU order)
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.hits;
-  stats_.bytes_read += int64_t(f.size());
-  return b;
+  stats_.bytes_read += int64_t(want);
+  return true;
 }
 
 void DiskTier::enqueue(KvBlock block) {

@@ -10,6 +10,10 @@
 // A read is used only when every field matches what was asked and the checksum verifies;
 // anything else is a miss, the file is removed and a counter says why.
 //
+// Reads run on the tier's reader thread (load): a job's blocks in chain order, each read
+// straight into its RAM block in pieces that are checksummed while in cache, stopping at the
+// first miss. The step thread only probes for the first block (contains: one stat).
+//
 // Writes never block a step: registered and evicted blocks go to a background writer through a
 // bounded queue (full: dropped and counted). A writer publishes by write-to-temp + rename, so a
 // reader never sees half an object; a file already present is not written again. The size
@@ -17,7 +21,8 @@
 // A write error (ENOSPC, a read-only directory) turns writing off, said once on stderr; reads
 // go on.
 //
-// fetch/on_register/on_evict are called by the KvCache's owner thread; stats() from any thread.
+// contains/load/on_register/on_evict are called by the KvCache's owner thread; read_block and
+// stats() from any thread.
 #pragma once
 
 #include <array>
@@ -72,10 +77,14 @@ class DiskTier final : public KvTier {
                                                 uint64_t fingerprint, size_t block_bytes);
   ~DiskTier() override;  // finishes queued writes
 
-  std::optional<KvBlock> fetch(uint64_t hash, uint64_t parent,
-                               std::span<const int32_t> tokens) override;
+  bool contains(uint64_t hash) override;
+  void load(std::shared_ptr<KvLoadJob> job) override;
   void on_register(KvBlock block) override { enqueue(std::move(block)); }
   void on_evict(KvBlock block) override { enqueue(std::move(block)); }
+
+  // Reads the object of block `hash` (parent, tokens as given) into dest (block_bytes): true
+  // when it is there and verifies; else a counted miss or rejection (and dest holds anything).
+  bool read_block(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens, uint8_t* dest);
 
   DiskTierStats stats() const;
   // Waits until every queued write is done (tests, clean shutdown).
@@ -86,6 +95,7 @@ class DiskTier final : public KvTier {
   DiskTier(const DiskTierOptions& options, uint64_t fingerprint, size_t block_bytes);
   void enqueue(KvBlock block);
   void writer_loop();
+  void reader_loop();
   Status write_object(const KvBlock& block);
   void enforce_budget();
   void reject(const std::string& path, DiskReject why);
@@ -95,15 +105,17 @@ class DiskTier final : public KvTier {
   const size_t block_bytes_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
+  std::condition_variable cv_, idle_cv_, load_cv_;
   // Guarded by mu_:
   std::deque<KvBlock> queue_;
+  std::deque<std::shared_ptr<KvLoadJob>> loads_;
   bool writing_ = false;  // the writer holds a block taken from the queue
   bool stop_ = false;
   DiskTierStats stats_;
   int64_t bytes_since_scan_ = 0;
 
-  std::thread writer_;  // last
+  std::thread writer_;  // last two
+  std::thread reader_;
 };
 
 }  // namespace moeserve

@@ -18,6 +18,13 @@ KvCache::KvCache(const KvLayout& layout, int32_t num_blocks, uint64_t fingerprin
   data_.resize(size_t(num_blocks) * layout.block_bytes());
 }
 
+KvCache::~KvCache() {
+  std::unique_lock<std::mutex> lock(load_signal_->mu);
+  load_signal_->cv.wait(lock, [&] {
+    return std::all_of(loads_.begin(), loads_.end(), [](const auto& j) { return j->finished(); });
+  });
+}
+
 // ---- Block ids ----
 
 void KvCache::take(int32_t b) {
@@ -44,6 +51,7 @@ void KvCache::evict_one() {
 }
 
 bool KvCache::allocate(int32_t n, std::vector<int32_t>* table) {
+  if (!release_later_.empty()) reap_loads();
   if (n > num_available()) return false;
   while (allocator_.num_free() < n) evict_one();
   for (int32_t k = 0; k < n; ++k) {
@@ -96,19 +104,10 @@ int32_t KvCache::acquire_prefix(std::span<const int32_t> tokens, int32_t max_blo
   while (n < max_blocks && int64_t(n + 1) * kKvBlockSize <= int64_t(tokens.size())) {
     auto block_tokens = tokens.subspan(size_t(n) * kKvBlockSize, kKvBlockSize);
     const uint64_t h = chain_hash(parent, block_tokens);
-    if (std::optional<int32_t> b = lookup(h, parent, block_tokens)) {
-      take(*b);
-      table->push_back(*b);
-    } else {
-      std::optional<KvBlock> got = tier_ ? tier_->fetch(h, parent, block_tokens) : std::nullopt;
-      if (!got || got->hash != h || got->parent != parent ||
-          got->bytes.size() != layout_.block_bytes() ||
-          !std::equal(got->tokens.begin(), got->tokens.end(), block_tokens.begin(),
-                      block_tokens.end()) ||
-          !import_block(*got, table)) {
-        break;
-      }
-    }
+    std::optional<int32_t> b = lookup(h, parent, block_tokens);
+    if (!b) break;
+    take(*b);
+    table->push_back(*b);
     hashes->push_back(h);
     parent = h;
     ++n;
@@ -133,6 +132,85 @@ void KvCache::register_block(int32_t block, uint64_t hash, uint64_t parent,
   if (add_to_index(block, hash, parent, block_tokens) && tier_) {
     tier_->on_register(export_block(block));
   }
+}
+
+// ---- Loading from the tier ----
+
+void KvLoadJob::finish(int32_t n) {
+  n_loaded_ = n;
+  std::shared_ptr<Signal> s = signal;  // (the job may go once finished is seen)
+  std::lock_guard<std::mutex> lock(s->mu);
+  finished_.store(true, std::memory_order_release);
+  s->cv.notify_all();
+}
+
+void KvCache::reap_loads() {
+  std::erase_if(loads_, [](const auto& j) { return j->finished(); });
+  std::erase_if(release_later_, [&](auto& p) {
+    if (!p.first->finished()) return false;
+    release(p.second);
+    return true;
+  });
+}
+
+std::shared_ptr<KvLoadJob> KvCache::start_load(std::span<const int32_t> tokens, int32_t first,
+                                               int32_t last, uint64_t parent,
+                                               std::vector<int32_t>* table) {
+  reap_loads();
+  CHECK(int64_t(last) * kKvBlockSize <= int64_t(tokens.size()), "loading beyond the tokens");
+  if (!tier_ || first >= last || last - first > num_available()) return nullptr;
+  auto job = std::make_shared<KvLoadJob>();
+  job->parent = parent;
+  job->signal = load_signal_;
+  for (int32_t b = first; b < last; ++b) {
+    auto block_tokens = tokens.subspan(size_t(b) * kKvBlockSize, kKvBlockSize);
+    parent = chain_hash(parent, block_tokens);
+    job->hashes.push_back(parent);
+    job->tokens.insert(job->tokens.end(), block_tokens.begin(), block_tokens.end());
+  }
+  if (!tier_->contains(job->hashes[0])) return nullptr;
+  const size_t at = table->size();
+  CHECK(allocate(last - first, table), "blocks counted available");
+  for (size_t i = at; i < table->size(); ++i) job->dest.push_back(block_ptr((*table)[i]));
+  loads_.push_back(job);
+  tier_->load(job);
+  return job;
+}
+
+int32_t KvCache::finish_load(const KvLoadJob& job, std::span<const int32_t> blocks,
+                             std::vector<uint64_t>* hashes) {
+  CHECK(job.finished() && blocks.size() == job.dest.size(), "finish_load of another job");
+  reap_loads();
+  for (int32_t i = 0; i < job.n_loaded(); ++i) {
+    CHECK(block_ptr(blocks[size_t(i)]) == job.dest[size_t(i)], "finish_load of another job");
+    // (A block registered meanwhile under the same hash, computed here, keeps the index entry;
+    // this copy is the caller's alone.)
+    add_to_index(blocks[size_t(i)], job.hashes[size_t(i)], job.parent_of(i), job.tokens_of(i));
+    hashes->push_back(job.hashes[size_t(i)]);
+  }
+  return job.n_loaded();
+}
+
+void KvCache::release_after_load(std::shared_ptr<KvLoadJob> job, std::vector<int32_t> table) {
+  if (job->finished()) {
+    release(table);
+  } else {
+    release_later_.emplace_back(std::move(job), std::move(table));
+  }
+  reap_loads();
+}
+
+int32_t KvCache::loads_in_flight() {
+  reap_loads();
+  return int32_t(loads_.size());
+}
+
+void KvCache::wait_for_load() {
+  std::unique_lock<std::mutex> lock(load_signal_->mu);
+  load_signal_->cv.wait(lock, [&] {
+    return loads_.empty() ||
+           std::any_of(loads_.begin(), loads_.end(), [](const auto& j) { return j->finished(); });
+  });
 }
 
 // ---- Bytes ----

@@ -18,16 +18,23 @@
 // Unreferenced registered blocks stay cached (evictable, least recently used first) until the
 // free list runs dry; a referenced block is never evicted.
 //
-// Lower tier (KvTier). On a prefix-lookup miss the tier may supply the block (imported, then
-// used as if it had been here); a block registered from KV computed here, and a registered
-// block about to be evicted, are shown to the tier, bytes intact.
+// Lower tier (KvTier). Beyond a RAM prefix hit, the blocks the tier holds are loaded
+// asynchronously: start_load takes fresh blocks and hands them to the tier's I/O thread, which
+// fills them while steps go on; finish_load registers what arrived. A block registered from KV
+// computed here, and a registered block about to be evicted, are shown to the tier, bytes
+// intact.
 //
 // Not thread-safe: owned by the engine's step thread. Reads and writes of distinct tokens'
-// bytes may happen from the step's worker threads.
+// bytes may happen from the step's worker threads, and a tier's I/O thread writes the blocks
+// of the loads in flight (blocks nobody else holds).
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <list>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -68,15 +75,48 @@ struct KvBlock {
   friend bool operator==(const KvBlock&, const KvBlock&) = default;
 };
 
-// A tier below the RAM pool (the disk tier; later a remote store). Called on the step thread.
+// Blocks on their way up from a lower tier (KvCache::start_load). Shared by the cache (on its
+// owner thread) and the tier's I/O thread: the tier fills the destination blocks in chain
+// order and calls finish(); after finish() it touches nothing of the cache.
+struct KvLoadJob {
+  struct Signal {  // shared by a cache's jobs: finish() wakes KvCache::wait_for_load
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+
+  uint64_t parent = 0;           // the chain hash before the first block
+  std::vector<uint64_t> hashes;  // [n] chain hashes, in chain order
+  std::vector<int32_t> tokens;   // [n * kKvBlockSize] the blocks' tokens
+  std::vector<uint8_t*> dest;    // [n] RAM blocks to fill (block_bytes each)
+  std::shared_ptr<Signal> signal;
+
+  int32_t size() const { return int32_t(hashes.size()); }
+  uint64_t parent_of(int32_t i) const { return i == 0 ? parent : hashes[size_t(i - 1)]; }
+  std::span<const int32_t> tokens_of(int32_t i) const {
+    return std::span<const int32_t>(tokens).subspan(size_t(i) * kKvBlockSize, kKvBlockSize);
+  }
+  // The tier: the first n blocks hold verified KV (the rest may hold anything).
+  void finish(int32_t n);
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
+  int32_t n_loaded() const { return n_loaded_; }  // valid once finished()
+
+ private:
+  int32_t n_loaded_ = 0;
+  std::atomic<bool> finished_{false};
+};
+
+// A tier below the RAM pool (the disk tier; later a remote store). contains/load/on_register/
+// on_evict are called by the cache's owner thread; load's reading happens on the tier's own.
 class KvTier {
  public:
   virtual ~KvTier() = default;
-  // RAM has no block under `hash`: the tier's copy (hash, parent and tokens as asked, bytes of
-  // the layout's size), or nullopt.
-  virtual std::optional<KvBlock> fetch(uint64_t hash, uint64_t parent,
-                                       std::span<const int32_t> tokens) = 0;
-  // A block was just registered from KV computed here (not imported): the tier's own copy.
+  // Whether the tier has an object under `hash` (a cheap probe: a load is started only then).
+  virtual bool contains(uint64_t hash) = 0;
+  // Reads the job's blocks in chain order into their destinations, stopping at the first one it
+  // does not have or cannot verify, then calls job->finish(n). Must not block the caller; must
+  // finish every job it took, also when it is destroyed.
+  virtual void load(std::shared_ptr<KvLoadJob> job) = 0;
+  // A block was just registered from KV computed here (not loaded): the tier's own copy.
   virtual void on_register(KvBlock block) { (void)block; }
   // A registered block leaves RAM: the tier's own copy.
   virtual void on_evict(KvBlock block) = 0;
@@ -85,6 +125,9 @@ class KvTier {
 class KvCache {
  public:
   KvCache(const KvLayout& layout, int32_t num_blocks, uint64_t fingerprint = 0);
+  ~KvCache();  // waits for the loads in flight (they write into the pool)
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
 
   const KvLayout& layout() const { return layout_; }
   int64_t n_layers() const { return layout_.n_layers; }
@@ -109,8 +152,8 @@ class KvCache {
   // The chain hash of a block whose predecessor's hash is `parent` (the fingerprint for the
   // first block).
   uint64_t chain_hash(uint64_t parent, std::span<const int32_t> block_tokens) const;
-  // The longest run of cached full blocks (RAM, then the tier) that prefixes `tokens`, at most
-  // max_blocks of them; each gets a reference and is appended to `table`, its hash to `hashes`.
+  // The longest run of cached full blocks in RAM that prefixes `tokens`, at most max_blocks of
+  // them; each gets a reference and is appended to `table`, its hash to `hashes`.
   int32_t acquire_prefix(std::span<const int32_t> tokens, int32_t max_blocks,
                          std::vector<int32_t>* table, std::vector<uint64_t>* hashes);
   // Registers `block` as holding the final KV of `block_tokens` (kKvBlockSize of them) under
@@ -120,6 +163,26 @@ class KvCache {
                       std::span<const int32_t> block_tokens);
   int32_t cached_blocks() const { return int32_t(by_hash_.size()); }
   bool is_registered(int32_t block) const { return info_[size_t(block)].hash.has_value(); }
+
+  // ---- Loading from the tier (docs/kv-cache.md "The disk tier") ----
+  // When the tier holds full block `first` of `tokens` (whose predecessor's chain hash is
+  // `parent`): allocates fresh blocks for full blocks [first, last) (appended to `table`) and
+  // starts loading them. nullptr, nothing taken, when there is no tier, the tier lacks block
+  // `first`, or fewer blocks are available.
+  std::shared_ptr<KvLoadJob> start_load(std::span<const int32_t> tokens, int32_t first,
+                                        int32_t last, uint64_t parent, std::vector<int32_t>* table);
+  // A finished job: its loaded blocks (the job's first n_loaded() of `blocks`, which are the
+  // job's destinations) join the prefix index, their hashes are appended to `hashes`; returns
+  // n_loaded(). The other blocks stay the caller's, fresh.
+  int32_t finish_load(const KvLoadJob& job, std::span<const int32_t> blocks,
+                      std::vector<uint64_t>* hashes);
+  // Releases `table` (which holds the job's destinations) once the job has finished: now if it
+  // has, else when it does (a sequence that went away while loading).
+  void release_after_load(std::shared_ptr<KvLoadJob> job, std::vector<int32_t> table);
+  // Jobs started and not finished yet.
+  int32_t loads_in_flight();
+  // Blocks until a job in flight finishes (at once when none is in flight or one has finished).
+  void wait_for_load();
 
   // ---- Bytes ----
   // Writes dim values for token `pos` of the sequence with this block table.
@@ -155,6 +218,7 @@ class KvCache {
   std::optional<int32_t> lookup(uint64_t hash, uint64_t parent,
                                 std::span<const int32_t> tokens) const;
   void evict_one();
+  void reap_loads();
   void take(int32_t block);
   bool add_to_index(int32_t block, uint64_t hash, uint64_t parent,
                     std::span<const int32_t> block_tokens);
@@ -167,6 +231,9 @@ class KvCache {
   std::unordered_map<uint64_t, int32_t> by_hash_;
   std::list<int32_t> lru_;  // unreferenced cached blocks, least recently used first
   std::vector<uint8_t> data_;
+  std::shared_ptr<KvLoadJob::Signal> load_signal_ = std::make_shared<KvLoadJob::Signal>();
+  std::vector<std::shared_ptr<KvLoadJob>> loads_;  // started, not seen finished yet
+  std::vector<std::pair<std::shared_ptr<KvLoadJob>, std::vector<int32_t>>> release_later_;
 };
 
 }  // namespace moeserve

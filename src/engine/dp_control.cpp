@@ -133,17 +133,23 @@ Result<bool> DpControl::sync(Intake intake) {
 }
 
 Result<bool> DpControl::agree(bool have_work) {
-  if (!comm_) return have_work;  // e.g. nothing to run: waiting for blocks that cannot be freed
+  const bool loading = !core_.scheduler().loading().empty();
+  if (!comm_) {  // e.g. nothing to run: waiting for blocks that cannot be freed, or for KV loads
+    group_loading_ = loading;
+    return have_work;
+  }
   TraceSpan span(tracer_, "agree", -1, TraceLane::kComm);
-  int64_t mine[2] = {int64_t(have_work), int64_t(!outbox_.empty())};
-  std::vector<int64_t> all(size_t(2 * n_ranks_));
+  int64_t mine[3] = {int64_t(have_work), int64_t(!outbox_.empty()), int64_t(loading)};
+  std::vector<int64_t> all(size_t(3 * n_ranks_));
   RETURN_IF_ERROR(comm_->all_gather(mine, all));
-  int64_t stepping = 0, busy = 0;
+  int64_t stepping = 0, busy = 0, loads = 0;
   for (int p = 0; p < n_ranks_; ++p) {
-    stepping += all[size_t(2 * p)];
-    busy += all[size_t(2 * p + 1)];
+    stepping += all[size_t(3 * p)];
+    busy += all[size_t(3 * p + 1)];
+    loads += all[size_t(3 * p + 2)];
   }
   group_busy_ = stepping > 0 || busy > 0;
+  group_loading_ = loads > 0;
   return stepping > 0;
 }
 
@@ -163,16 +169,20 @@ EngineStats DpControl::group_stats(EngineStats s) const {
     const EngineStats& o = rank_stats_[size_t(p)];
     s.running += o.running;
     s.waiting += o.waiting;
+    s.loading += o.loading;
     s.kv_blocks_used += o.kv_blocks_used;
     s.kv_blocks_total += o.kv_blocks_total;
     s.prefix_queries += o.prefix_queries;
     s.prefix_hits += o.prefix_hits;
+    s.prefix_hits_disk += o.prefix_hits_disk;
     s.prompt_tokens += o.prompt_tokens;
     s.generated_tokens += o.generated_tokens;
     s.preemptions += o.preemptions;
     s.kv_disk_hit_blocks += o.kv_disk_hit_blocks;
     s.kv_disk_miss_blocks += o.kv_disk_miss_blocks;
-    s.kv_disk_rejected += o.kv_disk_rejected;
+    for (size_t r = 0; r < s.kv_disk_rejected.size(); ++r) {
+      s.kv_disk_rejected[r] += o.kv_disk_rejected[r];
+    }
     s.kv_disk_written += o.kv_disk_written;
     s.kv_disk_write_drops += o.kv_disk_write_drops;
     s.kv_disk_evicted += o.kv_disk_evicted;

@@ -60,6 +60,8 @@ class DpControl {
   Result<bool> agree(bool have_work);
   // At the last agreement some rank stepped or had outputs to send.
   bool group_busy() const { return group_busy_; }
+  // At the last agreement some rank had KV loading from the disk tier.
+  bool group_loading() const { return group_loading_; }
 
   // Rank 0: ends every accepted request still open (the engine stops or failed).
   void end_front_requests(FinishReason reason, const Status& error);
@@ -88,6 +90,7 @@ class DpControl {
   const int rank_, n_ranks_;
   std::function<void()> before_finish_;
   bool group_busy_ = false;
+  bool group_loading_ = false;
 
   std::unordered_map<std::string, FrontRequest> front_;  // rank 0: every accepted request
   std::vector<int64_t> outstanding_;                     // rank 0: [rank] tokens still to come

@@ -9,6 +9,7 @@
 // request.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -62,6 +63,7 @@ using OutputCallback = std::function<void(const RequestOutput&)>;
 struct EngineStats {
   int64_t running = 0;
   int64_t waiting = 0;
+  int64_t loading = 0;  // admitted, their KV on its way from the disk tier
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
   int64_t prefix_queries = 0;  // prompt tokens looked up in the prefix cache (cumulative)
@@ -71,9 +73,11 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t steps = 0;
   // The KV disk tier (zero without one); prefix_hits counts the tokens of both tiers.
+  int64_t prefix_hits_disk = 0;     // of prefix_hits, tokens loaded from disk
   int64_t kv_disk_hit_blocks = 0;   // cumulative, as every counter below
   int64_t kv_disk_miss_blocks = 0;  // looked up on disk, not there
-  int64_t kv_disk_rejected = 0;     // objects found but not used (and removed)
+  // Objects found but not used (and removed), by reason: [DiskReject] (cache/disk_tier.h).
+  std::array<int64_t, 7> kv_disk_rejected{};
   int64_t kv_disk_written = 0;
   int64_t kv_disk_write_drops = 0;  // writes dropped: the writer's queue was full
   int64_t kv_disk_evicted = 0;      // objects removed to keep the size budget

@@ -78,7 +78,10 @@ void EngineCore::cancel(const std::string& id) {
 
 Status EngineCore::step() {
   StepPlan plan = schedule();
-  return plan.empty() ? Status::Ok() : run(plan);
+  if (!plan.empty()) return run(plan);
+  // Nothing to run while KV is loading from the lower tier: wait for it rather than spin.
+  if (!scheduler_.has_work() && !scheduler_.loading().empty()) cache_.wait_for_load();
+  return Status::Ok();
 }
 
 Status EngineCore::run(const StepPlan& plan) {

@@ -70,7 +70,8 @@ class EngineCore {
   // Runs a scheduled plan to its callbacks. A failed forward ends the plan's requests with
   // kError and returns the error.
   Status run(const StepPlan& plan);
-  // schedule() + run(); an empty plan does nothing.
+  // schedule() + run(); an empty plan runs nothing (with only loads from the lower tier in
+  // flight, it waits for one to finish).
   Status step();
 
   // Ends every live request (callbacks with `reason`).

@@ -30,6 +30,7 @@ Result<std::vector<GenerateResult>> Generator::generate(
   all_at_once.max_num_seqs = std::max<int64_t>(1, int64_t(requests.size()));
   all_at_once.max_batch_tokens = std::numeric_limits<int64_t>::max();
   all_at_once.max_chunk_tokens = prefill_chunk;
+  all_at_once.await_loads = true;  // EP ranks run the same batch in lockstep
   EngineCore core(model_, cache_, all_at_once, pool_);
   std::vector<GenerateResult> results(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {

@@ -26,6 +26,8 @@ namespace moeserve {
 
 namespace {
 
+constexpr std::chrono::milliseconds kLoadPoll{1};
+
 class LlmEngine final : public Engine {
  public:
   LlmEngine(const EngineOptions& o, const EngineParallel* par, std::unique_ptr<Checkpoint> ck,
@@ -190,13 +192,14 @@ class LlmEngine final : public Engine {
     }
     // With other ranks, group_busy() says whether anyone stepped or had outputs to send at the
     // last agreement: a group whose sequences all wait for KV blocks naps a heartbeat instead
-    // of spinning through exchanges.
+    // of spinning through exchanges. While KV loads from the disk tier (here or on any rank),
+    // the nap is kLoadPoll: a finished load is seen that soon.
     auto ready = [&] {
       return stop_ || !incoming_.empty() || !cancels_.empty() ||
-             (dp_.multi_rank() ? dp_.group_busy() : !core_.idle());
+             (dp_.multi_rank() ? dp_.group_busy() : core_.scheduler().has_work());
     };
-    if (dp_.multi_rank()) {
-      cv_.wait_for(lock, heartbeat_, ready);
+    if (dp_.multi_rank() || dp_.group_loading()) {
+      cv_.wait_for(lock, dp_.group_loading() ? kLoadPoll : heartbeat_, ready);
     } else {
       cv_.wait(lock, ready);
     }
@@ -221,10 +224,12 @@ class LlmEngine final : public Engine {
     EngineStats s;
     s.running = int64_t(sch.running().size());
     s.waiting = int64_t(sch.waiting().size());
+    s.loading = int64_t(sch.loading().size());
     s.kv_blocks_used = cache_.num_used();
     s.kv_blocks_total = cache_.num_blocks();
     s.prefix_queries = sch.prefix_queries();
     s.prefix_hits = sch.prefix_hits();
+    s.prefix_hits_disk = sch.prefix_hits_lower();
     s.prompt_tokens = core_.stats().prompt_tokens;
     s.generated_tokens = core_.stats().generated_tokens;
     s.preemptions = sch.preemptions();
@@ -233,7 +238,8 @@ class LlmEngine final : public Engine {
       const DiskTierStats d = disk_->stats();
       s.kv_disk_hit_blocks = d.hits;
       s.kv_disk_miss_blocks = d.misses;
-      for (int64_t r : d.rejected) s.kv_disk_rejected += r;
+      static_assert(std::tuple_size_v<decltype(s.kv_disk_rejected)> == kDiskRejectKinds);
+      std::copy(d.rejected.begin(), d.rejected.end(), s.kv_disk_rejected.begin());
       s.kv_disk_written = d.written;
       s.kv_disk_write_drops = d.write_drops;
       s.kv_disk_evicted = d.evicted;

@@ -6,13 +6,27 @@
 
 namespace moeserve {
 
+namespace {
+
+// Plans n tokens of s: logits for the last position when they reach the end of its tokens.
+void add_to_plan(StepPlan& plan, Sequence* s, int64_t n) {
+  plan.seqs.push_back({s, n, {}, s->n_computed + n == int64_t(s->tokens.size()) ? 1 : 0});
+}
+
+}  // namespace
+
 bool Scheduler::ensure_blocks(Sequence& s, int64_t n_tokens) {
   int32_t need = blocks_for(s.n_computed + n_tokens) - int32_t(s.block_table.size());
   return need <= 0 || cache_.allocate(need, &s.block_table);
 }
 
 void Scheduler::drop_blocks(Sequence& s) {
-  cache_.release(s.block_table);
+  if (s.load) {  // the tier may still be writing into them
+    cache_.release_after_load(std::move(s.load), std::move(s.block_table));
+    s.load.reset();
+  } else {
+    cache_.release(s.block_table);
+  }
   s.block_table.clear();
   s.block_hashes.clear();
   s.n_computed = 0;
@@ -33,63 +47,116 @@ int64_t Scheduler::chunk(const Sequence& s, int64_t budget) const {
   return config_.max_chunk_tokens > 0 ? std::min(n, config_.max_chunk_tokens) : n;
 }
 
-StepPlan Scheduler::schedule() {
-  StepPlan plan;
-  int64_t budget = config_.max_batch_tokens;
+bool Scheduler::has_work() const {
+  return !running_.empty() || !waiting_.empty() ||
+         std::any_of(loading_.begin(), loading_.end(),
+                     [](const auto& s) { return s->load->finished(); });
+}
+
+void Scheduler::count_admission(Sequence& s, int64_t lower_tokens) {
+  if (s.admitted_before) return;
+  prefix_queries_ += s.n_prompt;
+  s.n_cached_prompt = std::min(s.n_computed, s.n_prompt);
+  s.n_disk_prompt = std::min(lower_tokens, s.n_cached_prompt);
+  prefix_hits_ += s.n_cached_prompt;
+  prefix_hits_lower_ += s.n_disk_prompt;
+  s.admitted_before = true;
+}
+
+// Sequences whose load finished: the loaded blocks are theirs (registered), the rest of the
+// reserved blocks are fresh ones for the prefill; they run from the next plan on.
+void Scheduler::take_loaded() {
+  for (auto it = loading_.begin(); it != loading_.end();) {
+    Sequence& s = **it;
+    if (!s.load->finished()) {
+      ++it;
+      continue;
+    }
+    auto reserved =
+        std::span<const int32_t>(s.block_table).subspan(size_t(s.n_computed / kKvBlockSize));
+    const int64_t loaded =
+        int64_t(cache_.finish_load(*s.load, reserved, &s.block_hashes)) * kKvBlockSize;
+    s.load.reset();
+    s.n_computed += loaded;
+    count_admission(s, loaded);
+    s.set_state(SeqState::kPrefill);
+    running_.push_back(std::move(*it));
+    it = loading_.erase(it);
+  }
+}
+
+void Scheduler::plan_running(SeqState pass, StepPlan& plan, int64_t& budget) {
   auto planned = [&](const Sequence* s) {
     return std::any_of(plan.seqs.begin(), plan.seqs.end(),
                        [&](const PlannedSeq& p) { return p.seq == s; });
   };
-  auto add = [&](Sequence* s, int64_t n) {
-    plan.seqs.push_back({s, n, {}, s->n_computed + n == int64_t(s->tokens.size()) ? 1 : 0});
-    budget -= n;
-  };
-  // Decodes first (one token each), then running sequences still prefilling.
-  for (SeqState pass : {SeqState::kDecode, SeqState::kPrefill}) {
-    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-      Sequence* s = running_[i].get();
-      if (s->state() != pass || planned(s)) continue;
-      int64_t n = chunk(*s, budget);
-      bool preempted_self = false;
-      while (!ensure_blocks(*s, n)) {
-        // Out of blocks: preempt the most recently admitted sequence not in this step.
-        Sequence* victim = nullptr;
-        for (auto it = running_.rbegin(); it != running_.rend() && !victim; ++it) {
-          if (!planned(it->get())) victim = it->get();
-        }
-        preempt(victim);  // s itself is unplanned, so a victim always exists
-        if (victim == s) {
-          preempted_self = true;
-          break;
-        }
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* s = running_[i].get();
+    if (s->state() != pass || planned(s)) continue;
+    int64_t n = chunk(*s, budget);
+    while (!ensure_blocks(*s, n)) {
+      // Out of blocks: preempt the most recently admitted sequence not in this step.
+      Sequence* victim = nullptr;
+      for (auto it = running_.rbegin(); it != running_.rend() && !victim; ++it) {
+        if (!planned(it->get())) victim = it->get();
       }
-      if (preempted_self) break;
-      add(s, n);
+      preempt(victim);  // s itself is unplanned, so a victim always exists
+      if (victim == s) return;
     }
+    add_to_plan(plan, s, n);
+    budget -= n;
   }
-  // Admit waiting requests, oldest first.
-  while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < config_.max_num_seqs) {
+}
+
+// Admits waiting requests, oldest first: RAM prefix hits are taken at once; when the lower
+// tier holds the next full block the sequence goes to loading KV instead of running.
+void Scheduler::admit(StepPlan& plan, int64_t& budget) {
+  while (!waiting_.empty() && budget > 0 &&
+         int64_t(running_.size() + loading_.size()) < config_.max_num_seqs) {
     Sequence* s = waiting_.front().get();
-    // Reuse cached full blocks of the prefix, always leaving at least one token to compute
-    // (its logits are needed).
+    // Cached full blocks of the prefix, always leaving at least one token to compute (its
+    // logits are needed).
     int32_t max_blocks = int32_t((int64_t(s->tokens.size()) - 1) / kKvBlockSize);
     int32_t hit = cache_.acquire_prefix(s->tokens, max_blocks, &s->block_table, &s->block_hashes);
     s->n_computed = int64_t(hit) * kKvBlockSize;
+    if (hit < max_blocks) {
+      const uint64_t parent = hit > 0 ? s->block_hashes.back() : cache_.fingerprint();
+      s->load = cache_.start_load(s->tokens, hit, max_blocks, parent, &s->block_table);
+      if (s->load) {
+        s->set_state(SeqState::kLoadingKv);
+        loading_.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+        continue;
+      }
+    }
     int64_t n = chunk(*s, budget);
     if (!ensure_blocks(*s, n)) {
       drop_blocks(*s);
       break;
     }
-    if (!s->admitted_before) {
-      prefix_queries_ += s->n_prompt;
-      s->n_cached_prompt = std::min(s->n_computed, s->n_prompt);
-      prefix_hits_ += s->n_cached_prompt;
-      s->admitted_before = true;
-    }
+    count_admission(*s, 0);
     s->set_state(SeqState::kPrefill);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
-    add(s, n);
+    add_to_plan(plan, s, n);
+    budget -= n;
+  }
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int64_t budget = config_.max_batch_tokens;
+  take_loaded();
+  // Decodes first (one token each), then running sequences still prefilling, then admissions.
+  plan_running(SeqState::kDecode, plan, budget);
+  plan_running(SeqState::kPrefill, plan, budget);
+  admit(plan, budget);
+  if (config_.await_loads && !loading_.empty()) {
+    while (!loading_.empty()) {
+      cache_.wait_for_load();
+      take_loaded();
+    }
+    plan_running(SeqState::kPrefill, plan, budget);
   }
   return plan;
 }
@@ -117,7 +184,7 @@ void Scheduler::commit(const StepPlan& plan, const StepResult& result) {
 }
 
 std::unique_ptr<Sequence> Scheduler::remove(Sequence* seq) {
-  for (auto* q : {&running_, &waiting_}) {
+  for (auto* q : {&running_, &waiting_, &loading_}) {
     auto it = std::find_if(q->begin(), q->end(), [&](const auto& p) { return p.get() == seq; });
     if (it == q->end()) continue;
     std::unique_ptr<Sequence> out = std::move(*it);

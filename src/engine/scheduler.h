@@ -1,13 +1,16 @@
 // Scheduler: continuous batching with chunked prefill and a per-step token budget; the owner of
 // every sequence's state transitions but finishing (docs/engine.md).
 //
-// Each step: every running sequence in decode gets its one token first; then running sequences
-// still prefilling get chunks (at most max_chunk_tokens each, when set); then waiting requests
-// are admitted (prefix-cache lookup first) while the token budget, max_num_seqs and free KV
-// blocks allow. When a running sequence needs a new block and none is free, the most recently
-// admitted running sequence is preempted: its blocks are released and it goes back to the
-// front of the queue, to be recomputed later (its prompt and generated tokens, much of it
-// usually from the prefix cache).
+// Each step: sequences whose KV finished loading from the lower tier join the running ones;
+// every running sequence in decode gets its one token first; then running sequences still
+// prefilling get chunks (at most max_chunk_tokens each, when set); then waiting requests are
+// admitted while the token budget, max_num_seqs and free KV blocks allow. Admission looks up
+// the prompt's full blocks in RAM first; when the lower tier holds the next block, the
+// sequence waits in the loading-KV state (blocks reserved, no tokens planned) while the tier's
+// thread fills them, and other sequences keep stepping. When a running sequence needs a new block
+// and none is free, the most recently admitted running sequence is preempted: its blocks are
+// released and it goes back to the front of the queue, to be recomputed later (its prompt and
+// generated tokens, much of it usually from the prefix cache).
 //
 // Not thread-safe: owned by the engine's step thread.
 #pragma once
@@ -27,6 +30,9 @@ struct SchedulerConfig {
   int64_t max_num_seqs = 64;
   int64_t max_batch_tokens = 2048;  // tokens per step (decode tokens + prefill chunks)
   int64_t max_chunk_tokens = 0;     // prefill tokens of one sequence per step (0: no limit)
+  // Loads from the lower tier finish within the schedule() that starts them: the plan does not
+  // depend on I/O timing (a fixed batch run in lockstep on several EP ranks needs that).
+  bool await_loads = false;
 };
 
 class Scheduler {
@@ -43,14 +49,24 @@ class Scheduler {
   // Removes a sequence (running or waiting), releasing its blocks; it becomes finished.
   std::unique_ptr<Sequence> remove(Sequence* seq);
 
-  bool idle() const { return running_.empty() && waiting_.empty(); }
+  bool idle() const { return running_.empty() && waiting_.empty() && loading_.empty(); }
+  // Whether schedule() could plan something now or soon without new requests: anything
+  // running or waiting, or a load that has finished. (Only loads in flight: nothing to do
+  // until one finishes; KvCache::wait_for_load waits for that.)
+  bool has_work() const;
   const std::deque<std::unique_ptr<Sequence>>& running() const { return running_; }
   const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
+  const std::deque<std::unique_ptr<Sequence>>& loading() const { return loading_; }
   int64_t preemptions() const { return preemptions_; }
   int64_t prefix_queries() const { return prefix_queries_; }
-  int64_t prefix_hits() const { return prefix_hits_; }
+  int64_t prefix_hits() const { return prefix_hits_; }  // tokens, from RAM and the lower tier
+  int64_t prefix_hits_lower() const { return prefix_hits_lower_; }  // of those, the lower tier
 
  private:
+  void take_loaded();
+  void plan_running(SeqState pass, StepPlan& plan, int64_t& budget);
+  void admit(StepPlan& plan, int64_t& budget);
+  void count_admission(Sequence& s, int64_t lower_tokens);
   bool ensure_blocks(Sequence& s, int64_t n_tokens);
   void preempt(Sequence* victim);
   void drop_blocks(Sequence& s);
@@ -60,9 +76,11 @@ class Scheduler {
   KvCache& cache_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::deque<std::unique_ptr<Sequence>> running_;  // admission order
+  std::deque<std::unique_ptr<Sequence>> loading_;  // KV on its way from the lower tier
   int64_t preemptions_ = 0;
   int64_t prefix_queries_ = 0;
   int64_t prefix_hits_ = 0;
+  int64_t prefix_hits_lower_ = 0;
 };
 
 }  // namespace moeserve

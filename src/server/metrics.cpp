@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "cache/disk_tier.h"
+
 namespace moeserve {
 
 Histogram::Histogram(std::vector<double> bounds)
@@ -80,14 +82,21 @@ std::string ServerMetrics::render(const EngineStats& e) const {
   add_metric(out, "moeserve_prefix_cache_queries_total", "counter",
              "Prompt tokens looked up in the prefix cache.", e.prefix_queries);
   add_metric(out, "moeserve_prefix_cache_hits_total", "counter",
-             "Prompt tokens found in the prefix cache.", e.prefix_hits);
+             "Prompt tokens found in the prefix cache (RAM and disk).", e.prefix_hits);
+  add_metric(out, "moeserve_prefix_cache_disk_hits_total", "counter",
+             "Of the prefix cache hits, prompt tokens loaded from the disk tier.",
+             e.prefix_hits_disk);
   add_metric(out, "moeserve_kv_disk_hit_blocks_total", "counter",
              "KV blocks read from the disk tier.", e.kv_disk_hit_blocks);
   add_metric(out, "moeserve_kv_disk_miss_blocks_total", "counter",
              "KV blocks looked up on the disk tier and not there.", e.kv_disk_miss_blocks);
-  add_metric(out, "moeserve_kv_disk_rejected_total", "counter",
-             "Disk tier objects found but not used (corrupt, another model or format).",
-             e.kv_disk_rejected);
+  out +=
+      "# HELP moeserve_kv_disk_rejected_total Disk tier objects found but not used (and removed), "
+      "by reason.\n# TYPE moeserve_kv_disk_rejected_total counter\n";
+  for (int r = 0; r < kDiskRejectKinds; ++r) {
+    out += fmt::format("moeserve_kv_disk_rejected_total{{reason=\"{}\"}} {}\n",
+                       to_string(DiskReject(r)), e.kv_disk_rejected[size_t(r)]);
+  }
   add_metric(out, "moeserve_kv_disk_written_total", "counter", "KV blocks written to disk.",
              e.kv_disk_written);
   add_metric(out, "moeserve_kv_disk_write_drops_total", "counter",
@@ -104,6 +113,8 @@ std::string ServerMetrics::render(const EngineStats& e) const {
   add_metric(out, "moeserve_num_requests_running", "gauge", "Requests in the running batch.",
              e.running);
   add_metric(out, "moeserve_num_requests_waiting", "gauge", "Requests waiting to run.", e.waiting);
+  add_metric(out, "moeserve_num_requests_loading_kv", "gauge",
+             "Requests whose prompt KV is loading from the disk tier.", e.loading);
   add_metric(out, "moeserve_kv_blocks_used", "gauge", "KV cache blocks in use.", e.kv_blocks_used);
   add_metric(out, "moeserve_kv_blocks_total", "gauge", "KV cache blocks in all.",
              e.kv_blocks_total);

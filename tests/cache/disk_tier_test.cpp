@@ -11,6 +11,8 @@
 #include <fstream>
 #include <functional>
 
+#include "tier_test_util.h"
+
 namespace moeserve {
 namespace {
 
@@ -76,7 +78,7 @@ int32_t hits_after_restart(DiskTier& tier, const std::vector<int32_t>& t, float*
   c.set_tier(&tier);
   std::vector<int32_t> table;
   std::vector<uint64_t> hashes;
-  int32_t n = c.acquire_prefix(t, 8, &table, &hashes);
+  int32_t n = acquire_with_tier(c, t, 8, &table, &hashes);
   if (probe && n > 0) c.read(1, table, 70 % (n * kKvBlockSize), probe);
   c.release(table);
   return n;
@@ -187,7 +189,7 @@ TEST(DiskTier, AnotherFingerprintNeverMatches) {
   c.set_tier(tier.get());
   std::vector<int32_t> table;
   std::vector<uint64_t> h;
-  EXPECT_EQ(c.acquire_prefix(t, 4, &table, &h), 0);
+  EXPECT_EQ(acquire_with_tier(c, t, 4, &table, &h), 0);
   EXPECT_EQ(tier->stats().misses, 1);
 }
 

@@ -8,6 +8,8 @@
 #include <map>
 #include <random>
 
+#include "tier_test_util.h"
+
 namespace moeserve {
 namespace {
 
@@ -200,18 +202,6 @@ TEST(KvCache, ExportImportRoundTrip) {
   EXPECT_EQ(probe, got);
 }
 
-// A lower tier: misses are asked of it, evictions shown to it.
-class MapTier final : public KvTier {
- public:
-  std::optional<KvBlock> fetch(uint64_t hash, uint64_t, std::span<const int32_t>) override {
-    auto it = blocks.find(hash);
-    if (it == blocks.end()) return std::nullopt;
-    return it->second;
-  }
-  void on_evict(KvBlock b) override { blocks[*b.hash] = std::move(b); }
-  std::map<uint64_t, KvBlock> blocks;
-};
-
 TEST(KvCache, TierReceivesEvictionsAndServesMisses) {
   KvCache c = make_cache(2);
   MapTier tier;
@@ -228,11 +218,118 @@ TEST(KvCache, TierReceivesEvictionsAndServesMisses) {
   EXPECT_EQ(tier.blocks.size(), 2u);
   EXPECT_EQ(c.cached_blocks(), 0);
   c.release(other);
-  EXPECT_EQ(c.acquire_prefix(a, 2, &probe, &h), 2);  // both come back from the tier
+  EXPECT_EQ(c.acquire_prefix(a, 2, &probe, &h), 0);      // not in RAM any more
+  EXPECT_EQ(acquire_with_tier(c, a, 2, &probe, &h), 2);  // both come back from the tier
   float back[3];
   c.read(0, probe, 3, back);
   EXPECT_EQ(back[2], 6.0f);
   c.release(probe);
+}
+
+// Puts the first n full blocks of t into the tier (as a restarted process finds them).
+void fill_tier(MapTier& tier, std::span<const int32_t> t, int n, float salt) {
+  KvCache c = make_cache(8);
+  tier.keep_registered = true;
+  c.set_tier(&tier);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(c.allocate(n, &table));
+  for (int64_t p = 0; p < n * kKvBlockSize; ++p) {
+    float v[3] = {salt, float(p), 0};
+    c.write(1, table, p, v);
+  }
+  register_blocks(c, t, table, n);
+  c.release(table);
+  tier.keep_registered = false;
+}
+
+TEST(KvCache, ALoadReservesBlocksAndRegistersThemWhenItFinishes) {
+  MapTier tier;
+  auto t = tokens(200, 3);
+  fill_tier(tier, t, 3, 9.0f);
+  KvCache c = make_cache(5);
+  c.set_tier(&tier);
+  tier.hold = true;
+  std::vector<int32_t> table;
+  std::vector<uint64_t> hashes;
+  ASSERT_EQ(c.acquire_prefix(t, 3, &table, &hashes), 0);
+  auto job = c.start_load(t, 0, 3, c.fingerprint(), &table);
+  ASSERT_NE(job, nullptr);
+  EXPECT_EQ(table.size(), 3u);
+  EXPECT_EQ(c.num_available(), 2);
+  EXPECT_FALSE(job->finished());
+  EXPECT_EQ(c.loads_in_flight(), 1);
+  tier.release_loads();
+  c.wait_for_load();  // returns: a load has finished
+  ASSERT_TRUE(job->finished());
+  EXPECT_EQ(c.loads_in_flight(), 0);
+  EXPECT_EQ(c.finish_load(*job, table, &hashes), 3);
+  EXPECT_EQ(hashes.size(), 3u);
+  float v[3];
+  c.read(1, table, 130, v);
+  EXPECT_EQ(v[0], 9.0f);
+  EXPECT_EQ(v[1], 130.0f);
+  // Registered: another sequence with the prompt finds them in RAM.
+  std::vector<int32_t> other;
+  std::vector<uint64_t> h2;
+  EXPECT_EQ(c.acquire_prefix(t, 3, &other, &h2), 3);
+  EXPECT_EQ(other, table);
+  c.release(other);
+  c.release(table);
+}
+
+TEST(KvCache, ALoadStopsAtTheFirstBlockTheTierLacks) {
+  MapTier tier;
+  auto t = tokens(200, 4);
+  fill_tier(tier, t, 3, 1.0f);
+  const uint64_t h0 = 0;  // make_cache's fingerprint
+  KvCache probe = make_cache(1);
+  const uint64_t h1 = probe.chain_hash(probe.chain_hash(h0, std::span<const int32_t>(t).first(64)),
+                                       std::span<const int32_t>(t).subspan(64, 64));
+  ASSERT_EQ(tier.blocks.erase(h1), 1u);  // the chain's second block
+  ASSERT_EQ(tier.blocks.size(), 2u);
+  KvCache c = make_cache(5);
+  c.set_tier(&tier);
+  std::vector<int32_t> table;
+  std::vector<uint64_t> hashes;
+  EXPECT_EQ(acquire_with_tier(c, t, 3, &table, &hashes), 1);
+  EXPECT_EQ(table.size(), 3u);  // the two it did not fill stay the caller's, fresh
+  EXPECT_TRUE(c.is_registered(table[0]));
+  EXPECT_FALSE(c.is_registered(table[1]));
+  EXPECT_FALSE(c.is_registered(table[2]));
+  c.release(table);
+  EXPECT_EQ(c.num_available(), 5);
+}
+
+TEST(KvCache, ATableReleasedWhileLoadingIsFreedWhenTheLoadFinishes) {
+  MapTier tier;
+  auto t = tokens(130, 5);
+  fill_tier(tier, t, 2, 1.0f);
+  KvCache c = make_cache(4);
+  c.set_tier(&tier);
+  tier.hold = true;
+  std::vector<int32_t> table;
+  auto job = c.start_load(t, 0, 2, c.fingerprint(), &table);
+  ASSERT_NE(job, nullptr);
+  c.release_after_load(job, table);  // the sequence went away; the tier still writes
+  EXPECT_EQ(c.num_available(), 2);
+  tier.release_loads();
+  EXPECT_EQ(c.loads_in_flight(), 0);
+  EXPECT_EQ(c.num_available(), 4);
+  EXPECT_EQ(c.cached_blocks(), 0);  // nothing registered from an abandoned load
+}
+
+TEST(KvCache, NoLoadWithoutTheFirstBlockOrFreeBlocks) {
+  MapTier tier;
+  auto t = tokens(200, 6);
+  fill_tier(tier, t, 3, 1.0f);
+  KvCache c = make_cache(2);
+  c.set_tier(&tier);
+  std::vector<int32_t> table;
+  EXPECT_EQ(c.start_load(t, 0, 3, c.fingerprint(), &table), nullptr);  // 3 blocks, 2 free
+  auto u = tokens(200, 7);
+  EXPECT_EQ(c.start_load(u, 0, 2, c.fingerprint(), &table), nullptr);  // not in the tier
+  EXPECT_TRUE(table.empty());
+  EXPECT_EQ(c.num_available(), 2);
 }
 
 // Random operations on KvCache and on a naive model: a free stack, refcounts, an LRU list and

@@ -93,6 +93,8 @@ PY
 grep -q '^moeserve_kv_disk_miss_blocks_total 1$' "$dir/metrics1.txt" || fail "metrics 1"
 grep -q '^moeserve_kv_disk_hit_blocks_total 2$' "$dir/metrics2.txt" ||
   fail "metrics 2: $(grep kv_disk "$dir/metrics2.txt")"
-grep -q '^moeserve_kv_disk_rejected_total 0$' "$dir/metrics2.txt" || fail "metrics 2 rejected"
+[ "$(grep -c '^moeserve_kv_disk_rejected_total{reason="[a-z]*"} 0$' "$dir/metrics2.txt")" = 7 ] ||
+  fail "metrics 2 rejected: $(grep kv_disk_rejected "$dir/metrics2.txt")"
+grep -q '^moeserve_prefix_cache_disk_hits_total 128$' "$dir/metrics2.txt" || fail "metrics 2 disk hit tokens"
 echo "kv_disk: ok"
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "../cache/tier_test_util.h"
+
 namespace moeserve {
 namespace {
 
@@ -121,6 +123,95 @@ TEST(Scheduler, PrefixCacheSkipsComputedBlocks) {
   plan = sch.schedule();
   EXPECT_EQ(plan.seqs[0].seq->n_computed, 128);
   EXPECT_EQ(plan.seqs[0].n_tokens, 64);
+}
+
+// Another process's run: prefills prompt "x" of n tokens; its full blocks land in the tier.
+void prefill_into(MapTier& tier, int n) {
+  KvCache first = cache(10);
+  tier.keep_registered = true;
+  first.set_tier(&tier);
+  Scheduler sch({8, 1000}, first);
+  sch.add(seq("x", n));
+  run_step(sch, sch.schedule());
+  sch.remove(sch.running()[0].get());
+  tier.keep_registered = false;
+}
+
+// The lower tier: a restarted cache finds the prompt's blocks there. The sequence waits in
+// loading KV (no tokens planned, blocks reserved) while others step; once the load finishes it
+// prefills only what was not loaded.
+TEST(Scheduler, LoadingKvWaitsInItsOwnStateWhileOthersStep) {
+  MapTier tier;
+  prefill_into(tier, 200);
+  EXPECT_EQ(tier.blocks.size(), 3u);
+  KvCache blocks = cache(100);
+  blocks.set_tier(&tier);
+  tier.hold = true;
+  Scheduler sch({8, 1000}, blocks);
+  sch.add(seq("b", 5, 1000));
+  run_step(sch, sch.schedule());  // b decodes from now on
+  sch.add(seq("x", 200));
+  auto plan = sch.schedule();
+  ASSERT_EQ(plan.seqs.size(), 1u);
+  EXPECT_EQ(plan.seqs[0].seq->req.id, "b");
+  ASSERT_EQ(sch.loading().size(), 1u);
+  Sequence* x = sch.loading()[0].get();
+  EXPECT_EQ(x->state(), SeqState::kLoadingKv);
+  EXPECT_EQ(x->block_table.size(), 3u);  // reserved for the three full blocks
+  EXPECT_TRUE(sch.has_work());
+  run_step(sch, plan);
+  plan = sch.schedule();  // still loading
+  ASSERT_EQ(plan.seqs.size(), 1u);
+  run_step(sch, plan);
+  tier.release_loads();
+  plan = sch.schedule();
+  ASSERT_EQ(plan.seqs.size(), 2u);
+  EXPECT_EQ(plan.seqs[1].seq, x);
+  EXPECT_EQ(x->state(), SeqState::kPrefill);
+  EXPECT_EQ(x->n_computed, 192);
+  EXPECT_EQ(plan.seqs[1].n_tokens, 8);
+  EXPECT_EQ(plan.seqs[1].n_logits, 1);
+  EXPECT_EQ(sch.prefix_hits(), 192);
+  EXPECT_EQ(sch.prefix_hits_lower(), 192);
+  EXPECT_EQ(x->n_cached_prompt, 192);
+  EXPECT_EQ(x->n_disk_prompt, 192);
+}
+
+TEST(Scheduler, ASequenceRemovedWhileLoadingFreesItsBlocksWhenTheLoadEnds) {
+  MapTier tier;
+  prefill_into(tier, 130);
+  KvCache blocks = cache(10);
+  blocks.set_tier(&tier);
+  tier.hold = true;
+  Scheduler sch({8, 1000}, blocks);
+  sch.add(seq("x", 130));
+  EXPECT_TRUE(sch.schedule().empty());
+  ASSERT_EQ(sch.loading().size(), 1u);
+  EXPECT_FALSE(sch.has_work());  // nothing to do until the load finishes
+  auto gone = sch.remove(sch.loading()[0].get());
+  EXPECT_EQ(gone->state(), SeqState::kFinished);
+  EXPECT_TRUE(sch.idle());
+  EXPECT_EQ(blocks.num_available(), 8);  // the tier may still write into two of them
+  tier.release_loads();
+  EXPECT_EQ(blocks.loads_in_flight(), 0);
+  EXPECT_EQ(blocks.num_available(), 10);
+}
+
+// await_loads (a fixed batch in lockstep): the load finishes inside schedule(), which plans
+// the sequence at once.
+TEST(Scheduler, AwaitLoadsPlansTheLoadedSequenceInTheSameStep) {
+  MapTier tier;
+  prefill_into(tier, 130);
+  KvCache blocks = cache(10);
+  blocks.set_tier(&tier);
+  SchedulerConfig config{8, 1000};
+  config.await_loads = true;
+  Scheduler sch(config, blocks);
+  sch.add(seq("x", 130));
+  auto plan = sch.schedule();
+  ASSERT_EQ(plan.seqs.size(), 1u);
+  EXPECT_EQ(plan.seqs[0].seq->n_computed, 128);
+  EXPECT_EQ(plan.seqs[0].n_tokens, 2);
 }
 
 TEST(Scheduler, StatesFollowTheDiagram) {
