@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <xxh_x86dispatch.h>
 #include <xxhash.h>
 
 #include "core/check.h"
@@ -53,6 +55,10 @@ bool read_at(int fd, uint8_t* p, size_t n, off_t off) {
 
 // Payload bytes read (and checksummed) at a time: a piece is hashed while it is still in L2.
 constexpr size_t kReadPiece = size_t(256) << 10;
+// Objects of a load asked of the device ahead of the one being read.
+constexpr int32_t kReadAhead = 2;
+// A temporary file older than this is a dead writer's (a live one renames it within a write).
+constexpr std::chrono::minutes kStaleTemp{10};
 
 }  // namespace
 
@@ -153,14 +159,25 @@ void DiskTier::reader_loop() {
       continue;
     }
     lock.unlock();
+    // The device reads kReadAhead objects ahead of the one being verified (the kernel's
+    // readahead stays within one file).
+    for (int32_t i = 1; i <= kReadAhead && i < job->size(); ++i) prefetch(job->hashes[size_t(i)]);
     int32_t n = 0;
     while (n < job->size() && read_block(job->hashes[size_t(n)], job->parent_of(n),
                                          job->tokens_of(n), job->dest[size_t(n)])) {
+      if (n + 1 + kReadAhead < job->size()) prefetch(job->hashes[size_t(n + 1 + kReadAhead)]);
       ++n;
     }
     job->finish(n);
     lock.lock();
   }
+}
+
+void DiskTier::prefetch(uint64_t hash) const {
+  int fd = ::open(object_path(hash).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+  ::close(fd);
 }
 
 bool DiskTier::read_block(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
@@ -212,7 +229,7 @@ bool DiskTier::read_block(uint64_t hash, uint64_t parent, std::span<const int32_
     if (!read_at(fd, dest + at, n, off_t(head_bytes + at))) {
       return reject(path, DiskReject::kShort), false;  // shrank under us
     }
-    XXH3_64bits_update(state.get(), dest + at, n);
+    XXH3_64bits_update_dispatch(state.get(), dest + at, n);
   }
   if (XXH3_64bits_digest(state.get()) != checksum)
     return reject(path, DiskReject::kChecksum), false;
@@ -269,7 +286,12 @@ void DiskTier::writer_loop() {
 
 Status DiskTier::write_object(const KvBlock& b) {
   const std::string path = object_path(*b.hash);
-  if (::access(path.c_str(), F_OK) == 0) return Status::Ok();  // written before (any process)
+  // Written before (by any process): only marked recently used, so that the budget keeps the
+  // blocks that keep coming back (a block evicted from RAM again is one of those).
+  if (::access(path.c_str(), F_OK) == 0) {
+    ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
+    return Status::Ok();
+  }
   std::vector<uint8_t> head;
   head.reserve(kHeaderBytes + b.tokens.size() * 4);
   put<uint32_t>(head, kMagic);
@@ -280,10 +302,12 @@ Status DiskTier::write_object(const KvBlock& b) {
   put<uint32_t>(head, uint32_t(b.tokens.size()));
   put<uint32_t>(head, 0);
   put<uint64_t>(head, uint64_t(b.bytes.size()));
-  put<uint64_t>(head, XXH3_64bits(b.bytes.data(), b.bytes.size()));
+  put<uint64_t>(head, XXH3_64bits_dispatch(b.bytes.data(), b.bytes.size()));
   for (int32_t t : b.tokens) put<int32_t>(head, t);
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
+  if (ec)
+    return IOError(fmt::format("{}: {}", fs::path(path).parent_path().string(), ec.message()));
   thread_local std::mt19937_64 rng{std::random_device{}()};
   const std::string tmp = fmt::format("{}.tmp.{:016x}", path, rng());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -317,8 +341,10 @@ Status DiskTier::write_object(const KvBlock& b) {
 }
 
 // Removes the least recently used objects (oldest mtime) while the directory holds more than
-// the budget. The directory is scanned only once the bytes written since the last scan could
-// have crossed it (other processes' writes are seen at the next scan).
+// the budget, and temporary files of writers that died mid-write. The directory is scanned only
+// once the bytes written since the last scan could have crossed it (budget / 16), so with P
+// processes writing one directory it may sit over budget by up to P x (budget / 16 + one
+// object) until the next scan.
 void DiskTier::enforce_budget() {
   if (options_.capacity_gb <= 0) return;
   const int64_t budget = int64_t(options_.capacity_gb * 1e9);
@@ -333,22 +359,37 @@ void DiskTier::enforce_budget() {
     fs::path path;
   };
   std::vector<Object> objects;
-  int64_t total = 0;
+  int64_t total = 0, removed = 0;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(options_.dir, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_regular_file(ec) || it->path().extension() != ".kv") continue;
+    if (!it->is_regular_file(ec)) continue;
+    const bool object = it->path().extension() == ".kv";
+    const bool partial = it->path().filename().string().find(".kv.tmp.") != std::string::npos;
+    if (!object && !partial) continue;
     std::error_code e2;
     const int64_t size = int64_t(it->file_size(e2));
     const fs::file_time_type used = it->last_write_time(e2);
     if (e2) continue;
+    if (partial) {
+      // Old: what a writer killed mid-write left (it goes). Recent: a live write (it counts).
+      if (fs::file_time_type::clock::now() - used > kStaleTemp) {
+        if (fs::remove(it->path(), e2)) ++removed;
+      } else {
+        total += size;
+      }
+      continue;
+    }
     objects.push_back({used, size, it->path()});
     total += size;
   }
-  if (total <= budget) return;
+  if (total <= budget) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.evicted += removed;
+    return;
+  }
   std::sort(objects.begin(), objects.end(),
             [](const Object& a, const Object& b) { return a.used < b.used; });
-  int64_t removed = 0;
   for (const Object& o : objects) {
     if (total <= budget) break;
     if (fs::remove(o.path, ec)) ++removed;

@@ -96,6 +96,7 @@ class DiskTier final : public KvTier {
   void enqueue(KvBlock block);
   void writer_loop();
   void reader_loop();
+  void prefetch(uint64_t hash) const;
   Status write_object(const KvBlock& block);
   void enforce_budget();
   void reject(const std::string& path, DiskReject why);

@@ -185,6 +185,8 @@ EngineStats DpControl::group_stats(EngineStats s) const {
     }
     s.kv_disk_written += o.kv_disk_written;
     s.kv_disk_write_drops += o.kv_disk_write_drops;
+    s.kv_disk_write_errors += o.kv_disk_write_errors;
+    s.kv_disk_writes_off += o.kv_disk_writes_off;
     s.kv_disk_evicted += o.kv_disk_evicted;
     s.kv_disk_bytes_read += o.kv_disk_bytes_read;
     s.kv_disk_bytes_written += o.kv_disk_bytes_written;

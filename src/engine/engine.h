@@ -80,7 +80,9 @@ struct EngineStats {
   std::array<int64_t, 7> kv_disk_rejected{};
   int64_t kv_disk_written = 0;
   int64_t kv_disk_write_drops = 0;  // writes dropped: the writer's queue was full
-  int64_t kv_disk_evicted = 0;      // objects removed to keep the size budget
+  int64_t kv_disk_write_errors = 0;
+  int64_t kv_disk_writes_off = 0;  // ranks whose tier turned writing off after an error (a gauge)
+  int64_t kv_disk_evicted = 0;     // objects removed to keep the size budget
   int64_t kv_disk_bytes_read = 0;
   int64_t kv_disk_bytes_written = 0;
   friend bool operator==(const EngineStats&, const EngineStats&) = default;

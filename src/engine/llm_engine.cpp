@@ -242,6 +242,8 @@ class LlmEngine final : public Engine {
       std::copy(d.rejected.begin(), d.rejected.end(), s.kv_disk_rejected.begin());
       s.kv_disk_written = d.written;
       s.kv_disk_write_drops = d.write_drops;
+      s.kv_disk_write_errors = d.write_errors;
+      s.kv_disk_writes_off = d.writes_disabled ? 1 : 0;
       s.kv_disk_evicted = d.evicted;
       s.kv_disk_bytes_read = d.bytes_read;
       s.kv_disk_bytes_written = d.bytes_written;

@@ -101,6 +101,11 @@ std::string ServerMetrics::render(const EngineStats& e) const {
              e.kv_disk_written);
   add_metric(out, "moeserve_kv_disk_write_drops_total", "counter",
              "Disk writes dropped (the writer's queue was full).", e.kv_disk_write_drops);
+  add_metric(out, "moeserve_kv_disk_write_errors_total", "counter",
+             "Disk tier writes that failed (the first turns writing off).", e.kv_disk_write_errors);
+  add_metric(out, "moeserve_kv_disk_writes_off", "gauge",
+             "Ranks whose disk tier turned writing off after an error (reads go on).",
+             e.kv_disk_writes_off);
   add_metric(out, "moeserve_kv_disk_evicted_total", "counter",
              "Disk tier objects removed to keep --kv-disk-gb.", e.kv_disk_evicted);
   add_metric(out, "moeserve_kv_disk_read_bytes_total", "counter", "Bytes read from the disk tier.",

@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <chrono>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -213,6 +215,47 @@ TEST(DiskTier, SizeBudgetHoldsUnderChurn) {
   EXPECT_GT(tier->stats().evicted, 40);
   // The most recent objects are the ones kept.
   EXPECT_EQ(hits_after_restart(*tier, tokens(64, 159)), 1);
+}
+
+// A writer killed between writing its temporary file and renaming it leaves the file behind:
+// the budget's scan counts it and removes it once it is old; a recent one (a live write) stays.
+TEST(DiskTier, TheBudgetRemovesADeadWritersTemporaryFiles) {
+  TempDir dir;
+  const double block_file = double(layout().block_bytes() + 56 + 64 * 4);
+  auto tier = open_tier(dir.path, kFingerprint, 4 * block_file / 1e9);
+  fs::create_directories(dir.path / "ab");
+  const fs::path stale = dir.path / "ab" / "00000000000000ab.kv.tmp.0123456789abcdef";
+  const fs::path live = dir.path / "ab" / "00000000000000ac.kv.tmp.0123456789abcdef";
+  std::ofstream(stale) << std::string(100, 'x');
+  std::ofstream(live) << std::string(100, 'x');
+  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  KvCache c(layout(), 4, kFingerprint);
+  c.set_tier(tier.get());
+  c.release(compute_blocks(c, tokens(64, 1), 1));
+  tier->flush();
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+}
+
+// Writing a block the directory already holds refreshes it as recently used: under a budget, a
+// block that keeps coming back (evicted from RAM again) is kept over ones never seen again.
+TEST(DiskTier, RewritingAnExistingObjectMarksItRecentlyUsed) {
+  TempDir dir;
+  auto tier = open_tier(dir.path);
+  KvCache c(layout(), 4, kFingerprint);
+  c.set_tier(tier.get());
+  c.release(compute_blocks(c, tokens(64, 1), 1));
+  tier->flush();
+  const fs::path obj =
+      tier->object_path(KvCache(layout(), 1, kFingerprint).chain_hash(kFingerprint, tokens(64, 1)));
+  const auto old = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  fs::last_write_time(obj, old);
+  KvCache d(layout(), 4, kFingerprint);
+  d.set_tier(tier.get());
+  d.release(compute_blocks(d, tokens(64, 1), 1));
+  tier->flush();
+  EXPECT_EQ(tier->stats().written, 1);  // not written again
+  EXPECT_GT(fs::last_write_time(obj), old + std::chrono::minutes(30));
 }
 
 TEST(DiskTier, AWriteErrorTurnsWritingOffAndReadsGoOn) {
