@@ -38,6 +38,34 @@ Result<std::string> safetensors_header(const std::filesystem::path& p) {
   return h;
 }
 
+// Pieces of a shard's tensor data hashed into the fingerprint: kWeightSamples pieces of
+// kSampleBytes, spread evenly from the first data byte to the last. A checkpoint retrained or
+// fine-tuned from another (DeepSeek-V3, V3-0324 and R1 share every header) differs in all of
+// them; reading them costs ~64 KB per shard.
+constexpr int kWeightSamples = 4;
+constexpr size_t kSampleBytes = 16 << 10;
+
+// The sampled bytes of one shard whose header is header_len bytes long.
+Result<std::string> weight_samples(const std::filesystem::path& p, uint64_t header_len) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(p, ec);
+  const uint64_t begin = 8 + header_len;
+  if (ec || size < begin) return Corrupt(fmt::format("{}: shorter than its header", p.string()));
+  const uint64_t span = size - begin;
+  const uint64_t piece = std::min<uint64_t>(kSampleBytes, span);
+  std::ifstream in(p, std::ios::binary);
+  std::string out;
+  std::string buf(size_t(piece), '\0');
+  for (int k = 0; k < kWeightSamples && piece > 0; ++k) {
+    const uint64_t at = begin + (span - piece) * uint64_t(k) / (kWeightSamples - 1);
+    if (!in.seekg(std::streamoff(at)) || !in.read(buf.data(), std::streamsize(piece))) {
+      return Corrupt(fmt::format("{}: cannot read its tensor data", p.string()));
+    }
+    out += buf;
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
@@ -77,6 +105,12 @@ Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
     }
     add(shards[i].filename().string());
     add(*h);
+    Result<std::string> w = weight_samples(shards[i], h->size());
+    if (!w.ok()) {
+      status = w.status();
+      break;
+    }
+    add(*w);
   }
   add(fmt::format("kv_dtype={} compute={} layout={}", int(kv_dtype), int(compute),
                   kKvLayoutVersion));

@@ -3,8 +3,10 @@
 // different fingerprints never share a block, in RAM or in a lower tier.
 //
 // Covered: config.json, model.safetensors.index.json (when present), the header of every
-// .safetensors file in the directory (names, dtypes, shapes, byte ranges), the KV dtype, the
-// compute path (it changes how the latent is rounded) and kKvLayoutVersion.
+// .safetensors file in the directory (names, dtypes, shapes, byte ranges) and four 16 KB
+// samples of its tensor data (checkpoints with identical headers, such as DeepSeek-V3 and R1,
+// differ there), the KV dtype, the compute path (it changes how the latent is rounded) and
+// kKvLayoutVersion.
 #pragma once
 
 #include <cstdint>

@@ -48,6 +48,41 @@ for r in third fourth fifth; do
   cmp -s "$dir/cold.jsonl" "$dir/$r.jsonl" || fail "corrupt objects changed the output ($r)"
 done
 
+# Every other way an object goes bad, at the process level: each case spoils every object of a
+# copy of the good directory; both prompts' first lookups are rejected for the case's reason,
+# the output is the cold one, and the spoiled objects that were looked up are rewritten.
+"$bin" make-model --preset tiny --out "$dir/m2" --set vocab_size=2000 --set num_hidden_layers=2 \
+  --seed 1 2>/dev/null  # another model, same architecture: identical headers, other weights
+"$bin" generate --model "$dir/m2" --prompt-ids "$p1" --prompt-ids "$p2" --max-tokens 8 \
+  --ignore-eos --kv-disk "$dir/kv-m2" > /dev/null 2>&1
+mkdir -p "$dir/kv-good"
+gen --kv-disk "$dir/kv-good" > /dev/null 2>&1
+for case in truncated:short zero-length:short old-version:version other-model:fingerprint \
+  renamed:identity; do
+  name=${case%%:*} why=${case##*:}
+  rm -rf "$dir/kv-case" && cp -r "$dir/kv-good" "$dir/kv-case"
+  python3 - "$name" "$dir/kv-case" "$dir/kv-m2" <<'PY'
+import glob, os, shutil, sys
+name, case, other = sys.argv[1:]
+objs = sorted(glob.glob(case + "/*/*.kv"))
+foreign = sorted(glob.glob(other + "/*/*.kv"))
+assert len(objs) == 3 and len(foreign) == 3, (objs, foreign)
+blobs = [open(p, "rb").read() for p in objs]
+for i, p in enumerate(objs):
+    b = bytearray(blobs[i])
+    if name == "truncated": b = b[:-100]
+    elif name == "zero-length": b = b""
+    elif name == "old-version": b[4] = 0
+    elif name == "other-model": b = open(foreign[i], "rb").read()  # its header, this name
+    elif name == "renamed": b = blobs[(i + 1) % len(objs)]  # a valid object, another's name
+    open(p, "wb").write(bytes(b))
+PY
+  gen --kv-disk "$dir/kv-case" > "$dir/case-$name.jsonl" 2> "$dir/case-$name.err"
+  grep -q "kv-disk: 0 hits, 0 misses, rejected: $why 2, 2 written" "$dir/case-$name.err" ||
+    fail "$name: $(grep kv-disk "$dir/case-$name.err")"
+  cmp -s "$dir/cold.jsonl" "$dir/case-$name.jsonl" || fail "$name changed the output"
+done
+
 # Two processes on one directory at once: both writing it (rounds 1, 3), then both reading it
 # (rounds 2, 4). No torn read (no rejection) and the cold output every time.
 for round in 1 2 3 4; do
