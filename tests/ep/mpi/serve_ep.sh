@@ -5,6 +5,7 @@
 #     server's tokens, logprobs within 1e-4, at R = 2 and 4; /metrics counts every rank's tokens;
 #   - FP8 dispatch serves the same requests without error (its numbers differ by rounding);
 #   - --no-overlap (no dual micro-batches) gives the same tokens and logprobs at R = 2;
+#   - --kv-disk on every rank: a restarted group reads the blocks the first one wrote, same output;
 #   - SIGTERM to mpirun stops every rank with exit code 0, --expert-stats-out writes the group's
 #     expert loads (read back by `moeserve eplb`), and --trace writes one Chrome trace per
 #     rank with a compute and a communication track (dispatch/combine per layer);
@@ -39,13 +40,13 @@ wait_health() {  # port
 }
 
 # Sends the same 8 completions concurrently; writes one JSON line per request (tokens, logprobs).
-query() {  # port out
-  python3 - "$1" "$2" <<'PY'
+query() {  # port out [tokens added to every prompt]
+  python3 - "$1" "$2" "${3:-0}" <<'PY'
 import json, sys, threading, urllib.request
-port, out = sys.argv[1], sys.argv[2]
+port, out, extra = sys.argv[1], sys.argv[2], int(sys.argv[3])
 results = [None] * 8
 def one(i):
-    body = {"model": "m", "prompt": [(i * 37 + j * 11) % 2000 for j in range(3 + 9 * i)],
+    body = {"model": "m", "prompt": [(i * 37 + j * 11) % 2000 for j in range(3 + 9 * i + extra)],
             "max_tokens": 10, "temperature": 0, "ignore_eos": True, "logprobs": 1}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
                                  data=json.dumps(body).encode(),
@@ -129,6 +130,24 @@ pids+=($!)
 wait_health $port || fail "FP8 server did not come up"
 query $port "$dir/fp8.jsonl" || fail "FP8 queries"
 kill -TERM "${pids[-1]}"; wait "${pids[-1]}" || true
+
+# The KV disk tier under DP attention: every rank opens one directory. A restarted group finds
+# the 18 full prompt blocks the first one wrote (whichever rank wrote or now reads each) and
+# serves the same tokens.
+for run in 1 2; do
+  port=$(free_port)
+  $mpirun -np 2 "$bin" "${serve_args[@]}" --port $port --dispatch-dtype f32 --kv-disk "$dir/kv" \
+    > "$dir/disk$run.log" 2>&1 &
+  pids+=($!)
+  wait_health $port || fail "--kv-disk server $run did not come up"
+  query $port "$dir/disk$run.jsonl" 140 || fail "--kv-disk queries $run"
+  hits=$(curl -sf "http://127.0.0.1:$port/metrics" |
+    awk '/^moeserve_prefix_cache_disk_hits_total/ {print $2}')
+  kill -TERM "${pids[-1]}"; wait "${pids[-1]}" || true
+  [[ "$hits" == $(( run == 1 ? 0 : 18 * 64 )) ]] || fail "--kv-disk run $run: $hits disk hit tokens"
+done
+echo -n "R=2 --kv-disk after a restart vs before: "
+compare "$dir/disk1.jsonl" "$dir/disk2.jsonl" 1e-4 || fail "disk hits changed the output"
 
 # --no-overlap (one batch per step, no micro-batches) serves the same tokens.
 port=$(free_port)
