@@ -109,11 +109,14 @@ void Scheduler::plan_running(SeqState pass, StepPlan& plan, int64_t& budget) {
 }
 
 // Admits waiting requests, oldest first: RAM prefix hits are taken at once; when the lower
-// tier holds the next full block the sequence goes to loading KV instead of running.
+// tier holds the next full block the sequence goes to loading KV instead of running. A request
+// whose next block another sequence is loading now stays queued (others pass it) until that
+// load lands in RAM: N requests sharing a prompt after a restart read it from disk once.
 void Scheduler::admit(StepPlan& plan, int64_t& budget) {
-  while (!waiting_.empty() && budget > 0 &&
+  size_t i = 0;
+  while (i < waiting_.size() && budget > 0 &&
          int64_t(running_.size() + loading_.size()) < config_.max_num_seqs) {
-    Sequence* s = waiting_.front().get();
+    Sequence* s = waiting_[i].get();
     // Cached full blocks of the prefix, always leaving at least one token to compute (its
     // logits are needed).
     int32_t max_blocks = int32_t((int64_t(s->tokens.size()) - 1) / kKvBlockSize);
@@ -121,11 +124,20 @@ void Scheduler::admit(StepPlan& plan, int64_t& budget) {
     s->n_computed = int64_t(hit) * kKvBlockSize;
     if (hit < max_blocks) {
       const uint64_t parent = hit > 0 ? s->block_hashes.back() : cache_.fingerprint();
+      const uint64_t next =
+          cache_.chain_hash(parent, std::span<const int32_t>(s->tokens).subspan(
+                                        size_t(hit) * kKvBlockSize, size_t(kKvBlockSize)));
+      if (std::any_of(loading_.begin(), loading_.end(),
+                      [&](const auto& l) { return l->load->hashes[0] == next; })) {
+        drop_blocks(*s);
+        ++i;
+        continue;
+      }
       s->load = cache_.start_load(s->tokens, hit, max_blocks, parent, &s->block_table);
       if (s->load) {
         s->set_state(SeqState::kLoadingKv);
-        loading_.push_back(std::move(waiting_.front()));
-        waiting_.pop_front();
+        loading_.push_back(std::move(waiting_[i]));
+        waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
         continue;
       }
     }
@@ -136,8 +148,8 @@ void Scheduler::admit(StepPlan& plan, int64_t& budget) {
     }
     count_admission(*s, 0);
     s->set_state(SeqState::kPrefill);
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(waiting_[i]));
+    waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
     add_to_plan(plan, s, n);
     budget -= n;
   }

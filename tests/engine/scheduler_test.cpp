@@ -177,6 +177,38 @@ TEST(Scheduler, LoadingKvWaitsInItsOwnStateWhileOthersStep) {
   EXPECT_EQ(x->n_disk_prompt, 192);
 }
 
+// Requests sharing a prompt after a restart: one reads it from the tier, the others wait in the
+// queue (a request behind them passes) and then find it in RAM.
+TEST(Scheduler, ABlockBeingLoadedIsReadOnceForEveryoneWhoWantsIt) {
+  MapTier tier;
+  prefill_into(tier, 200);
+  KvCache blocks = cache(100);
+  blocks.set_tier(&tier);
+  tier.hold = true;
+  Scheduler sch({8, 1000}, blocks);
+  sch.add(seq("x1", 200));
+  sch.add(seq("x2", 200));
+  sch.add(seq("other", 10, 500));
+  auto plan = sch.schedule();
+  ASSERT_EQ(plan.seqs.size(), 1u);  // "other" passed x2
+  EXPECT_EQ(plan.seqs[0].seq->req.id, "other");
+  EXPECT_EQ(sch.loading().size(), 1u);
+  ASSERT_EQ(sch.waiting().size(), 1u);
+  EXPECT_EQ(sch.waiting()[0]->req.id, "x2");
+  EXPECT_TRUE(sch.waiting()[0]->block_table.empty());  // holds nothing while it waits
+  EXPECT_EQ(tier.held.size(), 1u);
+  run_step(sch, plan);
+  tier.release_loads();
+  plan = sch.schedule();  // x1 in from the tier, x2 admitted from RAM
+  ASSERT_EQ(plan.seqs.size(), 3u);
+  EXPECT_EQ(plan.seqs[1].seq->req.id, "x1");
+  EXPECT_EQ(plan.seqs[2].seq->req.id, "x2");
+  EXPECT_EQ(plan.seqs[2].seq->n_computed, 192);
+  EXPECT_EQ(plan.seqs[2].seq->n_disk_prompt, 0);
+  EXPECT_TRUE(tier.held.empty());  // no second load
+  EXPECT_EQ(sch.prefix_hits_lower(), 192);
+}
+
 TEST(Scheduler, ASequenceRemovedWhileLoadingFreesItsBlocksWhenTheLoadEnds) {
   MapTier tier;
   prefill_into(tier, 130);
