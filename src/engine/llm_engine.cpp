@@ -164,6 +164,7 @@ class LlmEngine final : public Engine {
       StepPlan plan = core_.schedule();
       publish_stats();
       ASSIGN_OR_RETURN(bool step, dp_.agree(!plan.empty()));
+      stalled_ = !step && !core_.idle();
       if (!step) continue;
       // A failed step ends its requests; with other ranks the group is out of step (or a peer
       // is gone): stop serving.
@@ -192,14 +193,20 @@ class LlmEngine final : public Engine {
     }
     // With other ranks, group_busy() says whether anyone stepped or had outputs to send at the
     // last agreement: a group whose sequences all wait for KV blocks naps a heartbeat instead
-    // of spinning through exchanges. While KV loads from the disk tier (here or on any rank),
-    // the nap is kLoadPoll: a finished load is seen that soon.
+    // of spinning through exchanges. One process whose last schedule ran nothing (requests wait
+    // for KV blocks, or for a load another request makes) naps kLoadPoll unless a load
+    // finishes. While KV loads from the disk tier (here or on any rank) the nap is kLoadPoll: a
+    // finished load is seen that soon.
+    const Scheduler& sch = core_.scheduler();
     auto ready = [&] {
       return stop_ || !incoming_.empty() || !cancels_.empty() ||
-             (dp_.multi_rank() ? dp_.group_busy() : core_.scheduler().has_work());
+             (dp_.multi_rank() ? dp_.group_busy()
+                               : (stalled_ ? sch.has_finished_load() : sch.has_work()));
     };
-    if (dp_.multi_rank() || dp_.group_loading()) {
+    if (dp_.multi_rank()) {
       cv_.wait_for(lock, dp_.group_loading() ? kLoadPoll : heartbeat_, ready);
+    } else if (stalled_ || dp_.group_loading()) {
+      cv_.wait_for(lock, kLoadPoll, ready);
     } else {
       cv_.wait(lock, ready);
     }
@@ -272,6 +279,7 @@ class LlmEngine final : public Engine {
   KvCache cache_;
   EngineCore core_;  // step-thread state from here to dp_
   DpControl dp_;
+  bool stalled_ = false;  // the last schedule ran nothing while requests were live
   const int64_t max_context_;
   std::random_device seed_source_;  // guarded by mu_
 

@@ -48,8 +48,11 @@ int64_t Scheduler::chunk(const Sequence& s, int64_t budget) const {
 }
 
 bool Scheduler::has_work() const {
-  return !running_.empty() || !waiting_.empty() ||
-         std::any_of(loading_.begin(), loading_.end(),
+  return !running_.empty() || !waiting_.empty() || has_finished_load();
+}
+
+bool Scheduler::has_finished_load() const {
+  return std::any_of(loading_.begin(), loading_.end(),
                      [](const auto& s) { return s->load->finished(); });
 }
 

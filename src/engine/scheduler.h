@@ -54,6 +54,8 @@ class Scheduler {
   // running or waiting, or a load that has finished. (Only loads in flight: nothing to do
   // until one finishes; KvCache::wait_for_load waits for that.)
   bool has_work() const;
+  // A sequence's load from the lower tier has finished (it runs at the next schedule()).
+  bool has_finished_load() const;
   const std::deque<std::unique_ptr<Sequence>>& running() const { return running_; }
   const std::deque<std::unique_ptr<Sequence>>& waiting() const { return waiting_; }
   const std::deque<std::unique_ptr<Sequence>>& loading() const { return loading_; }
