@@ -69,6 +69,13 @@ std::string_view strip_close(std::string_view args) {
 
 }  // namespace
 
+std::string tool_call_prefill(std::optional<std::string_view> name) {
+  std::string s =
+      std::string(kCallsBegin) + std::string(kCallBegin) + "function" + std::string(kSep);
+  if (name) s += std::string(*name) + "\n" + std::string(kArgsOpen);
+  return s;
+}
+
 ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> max_calls) {
   ParsedToolCalls out;
   const auto add = [&](std::string_view header, std::string_view args) {

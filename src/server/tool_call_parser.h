@@ -48,6 +48,10 @@ struct ToolCallDelta {
   std::string arguments;
 };
 
+// The start of a call, for a prompt that forces one (tool_choice): up to where the name goes,
+// or with `name` up to the arguments. The parser is fed the same text before the model's.
+std::string tool_call_prefill(std::optional<std::string_view> name);
+
 ParsedToolCalls parse_tool_calls(std::string_view text,
                                  std::optional<int64_t> max_calls = std::nullopt);
 

@@ -8,19 +8,17 @@
 #include <vector>
 
 #include "server/tool_call_parser.h"
+#include "tool_call_text.h"
 
 namespace moeserve {
 namespace {
 
-const std::string kCallsBegin = "<｜tool▁calls▁begin｜>";
-const std::string kCallsEnd = "<｜tool▁calls▁end｜>";
-const std::string kCallBegin = "<｜tool▁call▁begin｜>";
-const std::string kCallEnd = "<｜tool▁call▁end｜>";
-const std::string kSep = "<｜tool▁sep｜>";
-
-std::string call(const std::string& name, const std::string& args) {
-  return kCallBegin + "function" + kSep + name + "\n```json\n" + args + "\n```" + kCallEnd;
-}
+using testing::call;
+using testing::kCallBegin;
+using testing::kCallEnd;
+using testing::kCallsBegin;
+using testing::kCallsEnd;
+using testing::kSep;
 
 // Feeds the pieces and rebuilds the calls from the deltas, checking the delta protocol: each
 // index opens once, in order, before its arguments; no empty argument-only deltas.
@@ -96,9 +94,9 @@ TEST(ToolCallParser, EverySingleAndPairOfCutPointsMatchesTheOneShotParse) {
 TEST(ToolCallParser, RandomMultiWayCutsMatchTheOneShotParse) {
   std::mt19937_64 rng(21);
   const std::vector<std::string> parts = {
-      kCallsBegin, kCallsEnd, kCallBegin, kCallEnd,  kSep,     "function", "get_weather", "\n",
-      "```json\n", "\n```",   "{\"a\":",  " \"世界\"", "}",     "<",        "｜",          "▁",
-      "text ",     "<｜tool", "```",      "",        "\n\n",   "name_2"};
+      kCallsBegin, kCallsEnd, kCallBegin, kCallEnd,    kSep,   "function", "get_weather", "\n",
+      "```json\n", "\n```",   "{\"a\":",  " \"世界\"", "}",    "<",        "｜",          "▁",
+      "text ",     "<｜tool", "```",      "",          "\n\n", "name_2"};
   int64_t runs = 0;
   for (int text_i = 0; text_i < 400; ++text_i) {
     std::string text;
@@ -184,9 +182,9 @@ TEST(ToolCallParser, NameCutOverTwoPiecesIsWhole) {
 TEST(ToolCallParser, ArgumentsStreamAsTheModelWroteThem) {
   ToolCallParser p;
   std::string args;
-  for (std::string piece : {kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n",
-                            std::string("{\"city\""), std::string(": \"Paris\"}"),
-                            "\n```" + kCallEnd + kCallsEnd}) {
+  for (std::string piece :
+       {kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n", std::string("{\"city\""),
+        std::string(": \"Paris\"}"), "\n```" + kCallEnd + kCallsEnd}) {
     for (const ToolCallDelta& d : p.push(piece).calls) args += d.arguments;
   }
   EXPECT_EQ(args, R"({"city": "Paris"})");
@@ -209,8 +207,8 @@ TEST(ToolCallParser, ContentNeverHoldsTheTokens) {
   const std::string text =
       "Sure." + kCallsBegin + call("f", "{}") + "\n" + call("g", "{}") + kCallsEnd;
   for (size_t i = 0; i <= text.size(); ++i) {
-    ParsedToolCalls got = stream({std::string_view(text).substr(0, i),
-                                  std::string_view(text).substr(i)});
+    ParsedToolCalls got =
+        stream({std::string_view(text).substr(0, i), std::string_view(text).substr(i)});
     EXPECT_EQ(got.content, "Sure.") << "cut at " << i;
     EXPECT_EQ(got.calls.size(), 2u) << "cut at " << i;
   }
