@@ -231,6 +231,25 @@ TEST(ToolCalls, ACallCutByMaxTokensKeepsWhatArrivedWithLength) {
             cut.substr(head.size()));
 }
 
+// R1: calls come after the reasoning; the prompt opens <think>, so "required" prefills nothing
+// (the model reasons first) and the call is parsed from the answer.
+TEST(ToolCalls, R1CallsFollowTheReasoning) {
+  Harness h(
+      scripted("Need the weather.</think>" + kCallsBegin +
+               call("get_weather", R"({"city": "Paris"})") + kCallsEnd),
+      {}, {},
+      ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekR1, v3_tokenizer().bos_token()));
+  json j =
+      json::parse(h.post("/v1/chat/completions", request(R"(,"tool_choice":"required")"))->body);
+  EXPECT_TRUE(prompt_text(h).ends_with("<｜Assistant｜><think>\n"));
+  const json& m = j["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "Need the weather.");
+  EXPECT_TRUE(m["content"].is_null());
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], R"({"city": "Paris"})");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+}
+
 // An empty content beside tool calls (as many clients send) is taken as null, so the template
 // renders the calls.
 TEST(ToolCalls, ToolResultsInTheConversationAreRenderedByTheTemplate) {
