@@ -396,6 +396,18 @@ std::optional<ApiError> check_tool_messages(const json& messages) {
   return std::nullopt;
 }
 
+// The most keys of one object in `tools`: keeping the client's key order costs time quadratic
+// in an object's size (far above any real JSON Schema).
+constexpr size_t kMaxToolObjectKeys = 256;
+
+size_t widest_object(const json& v) {
+  size_t widest = v.is_object() ? v.size() : 0;
+  if (v.is_object() || v.is_array()) {
+    for (const json& child : v) widest = std::max(widest, widest_object(child));
+  }
+  return widest;
+}
+
 bool valid_tool_name(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
@@ -445,7 +457,17 @@ std::optional<ApiError> parse_tools(const Fields& f, std::string_view body,
       }
     }
     if (!v->empty()) {
-      const auto ordered = nlohmann::ordered_json::parse(body, nullptr, false);
+      if (widest_object(*v) > kMaxToolObjectKeys) {
+        return bad_request(
+            fmt::format("an object in 'tools' has more than {} keys", kMaxToolObjectKeys), "tools");
+      }
+      // Only "tools" is kept: ordered_json inserts a key in time linear in the object's size.
+      using ordered_json = nlohmann::ordered_json;
+      const auto only_tools = [](int depth, ordered_json::parse_event_t event,
+                                 ordered_json& parsed) {
+        return depth != 1 || event != ordered_json::parse_event_t::key || parsed == "tools";
+      };
+      const auto ordered = ordered_json::parse(body, only_tools, /*allow_exceptions=*/false);
       Result<std::vector<ToolDefinition>> defs = parse_tools_json(ordered["tools"].dump());
       if (!defs.ok()) return bad_request(defs.status().message(), "tools");
       r.tools = std::move(*defs);

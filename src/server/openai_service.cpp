@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
 #include "server/choice_output.h"
 #include "server/generation_job.h"
 #include "tokenizer/utf8.h"
@@ -505,6 +506,7 @@ Reply OpenAiService::finish_blocking(std::shared_ptr<Run> run) {
       a.content += d.content;
       for (const ToolCallDelta& c : d.tool_calls) {
         if (c.opens) a.calls.push_back({c.type, c.name, ""});
+        CHECK(size_t(c.index) < a.calls.size(), "tool call arguments before the call opened");
         a.calls[size_t(c.index)].arguments += c.arguments;
       }
       if (logprobs) a.tokens.insert(a.tokens.end(), d.tokens.begin(), d.tokens.end());

@@ -2,6 +2,7 @@
 // field is at fault) the field's name as `param`; good inputs fill the typed structs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -215,6 +216,30 @@ TEST(ParseChat, ToolsToolChoiceAndParallelToolCalls) {
       parse_chat_request("{" + kMsgs + R"(, "tools": [], "tool_choice": "none"})", limits());
   ASSERT_TRUE(none.ok()) << none.error().message;
   EXPECT_TRUE(none->tools.empty());
+}
+
+std::string object_with_keys(int n) {
+  std::string s = "{";
+  for (int i = 0; i < n; ++i) s += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":" + "1";
+  return s + "}";
+}
+
+// Keeping the tools' key order costs time quadratic in an object's size: a tool object is
+// capped, and the rest of the body (here 200000 keys in an ignored field) is not re-read in
+// order (that took minutes).
+TEST(ParseChat, WideObjectsStayFastWithTools) {
+  const std::string wide_tool = R"(, "tools": [{"type":"function","function":{"name":"f",
+      "parameters":{"type":"object","properties":)" +
+                                object_with_keys(257) + "}}}]";
+  auto r = parse_chat_request("{" + kMsgs + wide_tool + "}", limits());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().param, "tools");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ok = parse_chat_request(
+      "{" + kMsgs + kTwoTools + R"(, "unknown": )" + object_with_keys(200000) + "}", limits());
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->tools.size(), 2u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
 }
 
 TEST(ParseChat, DefaultsAreOpenAIs) {
