@@ -15,10 +15,16 @@ templates with jinja2, through the files written here (CI needs no Python):
                      "r1_original": text}: jinja2 renderings of the V3 template (from assets/), the
                      R1 template and the first R1 release's (no "<think>\n" in the prompt)
   r1_tokenizer_config.json  the DeepSeek-R1 chat template (the V3 one is in assets/)
+  chat_tools.jsonl   {"messages": [...], "tools": [...], "add_generation_prompt": bool, "v3": text,
+                     "r1": text}: conversations with tools, tool calls and tool results, rendered
+                     by the V3 and R1 templates with TOOLS_BLOCK (moeserve's description of the
+                     API's `tools`) after the system prompt; `tojson` is Hugging Face's
+                     (json.dumps, ensure_ascii=False)
   meta.json          versions used, BOS id, counts
 
 Usage: python3 tools/gen_tokenizer_fixtures.py   (needs: tokenizers, jinja2, faker;
 transformers is used, when installed, to double-check the BOS convention and chat rendering)
+       python3 tools/gen_tokenizer_fixtures.py --chat-tools   (chat_tools.jsonl only; jinja2)
 Output is deterministic for fixed package versions (seeded).
 """
 
@@ -33,8 +39,12 @@ import unicodedata
 import jinja2
 import jinja2.ext
 import jinja2.sandbox
-import tokenizers
-from faker import Faker
+
+try:  # not needed for --chat-tools
+    import tokenizers
+    from faker import Faker
+except ImportError:
+    tokenizers = Faker = None
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK_DIR = os.path.join(ROOT, "assets", "tokenizer", "deepseek-v3")
@@ -583,11 +593,113 @@ def edge_conversations():
     return c
 
 
-def render(template, msgs, add_gen, bos, eos):
+# What moeserve writes after the system prompt for the API's `tools` (chat_template.cpp): the
+# checkpoints' templates render nothing for them. The wording is vLLM's
+# examples/tool_chat_template_deepseekv3.jinja, sentences separated by blank lines, without the
+# <｜end▁of▁sentence｜> that vLLM writes mid-prompt.
+TOOLS_BLOCK = (
+    "{% if tools %}{% if ns.system_prompt %}{{'\\n\\n'}}{% endif %}"
+    "{{'# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>'}}"
+    "{% for tool in tools %}{{'\\n'}}{{tool | tojson}}{% endfor %}"
+    "{{'\\n</tools>\\n\\nFor function call returns, you should first print <｜tool▁calls▁begin｜>"
+    "\\n\\nFor each function call, you should return object like:\\n<｜tool▁call▁begin｜>function"
+    "<｜tool▁sep｜><function_name>\\n```json\\n<function_arguments_in_json_format>\\n```"
+    "<｜tool▁call▁end｜>\\n\\nAt the end of function call returns, you should print "
+    "<｜tool▁calls▁end｜>'}}{% endif %}"
+)
+
+
+def with_tools_block(template):
+    anchor = "{{bos_token}}{{ns.system_prompt}}"
+    assert template.count(anchor) == 1
+    return template.replace(anchor, anchor + TOOLS_BLOCK)
+
+
+def tool_conversations(rng):
+    """Conversations with `tools` (keys deliberately not sorted), tool calls and results."""
+    def tool(name, desc, params, **extra):
+        f = {"name": name}
+        if desc is not None:
+            f["description"] = desc
+        if params is not None:
+            f["parameters"] = params
+        f.update(extra)
+        return {"type": "function", "function": f}
+
+    weather = tool("get_weather", "Get the weather for a city.",
+                   {"type": "object", "properties": {"city": {"type": "string", "description": "City name, e.g. \"Paris\""},
+                                                     "unit": {"enum": ["c", "f"], "type": "string"}},
+                    "required": ["city"]})
+    tools = [
+        weather,
+        tool("search", "Search the web\nfor pages.\t(tab) \\ backslash \x01 control",
+             {"type": "object", "properties": {"q": {"type": "string"}, "k": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10}}}),
+        tool("计算", "数学表达式求值 — 返回结果。 ｜▁<｜tool▁sep｜>",
+             {"properties": {"expr": {"type": "string"}, "precision": {"type": "number", "multipleOf": 0.5, "minimum": 2.5e-05}}, "type": "object"}),
+        tool("no_params", None, None),
+        tool("nested", "Deep schema.", {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}}}}, "additionalProperties": False}, strict=True),
+        tool("empty_desc", "", {"type": "object", "properties": {}}),
+    ]
+    tc = lambda name, args, i: {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+    convs = []
+    base_msgs = [
+        [{"role": "user", "content": "What's the weather in Paris?"}],
+        [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Weather?"}],
+        [{"role": "system", "content": "S1"}, {"role": "system", "content": "S2"}, {"role": "user", "content": "Q"}],
+        [{"role": "user", "content": "Paris?"},
+         {"role": "assistant", "content": None, "tool_calls": [tc("get_weather", '{"city": "Paris"}', 1)]},
+         {"role": "tool", "content": '{"temp": 21}', "tool_call_id": "call_1"}],
+        [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Two cities"},
+         {"role": "assistant", "content": None, "tool_calls": [tc("get_weather", '{"city": "Paris"}', 1),
+                                                               tc("get_weather", '{"city": "東京", "unit": "c"}', 2)]},
+         {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+         {"role": "tool", "content": "rain\nlater", "tool_call_id": "call_2"},
+         {"role": "assistant", "content": "Paris is sunny; Tokyo has rain."},
+         {"role": "user", "content": "And 2+2?"}],
+        [{"role": "user", "content": "calc"},
+         {"role": "assistant", "content": None, "tool_calls": [tc("计算", '{"expr": "2+2"}', 3)]},
+         {"role": "tool", "content": "4", "tool_call_id": "call_3"},
+         {"role": "assistant", "content": "It is 4."},
+         {"role": "user", "content": "search it"},
+         {"role": "assistant", "content": None, "tool_calls": [tc("search", '{"q": "2+2", "k": 3}', 4)]},
+         {"role": "tool", "content": "[]", "tool_call_id": "call_4"}],
+    ]
+    for i, msgs in enumerate(base_msgs):
+        for add_gen in (True, False):
+            k = rng.randint(1, len(tools))
+            convs.append((msgs, rng.sample(tools, k), add_gen))
+    convs.append((base_msgs[0], [tools[3]], True))
+    convs.append((base_msgs[4], tools, True))
+    convs.append((base_msgs[1], [tools[2]], True))
+    return convs
+
+
+def write_chat_tools(bos, eos, v3_template):
+    rng = random.Random(21)
+    templates = {"v3": with_tools_block(v3_template), "r1": with_tools_block(R1_TEMPLATE)}
+    rows = 0
+    with open(os.path.join(OUT, "chat_tools.jsonl"), "w", encoding="utf-8", newline="\n") as f:
+        for msgs, tools, add_gen in tool_conversations(rng):
+            row = {"messages": msgs, "tools": tools, "add_generation_prompt": add_gen}
+            for variant, template in templates.items():
+                row[variant] = render(template, msgs, add_gen, bos, eos, tools=tools)
+                assert "# Tools" in row[variant]
+            # Without tools, the block renders nothing: the same text as the plain templates.
+            assert render(templates["v3"], msgs, add_gen, bos, eos) == render(v3_template, msgs, add_gen, bos, eos)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            rows += 1
+    print(json.dumps({"chat_tools_conversations": rows}))
+
+
+def render(template, msgs, add_gen, bos, eos, tools=None):
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                         extensions=[jinja2.ext.loopcontrols])
+    # Hugging Face's tojson (jinja2's own escapes <, >, & and ' for HTML and sorts keys).
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
     return env.from_string(template).render(messages=msgs, add_generation_prompt=add_gen,
-                                            bos_token=bos, eos_token=eos)
+                                            bos_token=bos, eos_token=eos, tools=tools)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -608,6 +720,13 @@ def varints(values):
 
 
 def main():
+    if "--chat-tools" in sys.argv[1:]:
+        with open(os.path.join(TOK_DIR, "tokenizer_config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        write_chat_tools(cfg["bos_token"]["content"], cfg["eos_token"]["content"],
+                         cfg["chat_template"])
+        return
+    assert tokenizers and Faker, "needs: pip install tokenizers faker"
     rng = random.Random(20250101)
     os.makedirs(OUT, exist_ok=True)
     tok = tokenizers.Tokenizer.from_file(os.path.join(TOK_DIR, "tokenizer.json"))

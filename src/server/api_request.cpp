@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -230,10 +231,6 @@ std::optional<ApiError> reject_unsupported(const Fields& f) {
     if (!v->is_object()) return wrong_type("logit_bias", "an object", *v);
     if (!v->empty()) return bad_request("'logit_bias' is not supported", "logit_bias");
   }
-  if (const json* v = f.find("tools")) {
-    if (!v->is_array()) return wrong_type("tools", "an array", *v);
-    if (!v->empty()) return bad_request("'tools' are not supported by this server", "tools");
-  }
   if (const json* v = f.find("response_format")) {
     if (!v->is_object()) return wrong_type("response_format", "an object", *v);
     auto t = v->find("type");
@@ -337,6 +334,11 @@ std::optional<ApiError> parse_messages(const json& j, std::vector<Message>& out)
     const std::string where = fmt::format("messages[{}]", i);
     if (m.role == "developer") m.role = "system";  // OpenAI's newer name for system prompts
     if (m.role == "assistant") {
+      // Clients (LangChain, many agents) send "content": "" beside tool calls; the template
+      // renders the calls only when content is null.
+      if (m.tool_calls && !m.tool_calls->empty() && m.content && m.content->empty()) {
+        m.content.reset();
+      }
       if (!m.content && !m.tool_calls) {
         return bad_request(where + ": an assistant message needs 'content' or 'tool_calls'",
                            where + ".content");
@@ -360,6 +362,164 @@ std::optional<ApiError> parse_messages(const json& j, std::vector<Message>& out)
   return std::nullopt;
 }
 
+// Requests and results of tool calls in the conversation: what the template needs, with the
+// API's names for the fields at fault (parse_messages_json checked the rest of the shape).
+std::optional<ApiError> check_tool_messages(const json& messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    const std::string role = m.value("role", "");
+    if (role == "tool") {
+      auto id = m.find("tool_call_id");
+      if (id == m.end() || !id->is_string() || id->get_ref<const std::string&>().empty()) {
+        return bad_request(where + ": a tool message needs a 'tool_call_id' (a non-empty string)",
+                           where + ".tool_call_id");
+      }
+    }
+    auto calls = m.find("tool_calls");
+    if (role != "assistant" || calls == m.end() || !calls->is_array()) continue;
+    for (size_t k = 0; k < calls->size(); ++k) {
+      const json& c = (*calls)[k];
+      const std::string cw = fmt::format("{}.tool_calls[{}]", where, k);
+      auto type = c.find("type");
+      if (type != c.end() && !(type->is_string() && type->get<std::string>() == "function")) {
+        return bad_request(cw + ".type: only \"function\" tool calls are supported", cw + ".type");
+      }
+      auto fn = c.find("function");
+      if (fn == c.end() || !fn->is_object()) continue;  // parse_messages_json reported it
+      auto args = fn->find("arguments");
+      if (args != fn->end() && !args->is_string() && !args->is_object()) {
+        return wrong_type(cw + ".function.arguments", "a string of JSON", *args);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// The most keys of one object in `tools`: keeping the client's key order costs time quadratic
+// in an object's size (far above any real JSON Schema).
+constexpr size_t kMaxToolObjectKeys = 256;
+
+size_t widest_object(const json& v) {
+  size_t widest = v.is_object() ? v.size() : 0;
+  if (v.is_object() || v.is_array()) {
+    for (const json& child : v) widest = std::max(widest, widest_object(child));
+  }
+  return widest;
+}
+
+bool valid_tool_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+}
+
+// tools, tool_choice, parallel_tool_calls. `body` is re-read with the keys in the client's
+// order: the template shows each tool as the client wrote it.
+std::optional<ApiError> parse_tools(const Fields& f, std::string_view body,
+                                    ChatCompletionRequest& r) {
+  RETURN_IF_API_ERROR(f.get_bool("parallel_tool_calls", r.parallel_tool_calls));
+  if (const json* v = f.find("tools")) {
+    if (!v->is_array()) return wrong_type("tools", "an array", *v);
+    std::set<std::string> names;
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& t = (*v)[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!t.is_object()) return wrong_type(where, "an object", t);
+      auto type = t.find("type");
+      if (type == t.end() || !type->is_string() || type->get<std::string>() != "function") {
+        return bad_request(where + ".type must be \"function\"", where + ".type");
+      }
+      auto fn = t.find("function");
+      if (fn == t.end() || !fn->is_object()) {
+        return bad_request(where + ".function is required (an object)", where + ".function");
+      }
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string() || !valid_tool_name(name->get<std::string>())) {
+        return bad_request(where + ".function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -",
+                           where + ".function.name");
+      }
+      if (!names.insert(name->get<std::string>()).second) {
+        return bad_request(
+            fmt::format("{}: two tools are named '{}'", where, name->get<std::string>()),
+            where + ".function.name");
+      }
+      if (auto d = fn->find("description"); d != fn->end() && !d->is_null() && !d->is_string()) {
+        return wrong_type(where + ".function.description", "a string", *d);
+      }
+      if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object()) {
+        return wrong_type(where + ".function.parameters", "a JSON Schema object", *p);
+      }
+      if (auto s = fn->find("strict"); s != fn->end() && !s->is_null() && !s->is_boolean()) {
+        return wrong_type(where + ".function.strict", "a boolean", *s);
+      }
+    }
+    if (!v->empty()) {
+      if (widest_object(*v) > kMaxToolObjectKeys) {
+        return bad_request(
+            fmt::format("an object in 'tools' has more than {} keys", kMaxToolObjectKeys), "tools");
+      }
+      // Only "tools" is kept: ordered_json inserts a key in time linear in the object's size.
+      using ordered_json = nlohmann::ordered_json;
+      const auto only_tools = [](int depth, ordered_json::parse_event_t event,
+                                 ordered_json& parsed) {
+        return depth != 1 || event != ordered_json::parse_event_t::key || parsed == "tools";
+      };
+      const auto ordered = ordered_json::parse(body, only_tools, /*allow_exceptions=*/false);
+      Result<std::vector<ToolDefinition>> defs = parse_tools_json(ordered["tools"].dump());
+      if (!defs.ok()) return bad_request(defs.status().message(), "tools");
+      r.tools = std::move(*defs);
+    }
+  }
+  const json* c = f.find("tool_choice");
+  if (!c) return std::nullopt;
+  using Mode = ToolChoice::Mode;
+  if (c->is_string()) {
+    const std::string s = c->get<std::string>();
+    if (s == "auto") {
+      r.tool_choice.mode = Mode::kAuto;
+    } else if (s == "none") {
+      r.tool_choice.mode = Mode::kNone;
+    } else if (s == "required") {
+      r.tool_choice.mode = Mode::kRequired;
+    } else {
+      return bad_request(fmt::format("'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                                     "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}} "
+                                     "(got \"{}\")",
+                                     s),
+                         "tool_choice");
+    }
+  } else if (c->is_object()) {
+    auto type = c->find("type");
+    auto fn = c->find("function");
+    if (type == c->end() || *type != "function" || fn == c->end() || !fn->is_object() ||
+        !fn->contains("name") || !(*fn)["name"].is_string()) {
+      return bad_request(
+          "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": "
+          "...}}",
+          "tool_choice");
+    }
+    r.tool_choice.mode = Mode::kFunction;
+    r.tool_choice.function = (*fn)["name"].get<std::string>();
+    const bool known = std::any_of(r.tools.begin(), r.tools.end(), [&](const ToolDefinition& t) {
+      return t.name == r.tool_choice.function;
+    });
+    if (!known) {
+      return bad_request(
+          fmt::format("'tool_choice' names '{}', which is not in 'tools'", r.tool_choice.function),
+          "tool_choice");
+    }
+  } else {
+    return wrong_type("tool_choice", "a string or an object", *c);
+  }
+  if (r.tool_choice.mode == Mode::kRequired && r.tools.empty()) {
+    return bad_request("'tool_choice' \"required\" needs 'tools'", "tool_choice");
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,
@@ -370,7 +530,9 @@ ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,
   ChatCompletionRequest r;
   RETURN_IF_API_ERROR(parse_model(f, r.model));
   RETURN_IF_API_ERROR(parse_messages(*j, r.messages));
+  RETURN_IF_API_ERROR(check_tool_messages((*j)["messages"]));
   RETURN_IF_API_ERROR(parse_generation(f, limits, /*chat=*/true, r.gen));
+  RETURN_IF_API_ERROR(parse_tools(f, body, r));
   return r;
 }
 

@@ -3,7 +3,7 @@
 // ranges, caps), once, at the boundary; the handlers then trust the structs. Checks that need
 // the prompt's token count (prompt + max_tokens beyond the context) are the handlers'.
 //
-// Unknown fields are ignored, as vLLM does. Fields the server cannot honour (tools, logit_bias,
+// Unknown fields are ignored, as vLLM does. Fields the server cannot honour (logit_bias,
 // non-zero penalties, echo, suffix) are rejected with 400 rather than silently ignored.
 //
 // Pure functions; thread-safe.
@@ -50,10 +50,24 @@ struct GenerationOptions {
   bool ignore_eos = false;     // vLLM extension
 };
 
+// tool_choice: "auto" (the default), "none", "required" or {"type": "function", "function":
+// {"name": ...}} (kFunction, `function` names one of the request's tools).
+struct ToolChoice {
+  enum class Mode { kAuto, kNone, kRequired, kFunction };
+  Mode mode = Mode::kAuto;
+  std::string function;
+  bool operator==(const ToolChoice&) const = default;
+};
+
 struct ChatCompletionRequest {
   std::optional<std::string> model;  // nullopt: the served model
-  std::vector<Message> messages;     // non-empty; roles system/user/assistant/tool
+  // Non-empty; roles system/user/assistant/tool; a tool message has a tool_call_id; assistant
+  // tool calls are of type "function".
+  std::vector<Message> messages;
   GenerationOptions gen;
+  std::vector<ToolDefinition> tools;  // names unique, [A-Za-z0-9_-]{1,64}
+  ToolChoice tool_choice;             // kRequired / kFunction only with tools
+  bool parallel_tool_calls = true;    // false: at most one call is returned
 };
 
 struct CompletionRequest {

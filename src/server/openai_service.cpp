@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
 #include "server/choice_output.h"
 #include "server/generation_job.h"
 #include "tokenizer/utf8.h"
@@ -41,6 +42,7 @@ struct OpenAiService::Prepared {
   std::vector<int32_t> prompt;
   GenerationOptions gen;
   ReasoningMode reasoning;
+  ToolCallMode tools;
 };
 
 // The state of one generation request while it is served: the engine job, one ChoiceOutput per
@@ -62,7 +64,8 @@ class OpenAiService::Run {
         created(std::time(nullptr)) {
     for (int64_t i = 0; i < this->p.gen.n; ++i) {
       choices.emplace_back();
-      choices.back().out.emplace(svc.tokenizer_, this->p.gen.stop, this->p.reasoning);
+      choices.back().out.emplace(svc.tokenizer_, this->p.gen.stop, this->p.reasoning,
+                                 this->p.tools);
     }
   }
 
@@ -113,6 +116,7 @@ class OpenAiService::Run {
         ChoiceDelta tail = c.out->on_finish(o.finish_reason);
         d.reasoning += tail.reasoning;
         d.content += tail.content;
+        d.tool_calls.insert(d.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
         d.finish_reason = tail.finish_reason;
       }
       if (d.finish_reason) {
@@ -121,6 +125,11 @@ class OpenAiService::Run {
       }
       sink(ev.choice, d);
     }
+  }
+
+  // A tool call's id: unique per response, choice and call.
+  std::string call_id(int choice, int64_t index) const {
+    return fmt::format("call_{}{:02x}{:02x}", id.substr(id.find('-') + 1), choice, index);
   }
 
   int64_t completion_tokens() const {
@@ -272,7 +281,10 @@ class OpenAiService::Stream final : public ReplyStream {
   void append_delta(std::string& out, int i, ChoiceDelta& d) {
     const Prepared& p = run_->p;
     bool has_logprobs = p.gen.logprobs && !d.tokens.empty();
-    if (d.content.empty() && d.reasoning.empty() && !has_logprobs && !d.finish_reason) return;
+    if (d.content.empty() && d.reasoning.empty() && d.tool_calls.empty() && !has_logprobs &&
+        !d.finish_reason) {
+      return;
+    }
     const Tokenizer& tok = run_->svc.tokenizer_;
     json logprobs = nullptr;
     if (has_logprobs) {
@@ -284,14 +296,33 @@ class OpenAiService::Stream final : public ReplyStream {
       delta = json::object();
       if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
       // A logprobs-only chunk still carries "content": "" ; a bare finish chunk has delta {}.
-      if (!d.content.empty() || (d.reasoning.empty() && !d.finish_reason)) {
+      if (!d.content.empty() || (d.reasoning.empty() && d.tool_calls.empty() && !d.finish_reason)) {
         delta["content"] = d.content;
       }
+      if (!d.tool_calls.empty()) delta["tool_calls"] = tool_call_deltas(i, d.tool_calls);
     } else {
       delta = d.content;
     }
     json finish = d.finish_reason ? json(*d.finish_reason) : json(nullptr);
     append_event(out, choice_chunk(i, std::move(delta), std::move(logprobs), std::move(finish)));
+  }
+
+  // OpenAI's stream form: a call's first delta has its id, type and name (and the arguments so
+  // far, "" if none); later ones only argument fragments.
+  json tool_call_deltas(int choice, const std::vector<ToolCallDelta>& calls) const {
+    json out = json::array();
+    for (const ToolCallDelta& c : calls) {
+      json e = {{"index", c.index}};
+      if (c.opens) {
+        e["id"] = run_->call_id(choice, c.index);
+        e["type"] = c.type;
+        e["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+      } else {
+        e["function"] = {{"arguments", c.arguments}};
+      }
+      out.push_back(std::move(e));
+    }
+    return out;
   }
 
   static void append_data(std::string& out, const std::string& data) {
@@ -366,10 +397,26 @@ Reply OpenAiService::chat_completions(std::string_view body) {
   ApiResult<ChatCompletionRequest> req = parse_chat_request(body, options_.limits);
   if (!req.ok()) return error_reply(req.error());
   if (auto e = check_model(req->model, options_.served_model_name)) return error_reply(*e);
-  Result<std::string> text = template_.render(req->messages, /*add_generation_prompt=*/true);
+  // tool_choice "none": the tools are neither described nor parsed (the model is not told of
+  // them). "required" / a named function: the prompt opens the call (see docs/server.md).
+  const bool use_tools = !req->tools.empty() && req->tool_choice.mode != ToolChoice::Mode::kNone;
+  Result<std::string> text = template_.render(
+      req->messages, /*add_generation_prompt=*/true,
+      use_tools ? std::span<const ToolDefinition>(req->tools) : std::span<const ToolDefinition>());
   if (!text.ok()) return error_reply(bad_request(text.status().message(), "messages"));
   Prepared p;
   p.chat = true;
+  p.tools.parse = use_tools;
+  if (!req->parallel_tool_calls) p.tools.max_calls = 1;
+  // An R1 prompt that opens <think> leaves the call to the model (it reasons first).
+  if (use_tools && !template_.generation_opens_think()) {
+    if (req->tool_choice.mode == ToolChoice::Mode::kRequired) {
+      p.tools.prefill = tool_call_prefill(std::nullopt);
+    } else if (req->tool_choice.mode == ToolChoice::Mode::kFunction) {
+      p.tools.prefill = tool_call_prefill(req->tool_choice.function);
+    }
+    *text += p.tools.prefill;
+  }
   p.prompt = tokenizer_.encode(*text, /*add_bos=*/false);  // the template writes BOS itself
   p.gen = std::move(req->gen);
   p.reasoning.split =
@@ -447,6 +494,7 @@ Reply OpenAiService::generate(Prepared p) {
 Reply OpenAiService::finish_blocking(std::shared_ptr<Run> run) {
   struct Acc {
     std::string reasoning, content;
+    std::vector<ParsedToolCall> calls;
     std::vector<GeneratedToken> tokens;
   };
   std::vector<Acc> acc(run->choices.size());
@@ -456,6 +504,11 @@ Reply OpenAiService::finish_blocking(std::shared_ptr<Run> run) {
       Acc& a = acc[size_t(i)];
       a.reasoning += d.reasoning;
       a.content += d.content;
+      for (const ToolCallDelta& c : d.tool_calls) {
+        if (c.opens) a.calls.push_back({c.type, c.name, ""});
+        CHECK(size_t(c.index) < a.calls.size(), "tool call arguments before the call opened");
+        a.calls[size_t(c.index)].arguments += c.arguments;
+      }
       if (logprobs) a.tokens.insert(a.tokens.end(), d.tokens.begin(), d.tokens.end());
     });
   }
@@ -467,6 +520,17 @@ Reply OpenAiService::finish_blocking(std::shared_ptr<Run> run) {
     if (p.chat) {
       json msg = {{"role", "assistant"}, {"content", acc[i].content}};
       if (p.reasoning.split) msg["reasoning_content"] = acc[i].reasoning;
+      if (!acc[i].calls.empty()) {
+        if (acc[i].content.empty()) msg["content"] = nullptr;  // OpenAI: only tool calls
+        json calls = json::array();
+        for (size_t k = 0; k < acc[i].calls.size(); ++k) {
+          const ParsedToolCall& c = acc[i].calls[k];
+          calls.push_back({{"id", run->call_id(int(i), int64_t(k))},
+                           {"type", c.type},
+                           {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        }
+        msg["tool_calls"] = std::move(calls);
+      }
       c["message"] = std::move(msg);
       c["logprobs"] = logprobs ? chat_logprobs(tokenizer_, acc[i].tokens) : json(nullptr);
     } else {

@@ -5,8 +5,71 @@
 namespace moeserve {
 
 using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 
 namespace {
+
+// Python's json.dumps(v, ensure_ascii=False) (what Hugging Face's `tojson` filter calls).
+void python_dumps(const ordered_json& v, std::string& out) {
+  if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [key, value] : v.items()) {
+      if (!first) out += ", ";
+      first = false;
+      python_dumps(ordered_json(key), out);
+      out += ": ";
+      python_dumps(value, out);
+    }
+    out += '}';
+  } else if (v.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i) out += ", ";
+      python_dumps(v[i], out);
+    }
+    out += ']';
+  } else if (v.is_string()) {
+    out += '"';
+    for (char c : v.get_ref<const std::string&>()) {
+      switch (c) {
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
+        default:
+          if (uint8_t(c) < 0x20) {
+            static const char* const kHex = "0123456789abcdef";
+            out += "\\u00";
+            out += kHex[uint8_t(c) >> 4];
+            out += kHex[uint8_t(c) & 15];
+          } else {
+            out += c;
+          }
+      }
+    }
+    out += '"';
+  } else {  // numbers, booleans, null: the same text in both
+    out += v.dump();
+  }
+}
 
 Result<Message> parse_message(const json& j, size_t i) {
   const std::string where = "messages[" + std::to_string(i) + "]";
@@ -66,6 +129,27 @@ Result<Message> parse_message(const json& j, size_t i) {
 }
 
 }  // namespace
+
+Result<std::vector<ToolDefinition>> parse_tools_json(std::string_view json_text) {
+  ordered_json j = ordered_json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_array()) return InvalidArgument("tools: expected an array");
+  std::vector<ToolDefinition> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const ordered_json& t = j[i];
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+        !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+      return InvalidArgument(where +
+                             ": expected {\"type\": \"function\", \"function\": "
+                             "{\"name\": ...}}");
+    }
+    ToolDefinition d;
+    d.name = t["function"]["name"].get<std::string>();
+    python_dumps(t, d.json);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
 
 Result<std::vector<Message>> parse_messages_json(std::string_view json_text) {
   json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);

@@ -17,4 +17,10 @@ namespace moeserve {
 
 Result<std::vector<Message>> parse_messages_json(std::string_view json_text);
 
+// The API's `tools`: an array of {"type": "function", "function": {"name", ...}} objects, each
+// kept as Jinja's `tojson` writes it for the template (Python's json.dumps with ensure_ascii
+// off: ", " and ": " separators, keys in the order of `json_text`). Checks only the shape the
+// template needs (the server validates the rest at its boundary).
+Result<std::vector<ToolDefinition>> parse_tools_json(std::string_view json_text);
+
 }  // namespace moeserve

@@ -35,6 +35,19 @@ const char* const kUser = "<｜User｜>";
 const char* const kAssistant = "<｜Assistant｜>";
 const char* const kEos = "<｜end▁of▁sentence｜>";  // written literally by the templates
 
+// What follows the system prompt when the request has tools (after "\n\n" when there is a
+// system prompt). The wording is vLLM's examples/tool_chat_template_deepseekv3.jinja, with its
+// sentences separated by blank lines and without the <｜end▁of▁sentence｜> it writes mid-prompt.
+const char* const kToolsHead =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+const char* const kToolsTail =
+    "\n</tools>\n\nFor function call returns, you should first print "
+    "<｜tool▁calls▁begin｜>\n\nFor each function call, you should return object like:\n"
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜><function_name>\n```json\n"
+    "<function_arguments_in_json_format>\n```<｜tool▁call▁end｜>\n\nAt the end of function "
+    "call returns, you should print <｜tool▁calls▁end｜>";
+
 }  // namespace
 
 Result<ChatTemplate> ChatTemplate::from_template(const std::string& jinja, std::string bos_token) {
@@ -79,7 +92,8 @@ ChatTemplate ChatTemplate::of_variant(Variant v, std::string bos_token) {
 
 // Mirrors the Jinja template statement by statement; comments name the template's variables.
 Result<std::string> ChatTemplate::render(std::span<const Message> messages,
-                                         bool add_generation_prompt) const {
+                                         bool add_generation_prompt,
+                                         std::span<const ToolDefinition> tools) const {
   auto need = [](const Message& m, size_t i) -> Status {
     if (m.content) return Status::Ok();
     return InvalidArgument("message " + std::to_string(i) + " (role '" + m.role +
@@ -103,6 +117,12 @@ Result<std::string> ChatTemplate::render(std::span<const Message> messages,
     }
   }
   std::string out = bos_ + system;
+  if (!tools.empty()) {
+    if (!system.empty()) out += "\n\n";
+    out += kToolsHead;
+    for (const ToolDefinition& t : tools) out += "\n" + t.json;
+    out += kToolsTail;
+  }
   bool is_first = false, is_tool = false, is_output_first = true;  // ns.*
   for (size_t i = 0; i < messages.size(); ++i) {
     const Message& m = messages[i];

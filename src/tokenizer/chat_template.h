@@ -8,6 +8,9 @@
 //   - DeepSeek-R1: the same turns; only the last system prompt is kept; the reasoning of earlier
 //     assistant turns is dropped (text up to the last "</think>"); in later R1 revisions the
 //     generation prompt opens the reasoning with "<think>\n".
+// The checkpoints' templates render nothing for the API's `tools`; given tools, render() appends
+// a description of them to the system prompt (the wording of vLLM's DeepSeek-V3 tool template:
+// the tools as JSON inside <tools></tools>, then the call format; see docs/server.md).
 // The templates' quirks are reproduced on purpose (e.g. the "first tool call" flag is never
 // reset across messages; a single tool call gets no <｜tool▁calls▁end｜>), since the model was
 // trained on exactly this text. An unrecognised template is an Unimplemented error.
@@ -31,6 +34,13 @@ struct ToolCall {
   std::string arguments;  // JSON text, as the OpenAI API sends it
 };
 
+// A tool the model may call: the API's tool object, as Jinja's `tojson` (Python's json.dumps,
+// ensure_ascii off, keys in the client's order) writes it.
+struct ToolDefinition {
+  std::string name;
+  std::string json;
+};
+
 struct Message {
   std::string role;                    // "system", "user", "assistant", "tool"; others are ignored
   std::optional<std::string> content;  // null for an assistant turn that only calls tools
@@ -49,7 +59,9 @@ class ChatTemplate {
   static ChatTemplate of_variant(Variant v, std::string bos_token);
 
   // InvalidArgument when a message lacks what the template needs (user/system/tool content).
-  Result<std::string> render(std::span<const Message> messages, bool add_generation_prompt) const;
+  // With `tools`, their description follows the system prompt.
+  Result<std::string> render(std::span<const Message> messages, bool add_generation_prompt,
+                             std::span<const ToolDefinition> tools = {}) const;
 
   Variant variant() const { return variant_; }
   // Whether the generation prompt ends inside an opened <think> block.

@@ -2,6 +2,7 @@
 // field is at fault) the field's name as `param`; good inputs fill the typed structs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ RequestLimits limits() {
 }
 
 const std::string kMsgs = R"("messages":[{"role":"user","content":"hi"}])";
+const std::string kTwoTools =
+    R"(, "tools": [{"type":"function","function":{"name":"f","description":"F.",
+        "parameters":{"type":"object","properties":{"x":{"type":"integer"}}}}},
+        {"type":"function","function":{"name":"g-2"}}])";
 
 struct BadCase {
   std::string body;
@@ -90,7 +95,54 @@ TEST(ParseChat, RejectsBadInputWith400AndTheField) {
       {"{" + kMsgs + R"(, "presence_penalty": 0.5})", "presence_penalty"},
       {"{" + kMsgs + R"(, "frequency_penalty": "x"})", "frequency_penalty"},
       {"{" + kMsgs + R"(, "logit_bias": {"5": 10}})", "logit_bias"},
-      {"{" + kMsgs + R"(, "tools": [{"type":"function"}]})", "tools"},
+      {"{" + kMsgs + R"(, "tools": [{"type":"function"}]})", "tools[0].function"},
+      {"{" + kMsgs + R"(, "tools": {"type":"function"}})", "tools"},
+      {"{" + kMsgs + R"(, "tools": [5]})", "tools[0]"},
+      {"{" + kMsgs + R"(, "tools": [{"type":"code","function":{"name":"f"}}]})", "tools[0].type"},
+      {"{" + kMsgs + R"(, "tools": [{"function":{"name":"f"}}]})", "tools[0].type"},
+      {"{" + kMsgs + R"(, "tools": [{"type":"function","function":{}}]})",
+       "tools[0].function.name"},
+      {"{" + kMsgs + R"(, "tools": [{"type":"function","function":{"name":"a b"}}]})",
+       "tools[0].function.name"},
+      {"{" + kMsgs + R"(, "tools": [{"type":"function","function":{"name":""}}]})",
+       "tools[0].function.name"},
+      {"{" + kMsgs + R"(, "tools": [{"type":"function","function":{"name":")" +
+           std::string(65, 'x') + R"("}}]})",
+       "tools[0].function.name"},
+      {"{" + kMsgs + kTwoTools.substr(0, kTwoTools.size() - 1) +
+           R"(,{"type":"function","function":{"name":"f"}}]})",
+       "tools[2].function.name"},  // a duplicate name
+      {"{" + kMsgs +
+           R"(, "tools": [{"type":"function","function":{"name":"f","parameters":"{}"}}]})",
+       "tools[0].function.parameters"},
+      {"{" + kMsgs + R"(, "tools": [{"type":"function","function":{"name":"f","description":1}}]})",
+       "tools[0].function.description"},
+      {"{" + kMsgs + R"(, "tools": [{"type":"function","function":{"name":"f","strict":"y"}}]})",
+       "tools[0].function.strict"},
+      {"{" + kMsgs + kTwoTools + R"(, "tool_choice": "any"})", "tool_choice"},
+      {"{" + kMsgs + kTwoTools + R"(, "tool_choice": 1})", "tool_choice"},
+      {"{" + kMsgs + kTwoTools + R"(, "tool_choice": {"type":"function","function":{"name":"h"}}})",
+       "tool_choice"},
+      {"{" + kMsgs + kTwoTools + R"(, "tool_choice": {"type":"function"}})", "tool_choice"},
+      {"{" + kMsgs + kTwoTools + R"(, "tool_choice": {"function":{"name":"f"}}})", "tool_choice"},
+      {"{" + kMsgs + R"(, "tool_choice": "required"})", "tool_choice"},
+      {"{" + kMsgs + R"(, "tool_choice": {"type":"function","function":{"name":"f"}}})",
+       "tool_choice"},
+      {"{" + kMsgs + kTwoTools + R"(, "parallel_tool_calls": "no"})", "parallel_tool_calls"},
+      {R"({"messages":[{"role":"tool","content":"42"}]})", "messages[0].tool_call_id"},
+      {R"({"messages":[{"role":"tool","content":"42","tool_call_id":""}]})",
+       "messages[0].tool_call_id"},
+      {R"({"messages":[{"role":"tool","content":"42","tool_call_id":7}]})",
+       "messages[0].tool_call_id"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"code",
+          "function":{"name":"f","arguments":"{}"}}]}]})",
+       "messages[0].tool_calls[0].type"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function",
+          "function":{"name":"f","arguments":5}}]}]})",
+       "messages[0].tool_calls[0].function.arguments"},
+      {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function",
+          "function":{"name":"f"}}]}]})",
+       "messages"},
       {"{" + kMsgs + R"(, "response_format": {"type":"json_object"}})", "response_format"},
   };
   for (const BadCase& c : cases) {
@@ -135,6 +187,61 @@ TEST(ParseChat, FillsTheTypedRequest) {
   EXPECT_TRUE(r->gen.ignore_eos);
 }
 
+TEST(ParseChat, ToolsToolChoiceAndParallelToolCalls) {
+  auto r = parse_chat_request("{" + kMsgs + kTwoTools +
+                                  R"(, "tool_choice": {"type":"function","function":{"name":"g-2"}},
+                                  "parallel_tool_calls": false})",
+                              limits());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->tools.size(), 2u);
+  EXPECT_EQ(r->tools[0].name, "f");
+  // The client's key order (name before description before parameters), Python's separators.
+  EXPECT_EQ(r->tools[0].json,
+            R"({"type": "function", "function": {"name": "f", "description": "F.", )"
+            R"("parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}})");
+  EXPECT_EQ(r->tools[1].json, R"({"type": "function", "function": {"name": "g-2"}})");
+  EXPECT_EQ(r->tool_choice, (ToolChoice{ToolChoice::Mode::kFunction, "g-2"}));
+  EXPECT_FALSE(r->parallel_tool_calls);
+  for (auto [text, mode] : {std::pair{"auto", ToolChoice::Mode::kAuto},
+                            {"none", ToolChoice::Mode::kNone},
+                            {"required", ToolChoice::Mode::kRequired}}) {
+    auto c = parse_chat_request("{" + kMsgs + kTwoTools + R"(, "tool_choice": ")" + text + "\"}",
+                                limits());
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(c->tool_choice.mode, mode);
+    EXPECT_TRUE(c->parallel_tool_calls);
+  }
+  // Without tools: "auto" and "none" are harmless; an empty list is no tools.
+  auto none =
+      parse_chat_request("{" + kMsgs + R"(, "tools": [], "tool_choice": "none"})", limits());
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_TRUE(none->tools.empty());
+}
+
+std::string object_with_keys(int n) {
+  std::string s = "{";
+  for (int i = 0; i < n; ++i) s += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":" + "1";
+  return s + "}";
+}
+
+// Keeping the tools' key order costs time quadratic in an object's size: a tool object is
+// capped, and the rest of the body (here 200000 keys in an ignored field) is not re-read in
+// order (that took minutes).
+TEST(ParseChat, WideObjectsStayFastWithTools) {
+  const std::string wide_tool = R"(, "tools": [{"type":"function","function":{"name":"f",
+      "parameters":{"type":"object","properties":)" +
+                                object_with_keys(257) + "}}}]";
+  auto r = parse_chat_request("{" + kMsgs + wide_tool + "}", limits());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().param, "tools");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ok = parse_chat_request(
+      "{" + kMsgs + kTwoTools + R"(, "unknown": )" + object_with_keys(200000) + "}", limits());
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->tools.size(), 2u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
 TEST(ParseChat, DefaultsAreOpenAIs) {
   auto r = parse_chat_request("{" + kMsgs + "}", limits());
   ASSERT_TRUE(r.ok());
@@ -144,6 +251,9 @@ TEST(ParseChat, DefaultsAreOpenAIs) {
   EXPECT_EQ(r->gen.n, 1);
   EXPECT_FALSE(r->gen.stream);
   EXPECT_FALSE(r->gen.seed.has_value());
+  EXPECT_TRUE(r->tools.empty());
+  EXPECT_EQ(r->tool_choice.mode, ToolChoice::Mode::kAuto);
+  EXPECT_TRUE(r->parallel_tool_calls);
 }
 
 TEST(ParseCompletion, PromptForms) {

@@ -29,6 +29,17 @@ inline const Tokenizer& v3_tokenizer() {
   return tok;
 }
 
+// An engine that generates `text` (its tokens, one a step), then EOS.
+inline FakeEngineOptions scripted(const std::string& text, bool with_eos = true) {
+  FakeEngineOptions o;
+  o.script = v3_tokenizer().encode(text, false);
+  if (with_eos) {
+    o.eos = *v3_tokenizer().eos_id();
+    o.script.push_back(*o.eos);
+  }
+  return o;
+}
+
 struct Harness {
   explicit Harness(FakeEngineOptions eo = {}, HttpServerOptions ho = {}, ServiceOptions so = {},
                    std::optional<ChatTemplate> tmpl = std::nullopt)

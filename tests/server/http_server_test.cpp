@@ -19,16 +19,6 @@ using json = nlohmann::json;
 
 const std::string kHello = R"({"messages":[{"role":"user","content":"Hi"}]})";
 
-FakeEngineOptions scripted(const std::string& text, bool with_eos = true) {
-  FakeEngineOptions o;
-  o.script = v3_tokenizer().encode(text, false);
-  if (with_eos) {
-    o.eos = *v3_tokenizer().eos_id();
-    o.script.push_back(*o.eos);
-  }
-  return o;
-}
-
 std::string many_words(int n) {
   std::string s;
   for (int i = 0; i < n; ++i) s += " w" + std::to_string(i);

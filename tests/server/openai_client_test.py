@@ -4,7 +4,7 @@
 Usage: openai_client_test.py --base-url http://127.0.0.1:PORT --api-key KEY --model NAME
        [--fuzz N] [--seed S]
 
-Checks chat (plain, streaming, n, logprobs, usage, stop), completions (text and token-id
+Checks chat (plain, streaming, n, logprobs, usage, stop, tools), completions (text and token-id
 prompts, logprobs), models, error replies through the client's exception types, a client
 disconnect (the request is cancelled and its KV blocks freed), and a fuzz run of random and
 mutated bodies (0 connection failures, 0 replies >= 500). Exits non-zero on the first failure.
@@ -190,8 +190,67 @@ def test_errors(client, base_url, model):
     expect(openai.BadRequestError, lambda: chat(client, model, max_tokens=10**6))
     expect(openai.BadRequestError, lambda: chat(client, model, n=10**3))
     expect(openai.NotFoundError, lambda: chat(client, "no-such-model", max_tokens=1))
+    expect(openai.BadRequestError, lambda: chat(client, model, max_tokens=1, tools=[WEATHER_TOOL],
+                                                tool_choice={"type": "function",
+                                                             "function": {"name": "nope"}}))
+    expect(openai.BadRequestError, lambda: client.chat.completions.create(
+        model=model, max_tokens=1, messages=[{"role": "tool", "content": "orphan"}]))
     bad = openai.OpenAI(base_url=base_url + "/v1", api_key="wrong-key", max_retries=0)
     expect(openai.AuthenticationError, lambda: bad.models.list())
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+def test_tools(client, model):
+    """Tools through the client: accepted, tool results in the conversation, and the parse path.
+    The tiny model's text is random, so a named tool_choice (the prompt opens that call) is what
+    makes it call; its arguments are whatever it writes until max_tokens."""
+    tools = [WEATHER_TOOL, {"type": "function", "function": {"name": "get_time"}}]
+    r = chat(client, model, tools=tools, tool_choice="auto", max_tokens=8, temperature=0)
+    check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
+    ]
+    r = client.chat.completions.create(model=model, messages=history, tools=tools, max_tokens=4)
+    check(r.choices[0].message.role == "assistant" and r.usage.prompt_tokens > 0, r)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    kw = dict(tools=tools, tool_choice=named, max_tokens=10, temperature=0,
+              extra_body={"ignore_eos": True})
+    r = chat(client, model, **kw)
+    c = r.choices[0]
+    calls = c.message.tool_calls
+    check(c.finish_reason == "length" and calls and len(calls) == 1, c)
+    check(calls[0].type == "function" and calls[0].function.name == "get_weather", calls)
+    check(calls[0].id.startswith("call_") and isinstance(calls[0].function.arguments, str), calls)
+    # Streaming gives the same call: name and id on the first delta, then argument fragments.
+    content, name, args, ids, finish = "", None, "", set(), None
+    for chunk in chat(client, model, stream=True, **kw):
+        if not chunk.choices:
+            continue
+        ch = chunk.choices[0]
+        content += ch.delta.content or ""
+        for tc in ch.delta.tool_calls or []:
+            check(tc.index == 0, tc)
+            if tc.id:
+                check(name is None, f"second first delta: {tc}")
+                ids.add(tc.id)
+                name = tc.function.name
+            args += tc.function.arguments or ""
+        finish = ch.finish_reason or finish
+    check(name == "get_weather" and len(ids) == 1 and finish == "length", (name, ids, finish))
+    check(args == calls[0].function.arguments, f"stream {args!r} != {calls[0].function.arguments!r}")
+    check(content == (c.message.content or ""), (content, c.message.content))
+    # tool_choice "none": no call is parsed.
+    r = chat(client, model, tools=tools, tool_choice="none", max_tokens=6, temperature=0)
+    check(not r.choices[0].message.tool_calls, r)
 
 
 def test_disconnect(raw, model):
@@ -351,6 +410,7 @@ def main():
     test_stop(client, a.model, greedy)
     test_completions(client, a.model)
     test_concurrent_equals_alone(client, a.model, greedy)
+    test_tools(client, a.model)
     test_errors(client, a.base_url, a.model)
     test_disconnect(raw, a.model)
     print(f"openai client checks: ok ({time.time() - t0:.1f} s)")

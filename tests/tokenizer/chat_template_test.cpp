@@ -2,6 +2,8 @@
 // the DeepSeek-V3 template from assets/, the DeepSeek-R1 one and the first R1 release's).
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "fixtures.h"
 #include "tokenizer/chat_messages_json.h"
 #include "tokenizer/chat_template.h"
@@ -76,6 +78,53 @@ TEST(ChatTemplate, MatchesJinja2OnEveryFixtureConversation) {
   }
   EXPECT_GE(with_tools, 10u);
   EXPECT_GE(with_think, 10u);
+}
+
+// Requests with `tools`: the description after the system prompt (jinja2 rendering the real
+// templates with TOOLS_BLOCK of tools/gen_tokenizer_fixtures.py inserted), tool calls, results.
+// Rows are read as ordered JSON: the tools' keys keep the client's order, as tojson writes them.
+TEST(ChatTemplate, WithToolsMatchesJinja2OnEveryFixtureConversation) {
+  const Tokenizer& tok = testing::deepseek_v3();
+  const auto v3 = ChatTemplate::for_tokenizer(tok);
+  const auto r1 = ChatTemplate::from_template(r1_template(), tok.bos_token());
+  ASSERT_TRUE(v3.ok() && r1.ok());
+  std::istringstream in(testing::read_all(std::string(testing::kDataDir) + "/chat_tools.jsonl"));
+  size_t rows = 0, with_calls = 0, with_results = 0;
+  for (std::string line; std::getline(in, line); ++rows) {
+    const auto row = nlohmann::ordered_json::parse(line);
+    auto msgs = parse_messages_json(row["messages"].dump());
+    ASSERT_TRUE(msgs.ok()) << msgs.status().to_string();
+    auto tools = parse_tools_json(row["tools"].dump());
+    ASSERT_TRUE(tools.ok()) << tools.status().to_string();
+    ASSERT_FALSE(tools->empty());
+    const bool gen = row["add_generation_prompt"].get<bool>();
+    for (const auto& [name, tmpl] : {std::pair{"v3", &*v3}, {"r1", &*r1}}) {
+      auto text = tmpl->render(*msgs, gen, *tools);
+      ASSERT_TRUE(text.ok()) << name << " row " << rows << ": " << text.status().to_string();
+      EXPECT_EQ(*text, row[name].get<std::string>()) << name << " row " << rows;
+    }
+    for (const Message& m : *msgs) {
+      if (m.tool_calls) ++with_calls;
+      if (m.role == "tool") ++with_results;
+    }
+  }
+  EXPECT_GE(rows, 15u);
+  EXPECT_GE(with_calls, 6u);
+  EXPECT_GE(with_results, 6u);
+}
+
+TEST(ChatMessagesJson, ToolsKeepTheClientsKeyOrderInPythonJsonStyle) {
+  // The string holds a quote, a backslash, a newline, U+0001 and a non-ASCII letter.
+  auto t = parse_tools_json(
+      R"([{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [0.5, true,
+          null, {}], "s": "q\"\\\n\u0001é"}}}])");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_EQ(t->size(), 1u);
+  EXPECT_EQ((*t)[0].name, "f");
+  EXPECT_EQ((*t)[0].json, R"({"type": "function", "function": {"name": "f", "parameters": )"
+                          R"({"z": 1, "a": [0.5, true, null, {}], "s": "q\"\\\n\u0001é"}}})");
+  EXPECT_FALSE(parse_tools_json(R"([{"type": "function"}])").ok());
+  EXPECT_FALSE(parse_tools_json("{}").ok());
 }
 
 TEST(ChatTemplate, MissingContentIsAnErrorNotACrash) {

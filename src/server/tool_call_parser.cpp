@@ -1,0 +1,221 @@
+#include "server/tool_call_parser.h"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+namespace moeserve {
+
+namespace {
+
+constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
+constexpr std::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kCallBegin = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kCallEnd = "<｜tool▁call▁end｜>";
+constexpr std::string_view kSep = "<｜tool▁sep｜>";
+constexpr std::string_view kArgsOpen = "```json\n";
+constexpr std::string_view kArgsClose = "\n```";
+constexpr std::string_view kFencedCallEnd = "\n```<｜tool▁call▁end｜>";
+constexpr std::string_view kFencedCallsEnd = "\n```<｜tool▁calls▁end｜>";
+
+// The earliest of `needles` in `text`: (position, which), or npos. The tokens all start with
+// '<' and hold no other '<' or '\n', so two of them never overlap.
+std::pair<size_t, size_t> earliest(std::string_view text,
+                                   std::initializer_list<std::string_view> needles) {
+  std::pair<size_t, size_t> best{std::string_view::npos, 0};
+  size_t k = 0;
+  for (std::string_view n : needles) {
+    const size_t at = text.find(n);
+    if (at < best.first) best = {at, k};
+    ++k;
+  }
+  return best;
+}
+
+// Length of the longest tail of `text` that is a proper prefix of one of `tags`.
+size_t partial_tail(std::string_view text, std::initializer_list<std::string_view> tags) {
+  size_t best = 0;
+  for (std::string_view tag : tags) {
+    for (size_t len = std::min(tag.size() - 1, text.size()); len > best; --len) {
+      if (text.substr(text.size() - len) == tag.substr(0, len)) {
+        best = len;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+std::string_view trim(std::string_view s) {
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// A call's header: TYPE<｜tool▁sep｜>NAME, or NAME alone.
+std::pair<std::string, std::string> split_header(std::string_view header) {
+  const size_t sep = header.find(kSep);
+  if (sep == std::string_view::npos) return {"function", std::string(trim(header))};
+  std::string_view type = trim(header.substr(0, sep));
+  return {type.empty() ? "function" : std::string(type),
+          std::string(trim(header.substr(sep + kSep.size())))};
+}
+
+std::string_view strip_close(std::string_view args) {
+  if (args.ends_with(kArgsClose)) args.remove_suffix(kArgsClose.size());
+  return args;
+}
+
+}  // namespace
+
+std::string tool_call_prefill(std::optional<std::string_view> name) {
+  std::string s =
+      std::string(kCallsBegin) + std::string(kCallBegin) + "function" + std::string(kSep);
+  if (name) s += std::string(*name) + "\n" + std::string(kArgsOpen);
+  return s;
+}
+
+ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> max_calls) {
+  ParsedToolCalls out;
+  const auto add = [&](std::string_view header, std::string_view args) {
+    auto [type, name] = split_header(header);
+    if (name.empty() || (max_calls && int64_t(out.calls.size()) >= *max_calls)) return;
+    out.calls.push_back({std::move(type), std::move(name), std::string(args)});
+  };
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t begin = text.find(kCallsBegin, pos);
+    if (begin == std::string_view::npos) {
+      out.content.append(text.substr(pos));
+      break;
+    }
+    out.content.append(text.substr(pos, begin - pos));
+    pos = begin + kCallsBegin.size();
+    // Inside a block: calls until <｜tool▁calls▁end｜>.
+    bool block_open = true;
+    while (block_open) {
+      auto [at, which] = earliest(text.substr(pos), {kCallBegin, kCallsEnd});
+      if (at == std::string_view::npos) return out;
+      pos += at + (which == 0 ? kCallBegin.size() : kCallsEnd.size());
+      if (which == 1) break;
+      auto [h, hw] = earliest(text.substr(pos), {"\n", kCallEnd, kCallsEnd});
+      if (h == std::string_view::npos) {
+        add(text.substr(pos), "");
+        return out;
+      }
+      std::string_view header = text.substr(pos, h);
+      pos += h;
+      if (hw != 0) {  // the call ended without arguments
+        add(header, "");
+        pos += hw == 1 ? kCallEnd.size() : kCallsEnd.size();
+        block_open = hw == 1;
+        continue;
+      }
+      pos += 1;
+      if (text.substr(pos).starts_with(kArgsOpen)) pos += kArgsOpen.size();
+      auto [e, ew] = earliest(text.substr(pos), {kCallEnd, kCallsEnd});
+      if (e == std::string_view::npos) {
+        add(header, text.substr(pos));
+        return out;
+      }
+      add(header, strip_close(text.substr(pos, e)));
+      pos += e + (ew == 0 ? kCallEnd.size() : kCallsEnd.size());
+      block_open = ew == 0;
+    }
+  }
+  return out;
+}
+
+void ToolCallParser::open_call(std::string_view header, Parts& out) {
+  auto [type, name] = split_header(header);
+  current_kept_ = !name.empty() && (!max_calls_ || opened_ < *max_calls_);
+  if (!current_kept_) return;
+  out.calls.push_back({opened_, true, std::move(type), std::move(name), ""});
+  ++opened_;
+}
+
+void ToolCallParser::add_arguments(std::string_view text, Parts& out) {
+  if (!current_kept_ || text.empty()) return;
+  if (!out.calls.empty() && out.calls.back().index == opened_ - 1) {
+    out.calls.back().arguments.append(text);
+  } else {
+    out.calls.push_back({opened_ - 1, false, "", "", std::string(text)});
+  }
+}
+
+ToolCallParser::Parts ToolCallParser::push(std::string_view piece) {
+  Parts out;
+  held_.append(piece);
+  std::string_view buf = held_;
+  for (;;) {
+    if (state_ == State::kContent) {
+      const size_t at = buf.find(kCallsBegin);
+      if (at == std::string_view::npos) {
+        const size_t keep = partial_tail(buf, {kCallsBegin});
+        out.content.append(buf.substr(0, buf.size() - keep));
+        buf.remove_prefix(buf.size() - keep);
+        break;
+      }
+      out.content.append(buf.substr(0, at));
+      buf.remove_prefix(at + kCallsBegin.size());
+      state_ = State::kBetweenCalls;
+    } else if (state_ == State::kBetweenCalls) {
+      auto [at, which] = earliest(buf, {kCallBegin, kCallsEnd});
+      if (at == std::string_view::npos) {
+        buf.remove_prefix(buf.size() - partial_tail(buf, {kCallBegin, kCallsEnd}));
+        break;
+      }
+      buf.remove_prefix(at + (which == 0 ? kCallBegin.size() : kCallsEnd.size()));
+      state_ = which == 0 ? State::kHeader : State::kContent;
+    } else if (state_ == State::kHeader) {
+      auto [at, which] = earliest(buf, {"\n", kCallEnd, kCallsEnd});
+      if (at == std::string_view::npos) break;  // the name is not complete yet
+      open_call(buf.substr(0, at), out);
+      constexpr std::array<size_t, 3> len = {1, kCallEnd.size(), kCallsEnd.size()};
+      buf.remove_prefix(at + len[which]);
+      state_ = which == 0 ? State::kArgsStart : which == 1 ? State::kBetweenCalls : State::kContent;
+    } else if (state_ == State::kArgsStart) {
+      if (buf.size() < kArgsOpen.size() && kArgsOpen.starts_with(buf)) break;  // undecided
+      if (buf.starts_with(kArgsOpen)) buf.remove_prefix(kArgsOpen.size());
+      state_ = State::kArgs;
+    } else {  // kArgs
+      auto [at, which] = earliest(buf, {kCallEnd, kCallsEnd});
+      if (at == std::string_view::npos) {
+        const size_t keep =
+            partial_tail(buf, {kFencedCallEnd, kFencedCallsEnd, kCallEnd, kCallsEnd});
+        add_arguments(buf.substr(0, buf.size() - keep), out);
+        buf.remove_prefix(buf.size() - keep);
+        break;
+      }
+      add_arguments(strip_close(buf.substr(0, at)), out);
+      buf.remove_prefix(at + (which == 0 ? kCallEnd.size() : kCallsEnd.size()));
+      state_ = which == 0 ? State::kBetweenCalls : State::kContent;
+    }
+  }
+  held_ = std::string(buf);
+  return out;
+}
+
+ToolCallParser::Parts ToolCallParser::finish() {
+  Parts out;
+  switch (state_) {
+    case State::kContent:
+      out.content = std::move(held_);
+      break;
+    case State::kBetweenCalls:
+      break;
+    case State::kHeader:
+      open_call(held_, out);
+      break;
+    case State::kArgsStart:
+    case State::kArgs:
+      add_arguments(held_, out);
+      break;
+  }
+  held_.clear();
+  state_ = State::kContent;
+  return out;
+}
+
+}  // namespace moeserve

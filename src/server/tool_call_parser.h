@@ -1,0 +1,86 @@
+// ToolCallParser: finds DeepSeek-V3-format tool calls in generated text that arrives in pieces,
+// for the chat API's `tool_calls`. The model writes
+//
+//   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>
+//   \n<｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+//
+// Text outside a calls block is content; the tokens never reach the content. Inside a block,
+// text between calls is dropped. A call's header (up to the first "\n") is TYPE<｜tool▁sep｜>NAME
+// (no separator: the type is "function"); its arguments are the text after the header, without
+// a leading "```json\n" and without a "\n```" just before <｜tool▁call▁end｜> (or
+// <｜tool▁calls▁end｜>, which also ends the block). A call with an empty name is dropped, as are
+// calls beyond `max_calls`. Text cut short (max_tokens) keeps what arrived: a header without
+// its "\n" is the whole name, arguments run to the end.
+//
+// parse_tool_calls() is the one-shot reference; ToolCallParser gives the same content and calls
+// for every way of cutting the text into pieces, even inside a token's UTF-8 bytes (tests check
+// it exhaustively). It holds back text that may be the start of a token, and a call's first
+// delta (its name) waits for the header's "\n". One instance per choice; not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace moeserve {
+
+struct ParsedToolCall {
+  std::string type;
+  std::string name;
+  std::string arguments;  // JSON text as the model wrote it
+  bool operator==(const ParsedToolCall&) const = default;
+};
+
+struct ParsedToolCalls {
+  std::string content;  // text outside the calls
+  std::vector<ParsedToolCall> calls;
+};
+
+// One piece of a call, in order: the first for each index has `opens` set, with type and name;
+// arguments arrive in fragments (possibly empty on the opening delta).
+struct ToolCallDelta {
+  int64_t index = 0;
+  bool opens = false;
+  std::string type;  // set when opens
+  std::string name;  // set when opens
+  std::string arguments;
+};
+
+// The start of a call, for a prompt that forces one (tool_choice): up to where the name goes,
+// or with `name` up to the arguments. The parser is fed the same text before the model's.
+std::string tool_call_prefill(std::optional<std::string_view> name);
+
+ParsedToolCalls parse_tool_calls(std::string_view text,
+                                 std::optional<int64_t> max_calls = std::nullopt);
+
+class ToolCallParser {
+ public:
+  explicit ToolCallParser(std::optional<int64_t> max_calls = std::nullopt)
+      : max_calls_(max_calls) {}
+
+  struct Parts {
+    std::string content;
+    std::vector<ToolCallDelta> calls;
+  };
+  Parts push(std::string_view piece);
+  // End of the text: releases what is held back (a cut-short call keeps what arrived).
+  Parts finish();
+
+  // Calls opened so far (their first delta was returned).
+  int64_t calls() const { return opened_; }
+
+ private:
+  enum class State { kContent, kBetweenCalls, kHeader, kArgsStart, kArgs };
+  void open_call(std::string_view header, Parts& out);
+  void add_arguments(std::string_view text, Parts& out);
+
+  std::optional<int64_t> max_calls_;
+  State state_ = State::kContent;
+  std::string held_;
+  int64_t opened_ = 0;
+  bool current_kept_ = false;  // the call being read was opened (not dropped)
+};
+
+}  // namespace moeserve

@@ -1,0 +1,331 @@
+// Tool calls end to end: requests with tools over HTTP (the prompt the engine gets, the parsed
+// message.tool_calls, the SSE deltas, tool_choice none / required / named, parallel_tool_calls)
+// over a FakeEngine that scripts the model's tokens; and ChoiceOutput over real token streams
+// delivered in every grouping the engine can produce.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "harness.h"
+#include "server/choice_output.h"
+#include "server/tool_call_parser.h"
+#include "tool_call_text.h"
+
+namespace moeserve::testing {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kWeatherTool =
+    R"({"type":"function","function":{"name":"get_weather","description":"Weather of a city.",
+        "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}})";
+const std::string kTimeTool = R"({"type":"function","function":{"name":"get_time"}})";
+
+std::string request(const std::string& extra, bool stream = false) {
+  return R"({"messages":[{"role":"user","content":"Weather in Paris and Tokyo?"}],"tools":[)" +
+         kWeatherTool + "," + kTimeTool + "]" + (stream ? R"(,"stream":true)" : "") + extra + "}";
+}
+
+// The prompt the engine was given, as text.
+std::string prompt_text(const Harness& h) {
+  auto sub = h.engine.submitted();
+  EXPECT_EQ(sub.size(), 1u);
+  return sub.empty() ? "" : v3_tokenizer().decode(sub[0].prompt, /*skip_special=*/false);
+}
+
+struct Streamed {
+  std::string content;
+  json calls = json::array();  // rebuilt in the non-streaming form
+  std::string finish;
+};
+
+// Rebuilds message content and tool_calls from SSE chunks, checking OpenAI's delta protocol.
+Streamed collect(const std::string& body) {
+  Streamed s;
+  for (const json& e : sse_events(body)) {
+    if (e == "[DONE]" || e["choices"].empty()) continue;
+    const json& c = e["choices"][0];
+    EXPECT_TRUE(s.finish.empty()) << "a chunk after the finish";
+    const json& d = c["delta"];
+    if (d.contains("content") && d["content"].is_string()) s.content += d["content"];
+    if (d.contains("tool_calls")) {
+      EXPECT_FALSE(d["tool_calls"].empty());
+      for (const json& tc : d["tool_calls"]) {
+        const size_t index = tc["index"];
+        if (tc.contains("id")) {  // the call's first delta
+          EXPECT_EQ(index, s.calls.size());
+          EXPECT_EQ(tc["type"], "function");
+          EXPECT_FALSE(tc["function"]["name"].get<std::string>().empty());
+          s.calls.push_back({{"id", tc["id"]},
+                             {"type", tc["type"]},
+                             {"function", {{"name", tc["function"]["name"]}, {"arguments", ""}}}});
+        } else {
+          EXPECT_FALSE(tc["function"].contains("name")) << "a name after the first delta";
+          EXPECT_FALSE(tc["function"]["arguments"].get<std::string>().empty());
+        }
+        EXPECT_LT(index, s.calls.size()) << "arguments before the call's first delta";
+        if (index < s.calls.size()) {
+          s.calls[index]["function"]["arguments"] =
+              s.calls[index]["function"]["arguments"].get<std::string>() +
+              tc["function"]["arguments"].get<std::string>();
+        }
+      }
+    }
+    if (!c["finish_reason"].is_null()) s.finish = c["finish_reason"];
+  }
+  return s;
+}
+
+const std::string kTwoCalls = "Let me check." + kCallsBegin +
+                              call("get_weather", R"({"city": "Paris"})") + "\n" +
+                              call("get_weather", R"({"city": "東京"})") + kCallsEnd;
+
+TEST(ToolCalls, NonStreamingReplyHasToolCallsContentAndFinishReason) {
+  Harness h(scripted(kTwoCalls));
+  auto r = h.post("/v1/chat/completions", request(""));
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  const json& c = j["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["content"], "Let me check.");
+  const json& calls = c["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u);
+  std::set<std::string> ids;
+  for (const json& tc : calls) {
+    EXPECT_EQ(tc["id"].get<std::string>().rfind("call_", 0), 0u);
+    ids.insert(tc["id"]);
+    EXPECT_EQ(tc["type"], "function");
+    EXPECT_EQ(tc["function"]["name"], "get_weather");
+  }
+  EXPECT_EQ(ids.size(), 2u);
+  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city": "Paris"})");
+  EXPECT_EQ(calls[1]["function"]["arguments"], R"({"city": "東京"})");
+  // The prompt describes the tools after the (empty) system prompt, as the client wrote them.
+  const std::string prompt = prompt_text(h);
+  EXPECT_EQ(prompt.rfind("<｜begin▁of▁sentence｜># Tools\n\n", 0), 0u) << prompt;
+  EXPECT_NE(prompt.find(R"({"type": "function", "function": {"name": "get_weather", )"
+                        R"("description": "Weather of a city.", "parameters": )"),
+            std::string::npos)
+      << prompt;
+  EXPECT_NE(prompt.find(R"({"type": "function", "function": {"name": "get_time"}})"),
+            std::string::npos);
+  EXPECT_TRUE(prompt.ends_with("<｜User｜>Weather in Paris and Tokyo?<｜Assistant｜>"));
+}
+
+TEST(ToolCalls, StreamingDeltasGiveTheSameCallsAsTheNonStreamingReply) {
+  Harness h(scripted(kTwoCalls));
+  json blocking = json::parse(h.post("/v1/chat/completions", request(""))->body);
+  auto r = h.post("/v1/chat/completions", request("", /*stream=*/true));
+  ASSERT_EQ(r->status, 200) << r->body;
+  Streamed s = collect(r->body);
+  EXPECT_EQ(s.finish, "tool_calls");
+  EXPECT_EQ(s.content, "Let me check.");
+  const json& want = blocking["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(s.calls.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(s.calls[i]["function"], want[i]["function"]);
+    EXPECT_EQ(s.calls[i]["id"].get<std::string>().rfind("call_", 0), 0u);
+  }
+  EXPECT_EQ(r->body.find("tool▁"), std::string::npos) << "a special token leaked";
+}
+
+TEST(ToolCalls, AModelThatDoesNotCallAnswersWithContent) {
+  Harness h(scripted("It is sunny."));
+  json j = json::parse(h.post("/v1/chat/completions", request(""))->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "It is sunny.");
+  EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+}
+
+// Regression: a calls block without a complete call gave finish_reason "tool_calls" and an
+// empty list.
+TEST(ToolCalls, ABlockWithoutCallsIsAPlainStop) {
+  Harness h(scripted("Hm." + kCallsBegin + kCallsEnd));
+  json j = json::parse(h.post("/v1/chat/completions", request(""))->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hm.");
+  EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+  Streamed s = collect(h.post("/v1/chat/completions", request("", true))->body);
+  EXPECT_EQ(s.finish, "stop");
+  EXPECT_TRUE(s.calls.empty());
+}
+
+TEST(ToolCalls, OnlyCallsGiveNullContent) {
+  Harness h(scripted(kCallsBegin + call("get_time", "{}") + kCallsEnd));
+  json j = json::parse(h.post("/v1/chat/completions", request(""))->body);
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_null());
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{}");
+}
+
+TEST(ToolCalls, ToolChoiceNoneNeitherDescribesNorParses) {
+  Harness h(scripted(kTwoCalls));
+  json j = json::parse(h.post("/v1/chat/completions", request(R"(,"tool_choice":"none")"))->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], kTwoCalls);  // the text as generated
+  EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(prompt_text(h).find("# Tools"), std::string::npos);
+}
+
+TEST(ToolCalls, NamedToolChoiceOpensTheCallInThePrompt) {
+  // The model only writes the arguments: the prompt already holds the call's start.
+  Harness h(scripted(R"({"city": "Paris"})" + std::string("\n```") + kCallEnd + kCallsEnd));
+  const std::string choice =
+      R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})";
+  json j = json::parse(h.post("/v1/chat/completions", request(choice))->body);
+  EXPECT_TRUE(prompt_text(h).ends_with("<｜Assistant｜>" + kCallsBegin + kCallBegin + "function" +
+                                       kSep + "get_weather\n```json\n"));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  ASSERT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city": "Paris"})");
+  Streamed s = collect(h.post("/v1/chat/completions", request(choice, true))->body);
+  EXPECT_EQ(s.finish, "tool_calls");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(s.calls[0]["function"]["arguments"], R"({"city": "Paris"})");
+}
+
+TEST(ToolCalls, RequiredToolChoiceOpensACallTheModelNames) {
+  Harness h(scripted("get_time\n```json\n{}\n```" + kCallEnd + kCallsEnd));
+  json j =
+      json::parse(h.post("/v1/chat/completions", request(R"(,"tool_choice":"required")"))->body);
+  EXPECT_TRUE(
+      prompt_text(h).ends_with("<｜Assistant｜>" + kCallsBegin + kCallBegin + "function" + kSep));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_time");
+}
+
+TEST(ToolCalls, ParallelToolCallsFalseKeepsTheFirstCall) {
+  Harness h(scripted(kTwoCalls));
+  json j =
+      json::parse(h.post("/v1/chat/completions", request(R"(,"parallel_tool_calls":false)"))->body);
+  ASSERT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city": "Paris"})");
+  Streamed s = collect(
+      h.post("/v1/chat/completions", request(R"(,"parallel_tool_calls":false)", true))->body);
+  EXPECT_EQ(s.calls.size(), 1u);
+}
+
+TEST(ToolCalls, ACallCutByMaxTokensKeepsWhatArrivedWithLength) {
+  Harness h(scripted(kTwoCalls));
+  const Tokenizer& tok = v3_tokenizer();
+  const std::vector<int32_t> ids = tok.encode(kTwoCalls, false);
+  // Cut two tokens into the first call's arguments.
+  const std::string head =
+      "Let me check." + kCallsBegin + kCallBegin + "function" + kSep + "get_weather\n```json\n";
+  size_t n = 0;
+  while (tok.decode(std::vector<int32_t>(ids.begin(), ids.begin() + n), false).size() <
+         head.size()) {
+    ++n;
+  }
+  n += 2;
+  const std::string cut = tok.decode(std::vector<int32_t>(ids.begin(), ids.begin() + n), false);
+  ASSERT_TRUE(cut.starts_with(head) && cut.size() > head.size()) << cut;
+  json j = json::parse(
+      h.post("/v1/chat/completions", request(",\"max_tokens\":" + std::to_string(n)))->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  ASSERT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            cut.substr(head.size()));
+}
+
+// R1: calls come after the reasoning; the prompt opens <think>, so "required" prefills nothing
+// (the model reasons first) and the call is parsed from the answer.
+TEST(ToolCalls, R1CallsFollowTheReasoning) {
+  Harness h(
+      scripted("Need the weather.</think>" + kCallsBegin +
+               call("get_weather", R"({"city": "Paris"})") + kCallsEnd),
+      {}, {},
+      ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekR1, v3_tokenizer().bos_token()));
+  json j =
+      json::parse(h.post("/v1/chat/completions", request(R"(,"tool_choice":"required")"))->body);
+  EXPECT_TRUE(prompt_text(h).ends_with("<｜Assistant｜><think>\n"));
+  const json& m = j["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "Need the weather.");
+  EXPECT_TRUE(m["content"].is_null());
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], R"({"city": "Paris"})");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+}
+
+// An empty content beside tool calls (as many clients send) is taken as null, so the template
+// renders the calls.
+TEST(ToolCalls, ToolResultsInTheConversationAreRenderedByTheTemplate) {
+  Harness h(scripted("Paris is sunny."));
+  const std::string body =
+      R"({"messages":[{"role":"user","content":"Weather?"},
+          {"role":"assistant","content":"","tool_calls":[{"id":"call_1","type":"function",
+            "function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
+          {"role":"tool","tool_call_id":"call_1","content":"sunny"}],"tools":[)" +
+      kWeatherTool + "]}";
+  auto r = h.post("/v1/chat/completions", body);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], "Paris is sunny.");
+  EXPECT_TRUE(prompt_text(h).ends_with("<｜User｜>Weather?<｜Assistant｜>" + kCallsBegin +
+                                       call("get_weather", R"({"city": "Paris"})") +
+                                       "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>sunny<"
+                                       "｜tool▁output▁end｜><｜tool▁outputs▁end｜>"));
+}
+
+TEST(ToolCalls, BadToolRequestsAre400) {
+  Harness h(scripted("x"));
+  auto r = h.post("/v1/chat/completions",
+                  request(R"(,"tool_choice":{"type":"function","function":{"name":"nope"}})"));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "tool_choice");
+  r = h.post("/v1/chat/completions", R"({"messages":[{"role":"tool","content":"x"}]})");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "messages[0].tool_call_id");
+  EXPECT_TRUE(h.engine.submitted().empty());
+}
+
+// ChoiceOutput over the real tokenizer: the engine delivers tokens in groups of any size, and
+// stop strings hold back text inside a token's characters; every grouping gives the one-shot
+// parse of the whole text.
+TEST(ToolCalls, ChoiceOutputMatchesTheOneShotParseForEveryTokenGrouping) {
+  const Tokenizer& tok = v3_tokenizer();
+  const std::vector<std::string> texts = {
+      kTwoCalls, "答えは" + kCallsBegin + call("f", R"({"q": "｜▁ 世界"})") + kCallsEnd + " tail",
+      "no calls < here"};
+  // Never found, but their prefixes ("｜>", "▁sep｜>") hold text back mid-token.
+  const std::vector<std::vector<std::string>> stop_sets = {{}, {"｜>!", "▁sep｜>!"}};
+  int64_t runs = 0;
+  for (const std::string& text : texts) {
+    const std::vector<int32_t> ids = tok.encode(text, false);
+    const ParsedToolCalls want = parse_tool_calls(tok.decode(ids, /*skip_special=*/true));
+    for (const auto& stops : stop_sets) {
+      for (size_t i = 0; i <= ids.size(); ++i) {
+        for (size_t j = i; j <= ids.size(); ++j) {
+          ChoiceOutput out(tok, stops, ReasoningMode{}, ToolCallMode{true, std::nullopt, ""});
+          ParsedToolCalls got;
+          auto take = [&](const ChoiceDelta& d) {
+            got.content += d.content;
+            for (const ToolCallDelta& c : d.tool_calls) {
+              if (c.opens) got.calls.push_back({c.type, c.name, ""});
+              ASSERT_LT(size_t(c.index), got.calls.size());
+              got.calls[size_t(c.index)].arguments += c.arguments;
+            }
+          };
+          for (auto [a, b] : {std::pair{size_t(0), i}, {i, j}, {j, ids.size()}}) {
+            std::vector<GeneratedToken> group;
+            for (size_t k = a; k < b; ++k) group.push_back({ids[k], 0.0f, {}});
+            take(out.on_tokens(group));
+          }
+          ChoiceDelta last = out.on_finish(FinishReason::kStop);
+          take(last);
+          ASSERT_EQ(got.content, want.content) << text << " cut at tokens " << i << ", " << j;
+          ASSERT_EQ(got.calls, want.calls) << text << " cut at tokens " << i << ", " << j;
+          EXPECT_EQ(*last.finish_reason, want.calls.empty() ? "stop" : "tool_calls");
+          ++runs;
+        }
+      }
+    }
+  }
+  EXPECT_GT(runs, 1000);
+}
+
+}  // namespace
+}  // namespace moeserve::testing
