@@ -232,7 +232,7 @@ int run_generate(const GenerateOptions& o) {
     fmt::print(stderr, "generate: {}\n", fingerprint.status().message());
     return 1;
   }
-  const KvLayout layout{c.num_hidden_layers, c.kv_cache_dim(), kv_dtype};
+  const KvLayout layout = kv_cache_layout(c, kv_dtype);
   std::unique_ptr<DiskTier> disk;  // outlives the cache, which borrows it
   if (!o.kv_disk.empty()) {
     auto t = DiskTier::open({o.kv_disk, o.kv_disk_gb}, *fingerprint, layout.block_bytes());
