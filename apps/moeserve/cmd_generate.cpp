@@ -50,7 +50,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   int threads = 0;
   std::string attention = "absorbed";
-  std::string kv_dtype = "bf16";
+  DType kv_dtype = DType::kBF16;
   std::string kv_disk;  // the KV cache's disk tier (empty: none)
   double kv_disk_gb = 0;
   std::string compute = "fast";
@@ -214,6 +214,11 @@ int run_generate(const GenerateOptions& o) {
     fmt::print(stderr, "generate: {}: {}\n", o.model, st.message());
     return 1;
   }
+  const KvLayout layout = kv_cache_layout(c, o.kv_dtype);
+  if (Status st = kv_token_format_status(layout.token); !st.ok()) {
+    fmt::print(stderr, "generate: {}: {}\n", o.model, st.message());
+    return 1;
+  }
   double load_s = seconds_since(t0);
 
   ThreadPool pool(o.threads);
@@ -226,13 +231,11 @@ int run_generate(const GenerateOptions& o) {
   model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
   int32_t n_blocks = 0;
   for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
-  const DType kv_dtype = o.kv_dtype == "bf16" ? DType::kBF16 : DType::kF32;
-  auto fingerprint = model_fingerprint(o.model, kv_dtype, path);
+  auto fingerprint = model_fingerprint(o.model, o.kv_dtype, path);
   if (!fingerprint.ok()) {
     fmt::print(stderr, "generate: {}\n", fingerprint.status().message());
     return 1;
   }
-  const KvLayout layout{c.num_hidden_layers, c.kv_cache_dim(), kv_dtype};
   std::unique_ptr<DiskTier> disk;  // outlives the cache, which borrows it
   if (!o.kv_disk.empty()) {
     auto t = DiskTier::open({o.kv_disk, o.kv_disk_gb}, *fingerprint, layout.block_bytes());
@@ -374,9 +377,7 @@ Subcommand add_generate_command(CLI::App& parent) {
                   "are not recomputed (shared by every process using it; survives restarts)");
   app->add_option("--kv-disk-gb", o->kv_disk_gb, "Size bound of --kv-disk (0: none)")
       ->check(CLI::NonNegativeNumber);
-  app->add_option("--kv-cache-dtype", o->kv_dtype, "f32 | bf16")
-      ->check(CLI::IsMember({"f32", "bf16"}))
-      ->capture_default_str();
+  add_kv_cache_dtype_option(*app, o->kv_dtype);
   app->add_option("--trace", o->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every layer's stages");
   app->add_option("--compute", o->compute,

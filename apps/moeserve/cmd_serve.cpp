@@ -40,7 +40,6 @@ struct ServeOptions {
   std::string served_model_name;
   HttpServerOptions http;
   std::string api_key;
-  std::string kv_dtype = "bf16";
   int64_t max_n = 8;
   int64_t max_top_logprobs = 20;
   double max_body_mb = 8;
@@ -97,7 +96,6 @@ int run_serve(ServeOptions o) {
     fmt::print(stderr, "serve: {}; using the DeepSeek-V3 chat format\n", tmpl.status().message());
     tmpl = ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3, tok->bos_token());
   }
-  o.engine.kv_dtype = o.kv_dtype == "f32" ? DType::kF32 : DType::kBF16;
   o.engine.overlap = !o.ep.no_overlap;
   o.engine.overlap_min_tokens = o.ep.overlap_min_tokens;
   o.engine.progress = true;
@@ -247,9 +245,7 @@ Subcommand add_serve_command(CLI::App& parent) {
   app->add_option("--kv-disk-gb", e.kv_disk_gb, "Size bound of --kv-disk (0: none)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app->add_option("--kv-cache-dtype", o->kv_dtype, "bf16 | f32")
-      ->check(CLI::IsMember({"bf16", "f32"}))
-      ->capture_default_str();
+  add_kv_cache_dtype_option(*app, e.kv_dtype);
   app->add_option("--max-num-seqs", e.max_num_seqs, "Sequences running at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -4,10 +4,32 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "core/dtype.h"
+
 namespace moeserve::cli {
+
+// `--kv-cache-dtype bf16|fp8|f32` (the latent KV cache's format: kernels/kv_token.h), shared by
+// `generate` and `serve`; sets kv_dtype, which must outlive the parse.
+inline CLI::Option* add_kv_cache_dtype_option(CLI::App& app, DType& kv_dtype) {
+  static const std::map<std::string, DType> kNames = {
+      {"bf16", DType::kBF16}, {"fp8", DType::kF8E4M3}, {"f32", DType::kF32}};
+  std::string current = "bf16";
+  for (const auto& [name, dtype] : kNames) {
+    if (dtype == kv_dtype) current = name;
+  }
+  return app
+      .add_option_function<std::string>(
+          "--kv-cache-dtype", [&kv_dtype](const std::string& name) { kv_dtype = kNames.at(name); },
+          "bf16 | fp8 (FlashMLA's FP8 with scale: 656 bytes per token per layer for V3, against "
+          "1,152; needs kv_lora_rank % 128 == 0) | f32")
+      ->check(CLI::IsMember({"bf16", "fp8", "f32"}))
+      ->default_str(current);
+}
 
 struct Subcommand {
   CLI::App* app;

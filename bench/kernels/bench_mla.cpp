@@ -252,7 +252,8 @@ void run_case(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool
   auto batch_of = [&](int copy) {
     MlaBatch b;
     b.shape = MlaShape{heads, kRank, kRope, kScale};
-    b.cache = MlaCacheView{c.pool.get(), DType::kBF16, c.num_blocks, kDim};
+    b.cache = MlaCacheView{
+        .blocks = c.pool.get(), .token = {DType::kBF16, kRank, kRope}, .num_blocks = c.num_blocks};
     b.seqs = c.seqs[size_t(copy)];
     b.q = q_f32 ? static_cast<const void*>(qf.data()) : static_cast<const void*>(q.data());
     b.q_dtype = q_f32 ? DType::kF32 : DType::kBF16;

@@ -65,7 +65,7 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
   const int64_t total = o.prompt_tokens + o.decode_tokens;
   std::vector<int32_t> table;
   for (int32_t b = 0; int64_t(b) * kKvBlockSize < total; ++b) table.push_back(b);
-  KvCache cache({c.num_hidden_layers, c.kv_cache_dim(), DType::kBF16}, int32_t(table.size()));
+  KvCache cache(kv_cache_layout(c, DType::kBF16), int32_t(table.size()));
   std::vector<int32_t> tokens;
   for (int i = 0; i < o.prompt_tokens; ++i)
     tokens.push_back(int32_t((i * 7919 + 17) % c.vocab_size));

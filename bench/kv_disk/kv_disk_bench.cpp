@@ -2,8 +2,8 @@
 // files, measured in the same run (docs/kv-cache.md "Bench").
 //
 // Writes --blocks objects of one KV block each (DeepSeek-V3's layout by default: 61 layers x
-// 64 tokens x 576 BF16 values = 4.5 MB) through DiskTier, then alternates two passes over all of
-// them, --rounds times:
+// 64 tokens x 576 BF16 values = 4.5 MB; 2.6 MB in FP8) through DiskTier, then alternates two passes
+// over all of them, --rounds times:
 //   plain, buffer: open, read() the whole file into one reused 1 MB buffer, close (cat);
 //   plain, pool:   the same, each file into its own block of a pool (where a loader must put
 //                  the bytes: the ceiling for any reader that lands KV in RAM blocks);
@@ -38,7 +38,9 @@ struct Options {
   std::string dir;
   int32_t blocks = 64;
   int64_t layers = 61;
-  int64_t dim = 576;
+  int64_t kv_lora_rank = 512;
+  int64_t rope_dim = 64;
+  std::string kv_dtype = "bf16";
   int rounds = 5;
   bool cold = true;
 };
@@ -102,7 +104,9 @@ int64_t plain_pass(const std::vector<fs::path>& files, std::vector<uint8_t>& buf
 }
 
 int run(const Options& o) {
-  const KvLayout layout{o.layers, o.dim, DType::kBF16};
+  const KvLayout layout{
+      o.layers, {o.kv_dtype == "fp8" ? DType::kF8E4M3 : DType::kBF16, o.kv_lora_rank, o.rope_dim}};
+  const int64_t dim = o.kv_lora_rank + o.rope_dim;
   const size_t block_bytes = layout.block_bytes();
   const uint64_t fingerprint = 0x6b766469736bull;
   const std::vector<int32_t> tokens = chain_tokens(o.blocks);
@@ -117,10 +121,10 @@ int run(const Options& o) {
     cache.set_tier(tier->get());
     std::vector<int32_t> table;
     if (!cache.allocate(o.blocks, &table)) return 1;
-    std::vector<float> v(size_t(o.dim));
+    std::vector<float> v(static_cast<size_t>(dim));
     for (int64_t l = 0; l < o.layers; ++l) {
       for (int64_t p = 0; p < int64_t(tokens.size()); ++p) {
-        for (int64_t i = 0; i < o.dim; ++i) v[size_t(i)] = float((p * 31 + i * 7 + l) % 97) * 0.01f;
+        for (int64_t i = 0; i < dim; ++i) v[size_t(i)] = float((p * 31 + i * 7 + l) % 97) * 0.01f;
         cache.write(l, table, p, v.data());
       }
     }
@@ -143,8 +147,11 @@ int run(const Options& o) {
   for (const fs::path& p : files) file_bytes += double(fs::file_size(p));
 
   fmt::print("kv-disk-bench  cpu: {}  dir: {}\n", cpu_model(), o.dir);
-  fmt::print("{} objects of {:.2f} MB ({} layers x 64 x {} BF16), {:.0f} MB in all\n", o.blocks,
-             file_bytes / o.blocks / 1e6, o.layers, o.dim, file_bytes / 1e6);
+  fmt::print(
+      "{} objects of {:.2f} MB ({} layers x 64 tokens x {} + {} values, {}), {:.0f} MB in "
+      "all\n",
+      o.blocks, file_bytes / o.blocks / 1e6, o.layers, o.kv_lora_rank, o.rope_dim, o.kv_dtype,
+      file_bytes / 1e6);
   std::vector<uint8_t> buf(size_t(1) << 20);
   // The plain reads' pool: one block of file size per object (+ a page), touched before timing.
   const size_t stride = (size_t(file_bytes) / files.size() + 4096) & ~size_t(4095);
@@ -207,7 +214,10 @@ int main(int argc, char** argv) {
   app.add_option("--dir", o.dir, "Directory for the objects (default: a fresh one under /tmp)");
   app.add_option("--blocks", o.blocks, "Objects (one KV block each)")->check(CLI::Range(1, 4096));
   app.add_option("--layers", o.layers, "Layers per block (DeepSeek-V3: 61)");
-  app.add_option("--dim", o.dim, "Values per token per layer (V3: 576)");
+  app.add_option("--kv-lora-rank", o.kv_lora_rank, "Latent values per token per layer (V3: 512)");
+  app.add_option("--rope-dim", o.rope_dim, "Rope-key values per token per layer (V3: 64)");
+  app.add_option("--kv-cache-dtype", o.kv_dtype, "The KV format: bf16 | fp8")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   app.add_option("--rounds", o.rounds, "Alternated passes of each")->check(CLI::Range(1, 100));
   app.add_flag("!--no-cold", o.cold, "Skip the cold (page cache dropped) passes");
   CLI11_PARSE(app, argc, argv);

@@ -14,7 +14,7 @@ KvCache::KvCache(const KvLayout& layout, int32_t num_blocks, uint64_t fingerprin
       fingerprint_(fingerprint),
       allocator_(num_blocks),
       info_(size_t(num_blocks)) {
-  CHECK(layout.dtype == DType::kF32 || layout.dtype == DType::kBF16, "latent cache is F32 or BF16");
+  CHECK(kv_token_format_status(layout.token).ok(), "latent cache format (checked by the caller)");
   data_.resize(size_t(num_blocks) * layout.block_bytes());
 }
 
@@ -230,33 +230,21 @@ size_t KvCache::token_offset(int64_t layer, int32_t block, int64_t slot) const {
         "bad KV slot");
   size_t token =
       (size_t(block) * size_t(layout_.n_layers) + size_t(layer)) * kKvBlockSize + size_t(slot);
-  return token * size_t(layout_.dim) * dtype_size(layout_.dtype);
+  return token * layout_.token_bytes();
 }
 
 void KvCache::write(int64_t layer, std::span<const int32_t> table, int64_t pos, const float* v) {
   CHECK(pos / kKvBlockSize < int64_t(table.size()), "position beyond the block table");
   uint8_t* p =
       data_.data() + token_offset(layer, table[size_t(pos / kKvBlockSize)], pos % kKvBlockSize);
-  const int64_t dim = layout_.dim;
-  if (layout_.dtype == DType::kF32) {
-    std::memcpy(p, v, size_t(dim) * 4);
-  } else {
-    uint16_t* q = reinterpret_cast<uint16_t*>(p);
-    for (int64_t i = 0; i < dim; ++i) q[i] = f32_to_bf16(v[i]);
-  }
+  kv_token_store(layout_.token, v, p);
 }
 
 void KvCache::read(int64_t layer, std::span<const int32_t> table, int64_t pos, float* out) const {
   CHECK(pos / kKvBlockSize < int64_t(table.size()), "position beyond the block table");
   const uint8_t* p =
       data_.data() + token_offset(layer, table[size_t(pos / kKvBlockSize)], pos % kKvBlockSize);
-  const int64_t dim = layout_.dim;
-  if (layout_.dtype == DType::kF32) {
-    std::memcpy(out, p, size_t(dim) * 4);
-  } else {
-    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
-    for (int64_t i = 0; i < dim; ++i) out[i] = bf16_to_f32(q[i]);
-  }
+  kv_token_load(layout_.token, p, out);
 }
 
 const uint8_t* KvCache::layer_base(int64_t layer) const {

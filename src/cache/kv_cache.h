@@ -3,11 +3,12 @@
 // tier (docs/engine.md "The block owner").
 //
 // Bytes. A block holds kKvBlockSize (64) tokens of every layer, block-major:
-// [block][layer][token in block][dim], dim = kv_lora_rank normalised latent values then
-// qk_rope_head_dim rotated rope-key values (FlashMLA's per-layer layout inside a block). One
-// block is therefore one contiguous object (export_block / import_block, the disk tier, PD
-// hand-off); a layer's view of the pool is a base pointer plus a block stride. Storage is F32
-// (reference path) or BF16 (the served format: 1152 bytes per token per layer for V3).
+// [block][layer][token in block][token bytes], a token being kv_lora_rank normalised latent
+// values then qk_rope_head_dim rotated rope-key values (FlashMLA's per-layer layout inside a
+// block) in one of the formats of kernels/kv_token.h: F32 (reference path), BF16 (the served
+// default: 1,152 bytes per token per layer for V3) or FlashMLA's FP8 with scale (656 bytes).
+// One block is therefore one contiguous object (export_block / import_block, the disk tier, PD
+// hand-off); a layer's view of the pool is a base pointer plus a block stride.
 //
 // Prefix index. A full block whose tokens are final is registered under its chain hash:
 // hash(block 0) = H(fingerprint, tokens of block 0), hash(block i) = H(hash(block i - 1),
@@ -42,6 +43,7 @@
 
 #include "cache/block_allocator.h"
 #include "core/dtype.h"
+#include "kernels/kv_token.h"
 
 namespace moeserve {
 
@@ -54,14 +56,13 @@ inline int32_t blocks_for(int64_t n_tokens) {
   return int32_t((n_tokens + kKvBlockSize - 1) / kKvBlockSize);
 }
 
+// Valid when kv_token_format_status(token) is ok (callers check at their boundary).
 struct KvLayout {
   int64_t n_layers = 0;
-  int64_t dim = 0;  // values per token per layer (kv_lora_rank + qk_rope_head_dim)
-  DType dtype = DType::kBF16;
+  KvTokenFormat token;  // one token of one layer: dtype, kv_lora_rank, rope_dim
 
-  size_t block_bytes() const {
-    return size_t(n_layers) * kKvBlockSize * size_t(dim) * dtype_size(dtype);
-  }
+  size_t token_bytes() const { return size_t(token.bytes()); }
+  size_t block_bytes() const { return size_t(n_layers) * kKvBlockSize * token_bytes(); }
   friend bool operator==(const KvLayout&, const KvLayout&) = default;
 };
 
@@ -70,7 +71,7 @@ struct KvBlock {
   std::optional<uint64_t> hash;  // chain hash; set for registered (full, final) blocks
   uint64_t parent = 0;           // the previous block's chain hash (the fingerprint for block 0)
   std::vector<int32_t> tokens;   // the block's tokens (kKvBlockSize when hash is set)
-  std::vector<uint8_t> bytes;    // [n_layers][kKvBlockSize][dim] of the layout's dtype
+  std::vector<uint8_t> bytes;    // [n_layers][kKvBlockSize][the layout's token bytes]
 
   friend bool operator==(const KvBlock&, const KvBlock&) = default;
 };
@@ -131,8 +132,8 @@ class KvCache {
 
   const KvLayout& layout() const { return layout_; }
   int64_t n_layers() const { return layout_.n_layers; }
-  int64_t dim() const { return layout_.dim; }
-  DType dtype() const { return layout_.dtype; }
+  int64_t dim() const { return layout_.token.dim(); }
+  DType dtype() const { return layout_.token.dtype; }
   uint64_t fingerprint() const { return fingerprint_; }
   void set_tier(KvTier* tier) { tier_ = tier; }  // borrowed; null: none
 
@@ -185,14 +186,17 @@ class KvCache {
   void wait_for_load();
 
   // ---- Bytes ----
-  // Writes dim values for token `pos` of the sequence with this block table.
+  // Stores dim values as token `pos` of the sequence with this block table (rounded or
+  // quantized to the layout's format: kv_token_store).
   void write(int64_t layer, std::span<const int32_t> block_table, int64_t pos, const float* v);
-  // Reads dim values (converted to float).
+  // Reads dim values back as floats (the stored values, exactly).
   void read(int64_t layer, std::span<const int32_t> block_table, int64_t pos, float* out) const;
-  // One layer's view of the pool: block b's [kKvBlockSize][dim] elements of dtype() start at
-  // layer_base(layer) + b * block_stride() elements.
+  // One layer's view of the pool: block b's kKvBlockSize tokens of layout().token_bytes() each
+  // start at layer_base(layer) + b * block_stride_bytes().
   const uint8_t* layer_base(int64_t layer) const;
-  int64_t block_stride() const { return layout_.n_layers * kKvBlockSize * layout_.dim; }
+  int64_t block_stride_bytes() const {
+    return layout_.n_layers * kKvBlockSize * int64_t(layout_.token_bytes());
+  }
 
   // ---- Blocks as objects ----
   // A copy of block `block` (registered or not; tokens/hash/parent as registered, else empty).

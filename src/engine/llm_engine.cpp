@@ -44,8 +44,7 @@ class LlmEngine final : public Engine {
                par && par->dispatcher ? *par->dispatcher : local_dispatcher_, &pool_, o.attention,
                o.compute, o.overlap, o.progress),
         disk_(std::move(disk)),
-        cache_({config_.num_hidden_layers, config_.kv_cache_dim(), o.kv_dtype}, num_blocks,
-               fingerprint),
+        cache_(kv_cache_layout(config_, o.kv_dtype), num_blocks, fingerprint),
         core_(model_, cache_, {o.max_num_seqs, o.max_batch_tokens}, &pool_, o.tracer),
         dp_(par ? par->comm : nullptr, core_, o.tracer),
         max_context_(o.max_model_len > 0
@@ -314,8 +313,9 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::open(o.model_dir, load));
   const ModelConfig& c = ck->config();
   RETURN_IF_ERROR(DeepseekModel::supports(c, o.compute).with_context(o.model_dir));
-  double bytes_per_block = double(c.num_hidden_layers) * kKvBlockSize * double(c.kv_cache_dim()) *
-                           double(dtype_size(o.kv_dtype));
+  const KvLayout layout = kv_cache_layout(c, o.kv_dtype);
+  RETURN_IF_ERROR(kv_token_format_status(layout.token).with_context(o.model_dir));
+  const double bytes_per_block = double(layout.block_bytes());
   int64_t num_blocks = int64_t(o.kv_cache_gb * 1e9 / bytes_per_block);
   if (num_blocks < 1) {
     return InvalidArgument(fmt::format("--kv-cache-gb {} holds no KV block ({} bytes each)",
@@ -328,7 +328,6 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   ASSIGN_OR_RETURN(uint64_t fingerprint, model_fingerprint(o.model_dir, o.kv_dtype, o.compute));
   std::unique_ptr<DiskTier> disk;
   if (!o.kv_disk_dir.empty()) {
-    const KvLayout layout{c.num_hidden_layers, c.kv_cache_dim(), o.kv_dtype};
     ASSIGN_OR_RETURN(
         disk, DiskTier::open({o.kv_disk_dir, o.kv_disk_gb}, fingerprint, layout.block_bytes()));
   }

@@ -44,6 +44,9 @@ struct EngineOptions {
   int64_t max_batch_tokens = 256;
   int64_t max_waiting = 1024;  // queued requests beyond which submit() refuses
   int64_t max_model_len = 0;   // 0: the model's max_position_embeddings
+  // The latent KV cache's format (kernels/kv_token.h): kBF16, kF8E4M3 (FlashMLA's FP8 with
+  // scale: 656 bytes per token per layer for V3 against 1,152; needs kv_lora_rank % 128 == 0)
+  // or kF32 (the reference path's).
   DType kv_dtype = DType::kBF16;
   // The KV cache's disk tier (cache/disk_tier.h): a directory shared by any number of
   // processes; empty: none. kv_disk_gb bounds it (0: no bound).

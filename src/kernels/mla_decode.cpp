@@ -22,13 +22,16 @@
 
 namespace moeserve {
 
+static_assert(mla_detail::kFp8Tile == kKvFp8Tile);
+
 namespace mla_detail {
 
 void validate(const MlaBatch& b) {
   const MlaShape& s = b.shape;
   CHECK(s.heads > 0 && s.kv_lora_rank > 0 && s.rope_dim >= 0, "mla: bad shape");
-  CHECK(b.cache.dim == s.dim(), "mla: cache dim != kv_lora_rank + rope_dim");
-  CHECK(b.cache.dtype == DType::kBF16 || b.cache.dtype == DType::kF32, "mla: cache is BF16/F32");
+  CHECK(b.cache.token.kv_lora_rank == s.kv_lora_rank && b.cache.token.rope_dim == s.rope_dim,
+        "mla: cache tokens of another shape");
+  CHECK(kv_token_format_status(b.cache.token).ok(), "mla: cache is BF16, FP8 or F32");
   CHECK(b.q_dtype == DType::kBF16 || b.q_dtype == DType::kF32, "mla: q is BF16 or F32");
   for (const MlaSequence& q : b.seqs) {
     CHECK(q.n_queries >= 0 && q.context_len >= q.n_queries, "mla: context shorter than queries");
@@ -200,7 +203,7 @@ using PieceFn = void (*)(const mla_detail::Ctx&, const mla_detail::Piece&);
 // cache, the scalar level, or a shape no kernel takes). At the BF16 level a shape the BF16
 // kernel does not take goes to the AVX-512F kernel (same CPU, FP32 arithmetic).
 PieceFn fast_piece(const MlaBatch& b, Isa isa) {
-  if (b.cache.dtype != DType::kBF16) return nullptr;
+  if (b.cache.token.dtype == DType::kF32) return nullptr;
   const MlaShape& s = b.shape;
   if (isa == Isa::kAvx512Bf16 && s.kv_lora_rank % 32 == 0 && s.rope_dim % 2 == 0) {
     return mla_detail::piece_avx512bf16;
@@ -237,7 +240,6 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
   float* const part_lse = part_o + scratch_rows * R;                      // [scratch rows]
 
   const size_t q_esize = b.q_dtype == DType::kBF16 ? 2 : 4;
-  const size_t c_esize = b.cache.dtype == DType::kBF16 ? 2 : 4;
   auto run_piece = [&](const PieceRef& p, const PieceRef* next) {
     const Group& g = groups[size_t(p.group)];
     const int64_t row = g.q_row * H;  // first query x head row
@@ -257,9 +259,8 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
       const int64_t t0 = next->b0 * kMlaBlockTokens;
       const int64_t nt = std::min(kMlaBlockTokens, ng.first_pos + ng.n_q - t0);
       const int64_t id = ng.seq->block_table[size_t(next->b0)];
-      pc.next_block =
-          static_cast<const char*>(b.cache.blocks) + size_t(id * ctx.block_stride) * c_esize;
-      pc.next_bytes = nt * ctx.dim * int64_t(c_esize);
+      pc.next_block = ctx.blocks + id * ctx.block_stride;
+      pc.next_bytes = nt * ctx.token_bytes;
     }
     if (p.slot < 0) {
       pc.o = b.o + row * R;
@@ -365,8 +366,12 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceF
   if (groups.empty()) return;
   const int64_t threads = pool ? pool->size() : 1;
   const int64_t parts = opt.parts > 0 ? opt.parts : threads;
-  const mla_detail::Ctx ctx{static_cast<const uint16_t*>(b.cache.blocks),
+  const KvTokenFormat& tok = b.cache.token;
+  const mla_detail::Ctx ctx{static_cast<const uint8_t*>(b.cache.blocks),
                             b.cache.stride(),
+                            tok.bytes(),
+                            tok.dtype == DType::kF8E4M3,
+                            tok.fp8_rope_offset(),
                             H,
                             R,
                             b.shape.dim(),

@@ -36,13 +36,20 @@
 // to the same bound against double-precision attention (tests/kernels/mla_decode_levels_test.cpp).
 // MlaOptions::split_p does not apply.
 //
-// Levels, for a BF16 cache: Isa::kAvx512Bf16 runs the BF16 kernel when kv_lora_rank is a
+// An FP8 cache (FlashMLA's format, kernels/kv_token.h) holds values e4m3 x a power-of-two
+// scale, exact in BF16 and F32: the BF16 level dequantizes each 64-token block into a per-thread
+// BF16 copy (74 KB for V3) and runs the BF16 kernel on it, the FP32 levels widen it to F32 as
+// they widen BF16, and the reference reads tokens through kv_token_load. So every level sees
+// the same values it would see in a BF16 cache holding them, and gives the same bits.
+//
+// Levels, for a BF16 or FP8 cache: Isa::kAvx512Bf16 runs the BF16 kernel when kv_lora_rank is a
 // multiple of 32 and rope_dim is even, else the AVX-512F kernel; Isa::kAvx512 and Isa::kAvx2 run
 // the FP32 kernel (zmm / ymm) when kv_lora_rank is a multiple of 16. Every other case (the scalar
 // level, an F32 cache, other shapes) runs the reference, parallel over query rows. Split-KV and
 // the combine are the same at every fast level. Shape or index errors are programming
-// errors (CHECK): callers validate configs and block tables at their boundary. Call from one
-// thread at a time per pool; distinct calls share no state (per-thread scratch only).
+// errors (CHECK): callers validate configs and block tables at their boundary (an FP8 cache
+// needs kv_lora_rank % 128 == 0: kv_token_format_status). Call from one thread at a time per
+// pool; distinct calls share no state (per-thread scratch only).
 #pragma once
 
 #include <cstdint>
@@ -51,20 +58,23 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
+#include "kernels/kv_token.h"
 
 namespace moeserve {
 
 inline constexpr int64_t kMlaBlockTokens = 64;  // = kKvBlockSize of the latent cache
 
-// One layer's pool of cache blocks: block b's [kMlaBlockTokens][dim] values of dtype start
-// block_stride elements after block b - 1's (KvCache::layer_base(layer) and block_stride()).
+// One layer's pool of cache blocks: block b's kMlaBlockTokens tokens (token.bytes() each, in the
+// format of kernels/kv_token.h) start block_stride bytes after block b - 1's
+// (KvCache::layer_base(layer) and block_stride_bytes()).
 struct MlaCacheView {
   const void* blocks = nullptr;
-  DType dtype = DType::kBF16;  // kBF16 (served) or kF32 (reference path)
+  KvTokenFormat token;  // kBF16 (served), kF8E4M3 (FlashMLA's FP8) or kF32 (reference path)
   int64_t num_blocks = 0;
-  int64_t dim = 0;           // kv_lora_rank + rope_dim
-  int64_t block_stride = 0;  // elements from one block to the next; 0: kMlaBlockTokens * dim
-  int64_t stride() const { return block_stride > 0 ? block_stride : kMlaBlockTokens * dim; }
+  int64_t block_stride = 0;  // bytes from one block to the next; 0: kMlaBlockTokens tokens
+  int64_t stride() const {
+    return block_stride > 0 ? block_stride : kMlaBlockTokens * token.bytes();
+  }
 };
 
 struct MlaSequence {

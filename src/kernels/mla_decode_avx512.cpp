@@ -1,5 +1,7 @@
 // mla_decode, AVX-512 + BF16 level: one piece (a group of query rows x a range of cache blocks)
 // per call, one 64-token cache block per tile. Per tile (docs/kernels-mla.md):
+//   0. An FP8 cache's block is first dequantized to BF16 rows in per-thread scratch (exact), and
+//      the steps below read that copy instead of the pool.
 //   1. S[t][row] = <Q[row], K[t]>: rows (query x head) in the 16 lanes, Q packed as BF16 pairs
 //      [dim/2][rows] (16 x 16 transposes; once per group and thread in a call, not per piece);
 //      each token's pair K[t][2d..2d+1] is broadcast once per register block (vpbroadcastd),
@@ -44,7 +46,7 @@ inline __m512bh as_bh(__m512 v) {
 }
 
 // The F32 levels' vector type, for its exp2 (one copy of the polynomial for every AVX-512
-// level; this TU's anonymous namespace keeps it local).
+// level) and its FP8 conversion (fp8_pairs); this TU's anonymous namespace keeps it local.
 #include "kernels/vec_avx512f.h"
 
 inline __m512 exp2_ps(__m512 x) {
@@ -67,11 +69,12 @@ struct Work {
   float* alpha;    // [M] rescale of O for the current tile
   int32_t* lim;    // [M] tokens visible to each row (0 for padding rows)
   uint16_t* qrow;  // [2][16][D] 16 query rows converted to BF16: hi rows, then lo rows
+  uint16_t* kdq;   // [kTile][D] an FP8 cache block dequantized to BF16 (FP8 cache only)
   const char* pf;  // next cache line of the next block to prefetch, up to pf_end
   const char* pf_end;
 };
 
-Work carve(int64_t M, int64_t R, int64_t D) {
+Work carve(int64_t M, int64_t R, int64_t D, bool fp8) {
   Work w{};
   w.M = M;
   w.Mz = M / 16;
@@ -79,7 +82,7 @@ Work carve(int64_t M, int64_t R, int64_t D) {
   w.D = D;
   w.Dp = D / 2;
   w.ldv = R + 16;
-  const size_t sz[12] = {size_t(w.Dp * M) * 4,
+  const size_t sz[13] = {size_t(w.Dp * M) * 4,
                          size_t(w.Dp * M) * 4,
                          size_t(kTile * M) * 4,
                          size_t(kTile / 2 * M) * 4,
@@ -90,9 +93,10 @@ Work carve(int64_t M, int64_t R, int64_t D) {
                          size_t(M) * 4,
                          size_t(M) * 4,
                          size_t(M) * 4,
-                         size_t(32 * D) * 2 + 64};
-  char* part[12];
-  thread_scratch_parts(sz, 12, part);
+                         size_t(32 * D) * 2 + 64,
+                         fp8 ? size_t(kTile * D) * 2 : 0};
+  char* part[13];
+  thread_scratch_parts(sz, 13, part);
   w.qp = reinterpret_cast<uint32_t*>(part[0]);
   w.qlo = reinterpret_cast<uint32_t*>(part[1]);
   w.s = reinterpret_cast<float*>(part[2]);
@@ -105,7 +109,34 @@ Work carve(int64_t M, int64_t R, int64_t D) {
   w.alpha = reinterpret_cast<float*>(part[9]);
   w.lim = reinterpret_cast<int32_t*>(part[10]);
   w.qrow = reinterpret_cast<uint16_t*>(part[11]);
+  w.kdq = reinterpret_cast<uint16_t*>(part[12]);
   return w;
+}
+
+// Tokens [0, nt) of an FP8 block (kv_token.h) -> BF16 rows [nt][D] at dst, and rows [nt, nt16)
+// zero (the scores read them; the mask drops them). e4m3 x its tile's power-of-two scale is
+// exact in BF16, so the kernel then reads the very values the reference reads (fp8_pairs gives
+// e4m3 x 2^-8 without F32 subnormals; times scale x 2^8 it is the product, rounded once).
+void dequantize_fp8_block(const Ctx& c, const uint8_t* blk, int64_t nt, int64_t nt16,
+                          uint16_t* dst) {
+  const int64_t D = c.dim, R = c.kv_lora_rank;
+  for (int64_t t = 0; t < nt; ++t) {
+    const uint8_t* tok = blk + t * c.token_bytes;
+    uint16_t* row = dst + t * D;
+    for (int64_t t0 = 0; t0 < R; t0 += kFp8Tile) {
+      float scale;
+      memcpy(&scale, tok + R + t0 / kFp8Tile * 4, 4);
+      const __m512 s = _mm512_set1_ps(scale * 256.0f);
+      for (int64_t i = t0; i < t0 + kFp8Tile; i += 32) {
+        const __m512 lo = _mm512_mul_ps(Vec::fp8_pairs(tok + i), s);
+        const __m512 hi = _mm512_mul_ps(Vec::fp8_pairs(tok + i + 16), s);
+        __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
+        _mm512_storeu_si512(row + i, reinterpret_cast<__m512i&>(v));
+      }
+    }
+    memcpy(row + R, tok + c.fp8_rope_offset, size_t(D - R) * 2);
+  }
+  if (nt16 > nt) memset(dst + nt * D, 0, size_t((nt16 - nt) * D) * 2);
 }
 
 // One F32 row of n values to BF16 (round to nearest even), n even.
@@ -458,7 +489,7 @@ void finish(const Work& w, const Piece& pc, int64_t rows) {
 void piece_avx512bf16(const Ctx& c, const Piece& pc) {
   const int64_t rows = pc.n_q * c.heads;
   const int64_t M = round_up(rows, 16);
-  Work w = carve(M, c.kv_lora_rank, c.dim);
+  Work w = carve(M, c.kv_lora_rank, c.dim, c.fp8);
   const bool q_split = c.q_split && !pc.q_bf16;
   PackedQ& pq = t_packed;
   if (!(pq.call_id == c.call_id && pq.q == pc.q && pq.rows == rows && pq.qp == w.qp &&
@@ -472,7 +503,6 @@ void piece_avx512bf16(const Ctx& c, const Piece& pc) {
     w.l[r] = 0.0f;
   }
   const float scale_log2 = c.softmax_scale * 1.4426950408889634f;
-  const int64_t block_elems = c.block_stride;
   // Tokens the group's last query sees: no row sees past it (it is <= context_len), so a tile
   // is cut there, not at the end of the context (the diagonal tile of a prefill chunk).
   const int64_t seen = pc.first_pos + pc.n_q;
@@ -480,13 +510,19 @@ void piece_avx512bf16(const Ctx& c, const Piece& pc) {
     const int64_t t0 = b * kTile;
     const int64_t nt = imin(kTile, seen - t0);
     const int64_t nt16 = round_up(nt, 16), ntp = (nt + 1) / 2;
-    const uint16_t* kblk = c.blocks + int64_t(pc.block_table[b]) * block_elems;
+    const uint8_t* blk = c.blocks + int64_t(pc.block_table[b]) * c.block_stride;
+    const uint16_t* kblk = reinterpret_cast<const uint16_t*>(blk);  // [64][D] BF16
+    if (c.fp8) {
+      dequantize_fp8_block(c, blk, nt, nt16, w.kdq);
+      kblk = w.kdq;
+    }
     // Prefetch (to L2, during P V) the next block of the piece, or after the last one the first
     // block of the thread's next piece.
     if (b + 1 < pc.b1) {
       const int64_t nt_next = imin(kTile, seen - t0 - kTile);
-      w.pf = reinterpret_cast<const char*>(c.blocks + int64_t(pc.block_table[b + 1]) * block_elems);
-      w.pf_end = w.pf + nt_next * c.dim * 2;
+      w.pf =
+          reinterpret_cast<const char*>(c.blocks + int64_t(pc.block_table[b + 1]) * c.block_stride);
+      w.pf_end = w.pf + nt_next * c.token_bytes;
     } else {
       w.pf = static_cast<const char*>(pc.next_block);
       w.pf_end = w.pf + (pc.next_block ? pc.next_bytes : 0);

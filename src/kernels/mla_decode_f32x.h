@@ -3,7 +3,8 @@
 // cache blocks) per call, one 64-token cache block per tile, the BF16 level's blocking with F32
 // FMAs instead of BF16 dot products (docs/kernels-mla.md). Per tile:
 //   0. Kf = the block's first nt tokens widened to F32 (exact: a BF16 value is the high half of
-//      its F32), [64][ldk]: K for the scores and, in its first kv_lora_rank columns, V.
+//      its F32; an FP8 token's values are e4m3 x a power of two), [64][ldk]: K for the scores
+//      and, in its first kv_lora_rank columns, V.
 //   1. S[t][row] = <Q[row], K[t]>: rows (query x head) in the lanes, Q packed once per piece as
 //      F32 [dim][M]; each Kf[t][d] is broadcast once per register block, so every cached value
 //      is read once for all rows.
@@ -23,7 +24,8 @@
 //   exp2(x) (2^x for x <= 0; -inf gives exactly 0, never NaN);
 //   visible(const int32_t* lim, int64_t t, T v): v in lanes with lim > t, -inf elsewhere;
 //   zero_where_ninf(T m): 0 in lanes where m = -inf, m elsewhere;
-//   widen(const uint16_t* bf16, float* dst, int64_t n): dst[i] = the F32 value of bf16[i].
+//   widen(const uint16_t* bf16, float* dst, int64_t n): dst[i] = the F32 value of bf16[i];
+//   fp8_pairs(const uint8_t* p): kLanes e4m3 bytes as F32 times 2^-8, in order.
 // Everything here then has internal linkage and is compiled for that file's ISA only (the
 // reason this is not ordinary shared inline code: cpu_features.h). No includes of its own.
 #pragma once
@@ -76,6 +78,27 @@ Work carve(int64_t M, int64_t R, int64_t D) {
   w.alpha = reinterpret_cast<float*>(part[6]);
   w.lim = reinterpret_cast<int32_t*>(part[7]);
   return w;
+}
+
+// One cached token -> dim F32 values at dst (aligned), exactly: BF16 widened, or FP8 (kv_token.h)
+// as e4m3 x its tile's power-of-two scale (fp8_pairs gives e4m3 x 2^-8 without forming F32
+// subnormals; times scale x 2^8 that is the reference's fp8e4m3_to_f32(q) * scale, rounded once)
+// and the BF16 rope key widened.
+void widen_token(const Ctx& c, const uint8_t* tok, float* dst) {
+  if (!c.fp8) {
+    Vec::widen(reinterpret_cast<const uint16_t*>(tok), dst, c.dim);
+    return;
+  }
+  for (int64_t t0 = 0; t0 < c.kv_lora_rank; t0 += kFp8Tile) {
+    float scale;
+    memcpy(&scale, tok + c.kv_lora_rank + t0 / kFp8Tile * 4, 4);
+    const typename Vec::T s = Vec::set1(scale * 256.0f);
+    for (int64_t i = t0; i < t0 + kFp8Tile; i += kL) {
+      Vec::store(dst + i, Vec::mul(Vec::fp8_pairs(tok + i), s));
+    }
+  }
+  Vec::widen(reinterpret_cast<const uint16_t*>(tok + c.fp8_rope_offset), dst + c.kv_lora_rank,
+             c.dim - c.kv_lora_rank);
 }
 
 // Q rows [rows][D] (BF16 bits or F32) -> qf [D][M]; padding rows zero.
@@ -263,18 +286,18 @@ void piece_f32(const Ctx& c, const Piece& pc) {
     w.l[r] = 0.0f;
   }
   const float scale_log2 = c.softmax_scale * 1.4426950408889634f;
-  const int64_t block_elems = c.block_stride;
   for (int64_t b = pc.b0; b < pc.b1; ++b) {
     const int64_t t0 = b * kTile;
     const int64_t nt = imin(kTile, pc.context_len - t0);
-    const uint16_t* kblk = c.blocks + int64_t(pc.block_table[b]) * block_elems;
-    for (int64_t t = 0; t < nt; ++t) Vec::widen(kblk + t * c.dim, w.kf + t * w.ldk, c.dim);
+    const uint8_t* kblk = c.blocks + int64_t(pc.block_table[b]) * c.block_stride;
+    for (int64_t t = 0; t < nt; ++t) widen_token(c, kblk + t * c.token_bytes, w.kf + t * w.ldk);
     // Prefetch (to L2, during P V) the next block of the piece, or after the last one the first
     // block of the thread's next piece (the driver's hint).
     if (b + 1 < pc.b1) {
       const int64_t nt_next = imin(kTile, pc.context_len - t0 - kTile);
-      w.pf = reinterpret_cast<const char*>(c.blocks + int64_t(pc.block_table[b + 1]) * block_elems);
-      w.pf_end = w.pf + nt_next * c.dim * 2;
+      w.pf =
+          reinterpret_cast<const char*>(c.blocks + int64_t(pc.block_table[b + 1]) * c.block_stride);
+      w.pf_end = w.pf + nt_next * c.token_bytes;
     } else {
       w.pf = static_cast<const char*>(pc.next_block);
       w.pf_end = w.pf + (pc.next_block ? pc.next_bytes : 0);

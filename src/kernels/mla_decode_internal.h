@@ -7,9 +7,17 @@
 
 namespace moeserve::mla_detail {
 
+constexpr int64_t kFp8Tile =
+    128;  // latent values per FP8 scale (kKvFp8Tile; mla_decode.cpp checks)
+
 struct Ctx {
-  const uint16_t* blocks;  // BF16 pool: block b's [64][dim] at blocks + b * block_stride
-  int64_t block_stride;
+  const uint8_t* blocks;  // the pool: block b's 64 tokens at blocks + b * block_stride
+  int64_t block_stride;   // bytes
+  int64_t token_bytes;    // one token: dim BF16 values, or the FP8 format (kv_token.h)
+  // FP8 tokens: kv_lora_rank e4m3 at 0, one F32 scale per kFp8Tile of them at kv_lora_rank,
+  // rope_dim BF16 at fp8_rope_offset; the kernels dequantize each block before using it.
+  bool fp8;
+  int64_t fp8_rope_offset;
   int64_t heads, kv_lora_rank, dim;
   float softmax_scale;
   bool q_split;  // BF16 level: F32 queries as BF16 hi + lo (two score dot products)

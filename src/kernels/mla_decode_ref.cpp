@@ -18,18 +18,12 @@ struct Row {
   int64_t pos;  // the query's position: it sees tokens [0, pos]
 };
 
-// Token t of a sequence as dim floats.
+// Token t of a sequence as dim floats (the cache's values, exactly: kernels/kv_token.h).
 void load_token(const MlaCacheView& c, const MlaSequence& s, int64_t t, float* out) {
   const int64_t block = s.block_table[size_t(t / kMlaBlockTokens)];
-  const size_t index =
-      size_t(block) * size_t(c.stride()) + size_t(t % kMlaBlockTokens) * size_t(c.dim);
-  if (c.dtype == DType::kF32) {
-    const float* p = static_cast<const float*>(c.blocks) + index;
-    std::copy(p, p + c.dim, out);
-  } else {
-    const uint16_t* p = static_cast<const uint16_t*>(c.blocks) + index;
-    for (int64_t i = 0; i < c.dim; ++i) out[i] = bf16_to_f32(p[i]);
-  }
+  const uint8_t* p = static_cast<const uint8_t*>(c.blocks) + block * c.stride() +
+                     (t % kMlaBlockTokens) * c.token.bytes();
+  kv_token_load(c.token, p, out);
 }
 
 }  // namespace

@@ -357,8 +357,10 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   std::vector<float>& o_lat = attn_scratch_.o_lat;  // [n, nh, R]
   o_lat.resize(size_t(n * nh * R));
   MlaShape shape{nh, R, dr, float(c.softmax_scale())};
-  MlaCacheView view{cache.layer_base(layer), cache.dtype(), cache.num_blocks(), D,
-                    cache.block_stride()};
+  const MlaCacheView view{.blocks = cache.layer_base(layer),
+                          .token = cache.layout().token,
+                          .num_blocks = cache.num_blocks(),
+                          .block_stride = cache.block_stride_bytes()};
   // The whole step in one kernel call (one pass over the pool, not one per sequence), with
   // every sequence's KV cut at fixed 4-block (256-token) boundaries: a sequence's split, and so
   // its rounding, never depends on what else is in the batch.

@@ -60,6 +60,13 @@ struct StepOutput {
   std::vector<float> hidden;  // [rows, hidden_size] after the final norm (the lm_head input)
 };
 
+// The latent KV cache layout of this model with tokens stored as kv_dtype (kBF16, kF8E4M3:
+// FlashMLA's FP8, or kF32). kv_token_format_status(layout.token) says whether the model can
+// use it (FP8 needs kv_lora_rank % 128 == 0); callers check at their boundary.
+inline KvLayout kv_cache_layout(const ModelConfig& c, DType kv_dtype) {
+  return KvLayout{c.num_hidden_layers, {kv_dtype, c.kv_lora_rank, c.qk_rope_head_dim}};
+}
+
 // The two micro-batches of a step (docs/ep-overlap.md): indices into the batch, ascending, each
 // sequence in exactly one. Balances attention work (the sum over new tokens of their context
 // length) by longest-first greedy assignment; a sequence is never split. Either may be empty.

@@ -34,7 +34,7 @@ struct TempDir {
 };
 
 KvLayout layout() {
-  return {/*n_layers=*/2, /*dim=*/3, DType::kF32};
+  return {/*n_layers=*/2, {DType::kF32, /*kv_lora_rank=*/2, /*rope_dim=*/1}};
 }
 
 std::vector<int32_t> tokens(int n, int salt) {
@@ -107,6 +107,43 @@ TEST(DiskTier, BlocksOutliveTheCache) {
   u[100] += 1;
   EXPECT_EQ(hits_after_restart(*tier, u), 1);
   EXPECT_EQ(tier->stats().misses, 1);
+}
+
+// An FP8 cache's blocks (FlashMLA's format: 2 layers x 64 tokens x (128 + 4 + 2) bytes here)
+// travel through the tier byte for byte: the tier only knows the layout's block_bytes().
+TEST(DiskTier, Fp8BlocksRoundTrip) {
+  TempDir dir;
+  const KvLayout fp8{/*n_layers=*/2, {DType::kF8E4M3, /*kv_lora_rank=*/128, /*rope_dim=*/1}};
+  DiskTierOptions o;
+  o.dir = dir.path.string();
+  auto tier = DiskTier::open(o, kFingerprint, fp8.block_bytes());
+  ASSERT_TRUE(tier.ok()) << tier.status().to_string();
+  const auto t = tokens(64, 2);
+  KvBlock written;
+  {
+    KvCache c(fp8, 4, kFingerprint);
+    c.set_tier(tier->get());
+    std::vector<int32_t> table;
+    ASSERT_TRUE(c.allocate(1, &table));
+    std::vector<float> v(129);
+    for (int64_t l = 0; l < 2; ++l) {
+      for (int64_t p = 0; p < 64; ++p) {
+        for (size_t i = 0; i < v.size(); ++i) v[i] = float(l * 1000 + p) * 0.01f + float(i);
+        c.write(l, table, p, v.data());
+      }
+    }
+    c.register_block(table[0], c.chain_hash(kFingerprint, t), kFingerprint, t);
+    written = c.export_block(table[0]);
+    (*tier)->flush();
+    EXPECT_EQ((*tier)->stats().written, 1);
+  }
+  KvCache c(fp8, 4, kFingerprint);
+  c.set_tier(tier->get());
+  std::vector<int32_t> table;
+  std::vector<uint64_t> hashes;
+  ASSERT_EQ(acquire_with_tier(c, t, 1, &table, &hashes), 1);
+  EXPECT_EQ(c.export_block(table[0]).bytes, written.bytes);
+  c.release(table);
 }
 
 // Each bad object: a miss, the file removed, the reason counted.

@@ -20,7 +20,9 @@ std::vector<int32_t> tokens(int n, int salt) {
 }
 
 KvCache make_cache(int32_t blocks, uint64_t fingerprint = 0) {
-  return KvCache({/*n_layers=*/2, /*dim=*/3, DType::kF32}, blocks, fingerprint);
+  // F32 tokens of 2 + 1 values.
+  return KvCache({/*n_layers=*/2, {DType::kF32, /*kv_lora_rank=*/2, /*rope_dim=*/1}}, blocks,
+                 fingerprint);
 }
 
 // Registers blocks [0, n) of a sequence, as the scheduler does once their tokens are final.
@@ -157,19 +159,56 @@ TEST(KvCache, FingerprintSeparatesModels) {
 }
 
 // A block's bytes for every layer are one contiguous object: layer l's token s of block b sits
-// at ((b * n_layers + l) * 64 + s) * dim elements, and layer views step by block_stride().
+// at ((b * n_layers + l) * 64 + s) * dim elements, and layer views step by block_stride_bytes().
 TEST(KvCache, BlockMajorLayout) {
   KvCache c = make_cache(3);
   std::vector<int32_t> table = {2, 0};
   float v[3] = {1.5f, -2.0f, 3.25f};
   c.write(1, table, 65, v);  // table[1] = block 0, slot 1, layer 1
   const float* base = reinterpret_cast<const float*>(c.layer_base(1));
-  EXPECT_EQ(c.block_stride(), 2 * 64 * 3);
-  EXPECT_EQ(base[0 * c.block_stride() + 1 * 3 + 2], 3.25f);
+  EXPECT_EQ(c.block_stride_bytes(), 2 * 64 * 3 * 4);
+  EXPECT_EQ(base[0 * c.block_stride_bytes() / 4 + 1 * 3 + 2], 3.25f);
   EXPECT_EQ(reinterpret_cast<const float*>(c.layer_base(0))[(1 * 64 + 1) * 3 + 2], 3.25f);
   float back[3];
   c.read(1, table, 65, back);
   EXPECT_EQ(std::vector<float>(back, back + 3), std::vector<float>(v, v + 3));
+}
+
+// An FP8 cache (FlashMLA's format): a token is kv_lora_rank e4m3 bytes, a scale per 128 of
+// them and the BF16 rope key, at the block-major offset of its token bytes; write quantizes and
+// read gives the dequantized values (kv_token_store / kv_token_load, tested in
+// tests/kernels/kv_token_test.cpp).
+TEST(KvCache, Fp8TokensAtTheirBlockMajorOffsets) {
+  const KvLayout layout{/*n_layers=*/2, {DType::kF8E4M3, /*kv_lora_rank=*/128, /*rope_dim=*/3}};
+  constexpr int64_t kTokenBytes = 128 + 4 + 3 * 2;
+  EXPECT_EQ(layout.token_bytes(), size_t(kTokenBytes));
+  EXPECT_EQ(layout.block_bytes(), size_t(2 * 64 * kTokenBytes));
+  KvCache c(layout, 3);
+  EXPECT_EQ(c.block_stride_bytes(), 2 * 64 * kTokenBytes);
+  EXPECT_EQ(c.layer_base(1) - c.layer_base(0), 64 * kTokenBytes);
+  std::vector<float> v(131);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(int(i % 7) - 3) * 0.37f + 0.01f * float(i);
+  std::vector<int32_t> table = {2, 0};
+  c.write(1, table, 65, v.data());  // table[1] = block 0, slot 1, layer 1
+  std::vector<uint8_t> want(static_cast<size_t>(kTokenBytes));
+  kv_token_store(layout.token, v.data(), want.data());
+  const uint8_t* at = c.layer_base(1) + 0 * c.block_stride_bytes() + 1 * kTokenBytes;
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), at));
+  std::vector<float> back(v.size()), deq(v.size());
+  c.read(1, table, 65, back.data());
+  kv_token_load(layout.token, want.data(), deq.data());
+  EXPECT_EQ(back, deq);
+  for (size_t i = 0; i < 128; ++i) EXPECT_NEAR(back[i], v[i], 2.5f / 16) << i;  // amax 2.5
+  // The whole block as an object: export, import elsewhere, same bytes and values.
+  KvCache dst(layout, 1);
+  std::vector<int32_t> got;
+  const KvBlock b = c.export_block(0);
+  ASSERT_EQ(b.bytes.size(), layout.block_bytes());
+  ASSERT_TRUE(dst.import_block(b, &got));
+  EXPECT_EQ(dst.export_block(got[0]).bytes, b.bytes);
+  std::vector<float> imported(v.size());
+  dst.read(1, std::vector<int32_t>{0, got[0]}, 65, imported.data());
+  EXPECT_EQ(imported, deq);
 }
 
 TEST(KvCache, ExportImportRoundTrip) {

@@ -29,6 +29,28 @@ for r in batch:
 assert batch[1]["tokens"] == alone[0]["tokens"], (batch[1], alone[0])
 PY
 
+# --kv-cache-dtype fp8 (FlashMLA's FP8 format; the tiny preset's kv_lora_rank is 128): the batch
+# gives the prompt's tokens alone, the logprobs are near BF16's but not its bits (the option
+# took); a model whose kv_lora_rank is not a multiple of 128 is refused, naming the field.
+"$bin" generate --model "$dir/m" --kv-cache-dtype fp8 --prompt-ids 0,5,9 --prompt-ids 7 --max-tokens 6 --logprobs 3 --json --ignore-eos > "$dir/fp8_batch.jsonl" 2>/dev/null
+"$bin" generate --model "$dir/m" --kv-cache-dtype fp8 --prompt-ids 7 --max-tokens 6 --logprobs 3 --json --ignore-eos > "$dir/fp8_alone.jsonl" 2>/dev/null
+python3 - "$dir" <<'PY' || fail "generate --kv-cache-dtype fp8"
+import json, sys
+d = sys.argv[1]
+fp8 = [json.loads(l) for l in open(d + "/fp8_batch.jsonl")]
+alone = [json.loads(l) for l in open(d + "/fp8_alone.jsonl")]
+bf16 = [json.loads(l) for l in open(d + "/batch.jsonl")]
+assert len(fp8) == 2 and fp8[1]["tokens"] == alone[0]["tokens"], (fp8[1], alone[0])
+first = lambda r: [t["logprob"] for t in r["top_logprobs"][0]]
+deltas = [abs(a - b) for f, b16 in zip(fp8, bf16) for a, b in zip(first(f), first(b16))]
+assert 0 < max(deltas) < 0.5, deltas
+PY
+"$bin" make-model --preset tiny --out "$dir/m160" --set vocab_size=2000 --set num_hidden_layers=1 --set kv_lora_rank=160 2>/dev/null
+set +e
+"$bin" generate --model "$dir/m160" --kv-cache-dtype fp8 --prompt-ids 1 > /dev/null 2> "$dir/err"; rc=$?
+set -e
+[ $rc -eq 1 ] && grep -q "kv_lora_rank to be a multiple of 128" "$dir/err" || fail "fp8 with kv_lora_rank 160: rc=$rc $(cat "$dir/err")"
+
 # --trace writes a Chrome trace with per-layer compute and communication events.
 "$bin" generate --model "$dir/m" --prompt-ids 3,4 --max-tokens 2 --trace "$dir/trace.json" > /dev/null 2>&1
 python3 - "$dir/trace.json" <<'PY' || fail "trace"

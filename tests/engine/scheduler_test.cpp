@@ -16,7 +16,7 @@ std::unique_ptr<Sequence> seq(const std::string& id, int n_prompt, int salt = 0)
 }
 
 KvCache cache(int32_t blocks) {
-  return KvCache({1, 1, DType::kF32}, blocks);
+  return KvCache({1, {DType::kF32, 1, 0}}, blocks);
 }
 
 // Pretends the model ran and sampled token 7 for sequences with logits; commits the step.

@@ -210,7 +210,7 @@ std::vector<std::vector<TestSeq>> run_group(int R, bool overlap, Tracer* tracer0
                           ComputePath::kFast, overlap);
       model.set_overlap_min_tokens(0);  // every step splits (the automatic rule would not here)
       if (r == 0) model.set_tracer(tracer0);
-      KvCache cache({c.num_hidden_layers, c.kv_cache_dim(), DType::kF32}, cache_blocks());
+      KvCache cache(kv_cache_layout(c, DType::kF32), cache_blocks());
       status[size_t(r)] = run_steps(model, cache, out[size_t(r)]);
     });
   }
@@ -234,7 +234,7 @@ std::vector<std::vector<TestSeq>> run_single(int R) {
   LocalDispatcher local(c.n_routed_experts);
   DeepseekModel model(c, (*ck)->weights(), local, nullptr, AttentionMode::kAbsorbed,
                       ComputePath::kFast);
-  KvCache cache({c.num_hidden_layers, c.kv_cache_dim(), DType::kF32}, cache_blocks());
+  KvCache cache(kv_cache_layout(c, DType::kF32), cache_blocks());
   Status st = run_steps(model, cache, all);
   EXPECT_TRUE(st.ok()) << st.to_string();
   size_t k = 0;

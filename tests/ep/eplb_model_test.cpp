@@ -127,7 +127,7 @@ std::vector<RankOutcome> run_group(const std::string& dir, int R,
       }
       DeepseekModel model((*ck)->config(), (*ck)->weights(), *group->dispatcher, nullptr,
                           AttentionMode::kAbsorbed, ComputePath::kFast);
-      KvCache cache({config.num_hidden_layers, config.kv_cache_dim(), DType::kBF16}, 16);
+      KvCache cache(kv_cache_layout(config, DType::kBF16), 16);
       Generator gen(model, cache);
       o.results = gen.generate(rank_requests(r, 3));
       group->balancer->counter().flush();
@@ -245,7 +245,7 @@ std::vector<OnlineOutcome> run_online(const std::string& dir, int R, int64_t int
                           AttentionMode::kAbsorbed, ComputePath::kFast);
       ExpertBalancer& balancer = *group->balancer;
       if (interval > 0) balancer.set_expert_host(std::make_unique<ModelExpertHost>(model.experts()));
-      KvCache cache({config.num_hidden_layers, config.kv_cache_dim(), DType::kBF16}, 64);
+      KvCache cache(kv_cache_layout(config, DType::kBF16), 64);
       Generator gen(model, cache);
       gen.set_after_step([&] { return balancer.end_step().status(); });
       o.results = gen.generate(rank_requests(r, 3, 16));

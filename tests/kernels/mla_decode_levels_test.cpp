@@ -3,7 +3,7 @@
 // against mla_decode_ref, on one matrix: batches of sequences of different lengths on shuffled
 // block tables, contexts 1..300 around the 64-token block edges plus long ones that split over
 // the KV length, decode and causal prefill chunks mixed, 1 and 16 heads, DeepSeek-V3's 512 + 64
-// and small odd shapes, BF16 and F32 queries, o and lse.
+// and small odd shapes, BF16 and F32 queries, o and lse; BF16, F32 and FP8 caches.
 //
 // Bounds, from each level's arithmetic (kernels/mla_decode.h):
 //  - scalar, AVX2, AVX-512F: FP32 products of the exact cache values and the queries as given,
@@ -57,13 +57,13 @@ void check_levels(const ShapeCase& c, const std::vector<SeqSpec>& specs, uint32_
   Problem p = make_problem(c.heads, c.rank, c.rope, c.scale, specs, seed);
   for (bool q_f32 : {false, true}) {
     // The queries as given: BF16 values, or the exact F32 ones.
-    const Result want = q_f32 ? naive(p, p.q32) : naive_bf16_q(p);
+    const Attention want = q_f32 ? naive(p, p.q32) : naive_bf16_q(p);
     Output ref{std::vector<float>(size_t(p.rows * c.heads * c.rank)),
                std::vector<float>(size_t(p.rows * c.heads))};
     mla_decode_ref(p.batch(ref.o.data(), ref.lse.data(), q_f32), &pool);
     expect_close(ref.o, ref.lse, want, kRefTol, "mla_decode_ref");
-    const Result ref_d{std::vector<double>(ref.o.begin(), ref.o.end()),
-                       std::vector<double>(ref.lse.begin(), ref.lse.end())};
+    const Attention ref_d{std::vector<double>(ref.o.begin(), ref.o.end()),
+                          std::vector<double>(ref.lse.begin(), ref.lse.end())};
     for (Isa isa : isa_levels()) {
       // parts 0: one share per thread; 1: no split; 7: long sequences cut over the KV length.
       for (int64_t parts : {0, 1, 7}) {
@@ -111,7 +111,7 @@ TEST(MlaDecodeLevels, UnsupportedShapesAndF32CacheRunTheReference) {
   ThreadPool pool(2);
   Problem p = make_problem(16, 160, 16, 0.3f, {{1, 1}, {130, 1}, {90, 9}}, 1006);
   p.cache_dtype = DType::kF32;
-  const Result want = naive_bf16_q(p);
+  const Attention want = naive_bf16_q(p);
   for (Isa isa : isa_levels()) {
     const Output got = run(p, &pool, MlaOptions{3}, isa);
     expect_close(got.o, got.lse, want, kRefTol, std::string(isa_name(isa)) + " f32 cache");
@@ -126,11 +126,41 @@ TEST(MlaDecodeLevels, PeakedSoftmax) {
   constexpr Tol kPeakedTol{1e-4, 1e-5, 5e-4};
   ThreadPool pool(2);
   Problem p = make_problem(16, 160, 16, 6.0f, {{300, 1}, {64, 1}, {1, 1}, {100, 30}}, 1007);
-  const Result want = naive(p, p.q32);
+  const Attention want = naive(p, p.q32);
   for (Isa isa : isa_levels()) {
     if (isa == Isa::kAvx512Bf16) continue;  // mla_decode_test.cpp covers it
     const Output got = run(p, &pool, MlaOptions{3}, isa, /*q_f32=*/true);
     expect_close(got.o, got.lse, want, kPeakedTol, std::string(isa_name(isa)) + " peaked");
+  }
+}
+
+// An FP8 cache (FlashMLA's format) at every level: each level dequantizes exactly (to BF16
+// scratch at the BF16 level, to F32 below it, through kv_token_load in the reference), so it
+// gives the bits it gives on a BF16 cache holding the dequantized values, and is held to its
+// own bound against the naive attention over them. Shapes: V3 (the BF16 kernel at the BF16
+// level), 128 + 16 with 3 heads, and an odd rope dim (the AVX-512F kernel at the BF16 level).
+TEST(MlaDecodeLevels, Fp8CacheGivesTheBf16CachesBits) {
+  ThreadPool pool(2);
+  uint32_t seed = 1010;
+  for (const ShapeCase& c :
+       {ShapeCase{16, 512, 64, 0.15f}, ShapeCase{3, 128, 16, 0.3f}, ShapeCase{4, 256, 13, 0.25f}}) {
+    Problem p = make_problem(c.heads, c.rank, c.rope, c.scale, kMixed, seed++);
+    quantize_to_fp8(p);
+    for (bool q_f32 : {false, true}) {
+      const Attention want = q_f32 ? naive(p, p.q32) : naive_bf16_q(p);
+      for (Isa isa : isa_levels()) {
+        for (int64_t parts : {0, 7}) {
+          const std::string what = describe(isa, c, q_f32, parts);
+          p.cache_dtype = DType::kF8E4M3;
+          const Output fp8 = run(p, &pool, MlaOptions{parts}, isa, q_f32);
+          expect_close(fp8.o, fp8.lse, want, level_tol(isa, c, false), what + " fp8 cache");
+          p.cache_dtype = DType::kBF16;
+          const Output bf16 = run(p, &pool, MlaOptions{parts}, isa, q_f32);
+          EXPECT_EQ(fp8.o, bf16.o) << what;
+          EXPECT_EQ(fp8.lse, bf16.lse) << what;
+        }
+      }
+    }
   }
 }
 

@@ -39,7 +39,7 @@ TEST(MlaDecode, DeepSeekV3ShapeMatchesNaive) {
   ThreadPool pool(2);
   for (int64_t heads : {1, 16, 128}) {
     Problem p = make_problem(heads, 512, 64, 0.15f, kDecodeLens, 100 + uint32_t(heads));
-    const Result want = naive_bf16_q(p);
+    const Attention want = naive_bf16_q(p);
     const Output got = run(p, &pool, {}, cpu_isa());
     expect_close(got.o, got.lse, want, kFastTol, "V3 heads " + std::to_string(heads));
   }
@@ -51,7 +51,7 @@ TEST(MlaDecode, SmallOddShapeMatchesNaive) {
                                      {65, 1}, {129, 1}, {1000, 1}};
   for (int64_t heads : {1, 3, 16, 20}) {
     Problem p = make_problem(heads, 160, 16, 0.3f, lens, 200 + uint32_t(heads));
-    const Result want = naive_bf16_q(p);
+    const Attention want = naive_bf16_q(p);
     const Output got = run(p, &pool, {}, cpu_isa());
     expect_close(got.o, got.lse, want, kFastTol, "160+16 heads " + std::to_string(heads));
   }
@@ -62,7 +62,7 @@ TEST(MlaDecode, FixtureShapeMatchesNaive) {
   ThreadPool pool(2);
   const std::vector<SeqSpec> specs = {{1, 1}, {70, 70}, {94, 1}, {10, 10}};
   Problem p = make_problem(4, 160, 32, 0.11f, specs, 77);
-  const Result want = naive_bf16_q(p);
+  const Attention want = naive_bf16_q(p);
   const Output got = run(p, &pool, {}, cpu_isa());
   expect_close(got.o, got.lse, want, kFastTol, "160+32 heads 4");
 }
@@ -71,7 +71,7 @@ TEST(MlaDecode, SplitAndUnsplitAgree) {
   ThreadPool pool1(1), pool2(2);
   for (int64_t heads : {16, 128}) {
     Problem p = make_problem(heads, 512, 64, 0.15f, kDecodeLens, 300 + uint32_t(heads));
-    const Result want = naive_bf16_q(p);
+    const Attention want = naive_bf16_q(p);
     const Output whole = run(p, &pool1, MlaOptions{1}, cpu_isa());
     expect_close(whole.o, whole.lse, want, kFastTol, "unsplit");
     for (int64_t parts : {2, 3, 7, 16, 40}) {
@@ -81,8 +81,8 @@ TEST(MlaDecode, SplitAndUnsplitAgree) {
         const Output split = run(p, pool, MlaOptions{parts}, cpu_isa());
         expect_close(split.o, split.lse, want, kFastTol, what);
         // Split and unsplit differ only by where the BF16 rounding of P happens.
-        Result whole_d{std::vector<double>(whole.o.begin(), whole.o.end()),
-                       std::vector<double>(whole.lse.begin(), whole.lse.end())};
+        Attention whole_d{std::vector<double>(whole.o.begin(), whole.o.end()),
+                          std::vector<double>(whole.lse.begin(), whole.lse.end())};
         expect_close(split.o, split.lse, whole_d, kFastTol, what + " vs unsplit");
       }
     }
@@ -93,7 +93,7 @@ TEST(MlaDecode, LongContextSplitsOverManyParts) {
   // One long sequence cut into many pieces, and batches where short sequences share parts.
   ThreadPool pool(2);
   Problem p = make_problem(16, 512, 64, 0.15f, {{3000, 1}, {5, 1}, {64, 1}}, 41);
-  const Result want = naive_bf16_q(p);
+  const Attention want = naive_bf16_q(p);
   for (int64_t parts : {1, 2, 5, 33}) {
     const Output got = run(p, &pool, MlaOptions{parts}, cpu_isa());
     expect_close(got.o, got.lse, want, kFastTol, "parts " + std::to_string(parts));
@@ -107,7 +107,7 @@ TEST(MlaDecode, FixedSplitsMakeEachSequenceIndependentOfTheBatch) {
   std::vector<SeqSpec> lens = kDecodeLens;
   lens.push_back({300, 40});  // a prefill chunk among the decodes
   Problem p = make_problem(16, 512, 64, 0.15f, lens, 77);
-  const Result want = naive_bf16_q(p);
+  const Attention want = naive_bf16_q(p);
   const int64_t H = p.shape.heads, R = p.shape.kv_lora_rank, D = p.shape.dim();
   MlaOptions fixed;
   fixed.split_blocks = 2;
@@ -163,7 +163,7 @@ TEST(MlaDecode, SplitQueriesAndWeightsMatchFp32Reference) {
   uint32_t seed = 600;
   for (const Case& c : cases) {
     Problem p = make_problem(c.heads, c.rank, c.rope, c.scale, c.specs, seed++);
-    const Result want = naive(p, p.q32);
+    const Attention want = naive(p, p.q32);
     for (int64_t parts : {0, 1, 7}) {
       MlaOptions opt{parts};
       opt.split_p = true;
@@ -182,7 +182,7 @@ TEST(MlaDecode, SplitPeakedSoftmaxMatchesFp32Reference) {
   ThreadPool pool(2);
   constexpr Tol kPeakedTol{1e-4, 1e-5, 5e-4};
   Problem p = make_problem(16, 160, 16, 6.0f, {{300, 1}, {64, 1}, {1, 1}}, 61);
-  const Result want = naive(p, p.q32);
+  const Attention want = naive(p, p.q32);
   std::vector<float> o(size_t(p.rows * 16 * 160)), lse(size_t(p.rows * 16));
   mla_decode_ref(p.batch(o.data(), lse.data(), /*q_f32=*/true), &pool);
   expect_close(o, lse, want, kPeakedTol, "FP32 reference, peaked");
@@ -196,7 +196,7 @@ TEST(MlaDecode, SplitPeakedSoftmaxMatchesFp32Reference) {
 // attention otherwise) misses it.
 TEST(MlaDecode, Bf16QueriesFailTheSplitTolerance) {
   Problem p = make_problem(4, 160, 32, 0.11f, {{94, 1}, {70, 70}}, 602);
-  const Result exact = naive(p, p.q32), rounded = naive_bf16_q(p);
+  const Attention exact = naive(p, p.q32), rounded = naive_bf16_q(p);
   double o_max = 0, lse_max = 0;
   for (size_t i = 0; i < exact.o.size(); ++i)
     o_max = std::max(o_max, std::fabs(exact.o[i] - rounded.o[i]));
@@ -218,7 +218,7 @@ TEST(MlaDecode, PeakedSoftmaxIsStable) {
 TEST(MlaDecode, EveryIsaLevelAndF32Cache) {
   ThreadPool pool(2);
   Problem p = make_problem(3, 160, 16, 0.3f, {{1, 1}, {65, 1}, {200, 1}}, 71);
-  const Result want = naive_bf16_q(p);
+  const Attention want = naive_bf16_q(p);
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
     if (!isa_at_most(isa, cpu_isa())) continue;
     for (DType dt : {DType::kBF16, DType::kF32}) {
@@ -231,33 +231,64 @@ TEST(MlaDecode, EveryIsaLevelAndF32Cache) {
 }
 
 // The KV cache is block-major (every layer's 64 tokens of a block together), so a layer's pool
-// has a block stride of n_layers * 64 * dim: every level must give the same bits as over a
-// compact pool, and read nothing between the blocks (filled with NaN here).
+// has a block stride of n_layers * 64 tokens: every level must give the same bits as over a
+// compact pool, and read nothing between the blocks (0xff bytes here: NaN in every format).
 TEST(MlaDecode, BlockStrideGivesTheCompactPoolsBits) {
   ThreadPool pool(2);
-  Problem p = make_problem(3, 160, 16, 0.3f, {{1, 1}, {65, 1}, {200, 2}}, 72);
-  const int64_t D = p.shape.dim(), block = kMlaBlockTokens * D, stride = 3 * block;
-  std::vector<uint16_t> strided16(size_t(p.num_blocks * stride), 0x7fc0);  // BF16 NaN
-  std::vector<float> strided32(size_t(p.num_blocks * stride), std::nanf(""));
-  for (int64_t b = 0; b < p.num_blocks; ++b) {
-    std::copy_n(&p.pool16[size_t(b * block)], block, &strided16[size_t(b * stride + block)]);
-    std::copy_n(&p.pool32[size_t(b * block)], block, &strided32[size_t(b * stride + block)]);
+  for (const int64_t rank : {160, 128}) {  // 128: an FP8 cache too (whole scale tiles)
+    Problem p = make_problem(3, rank, 16, 0.3f, {{1, 1}, {65, 1}, {200, 2}}, 72);
+    std::vector<DType> dtypes = {DType::kBF16, DType::kF32};
+    if (rank % kKvFp8Tile == 0) {
+      quantize_to_fp8(p);
+      dtypes.push_back(DType::kF8E4M3);
+    }
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+      if (!isa_at_most(isa, cpu_isa())) continue;
+      for (DType dt : dtypes) {
+        p.cache_dtype = dt;
+        MlaOptions opt{2};
+        if (isa != Isa::kAvx512Bf16) opt.split_p = false;
+        const Output want = run(p, &pool, opt, isa);
+        Output got{std::vector<float>(want.o.size(), -7.0f), std::vector<float>(want.lse.size())};
+        MlaBatch b = p.batch(got.o.data(), got.lse.data());
+        const int64_t block = kMlaBlockTokens * b.cache.token.bytes(), stride = 3 * block;
+        std::vector<uint8_t> strided(size_t(p.num_blocks * stride), 0xff);
+        const uint8_t* compact = static_cast<const uint8_t*>(b.cache.blocks);
+        for (int64_t k = 0; k < p.num_blocks; ++k) {
+          std::copy_n(compact + k * block, block, &strided[size_t(k * stride + block)]);
+        }
+        b.cache.blocks = &strided[size_t(block)];
+        b.cache.block_stride = stride;
+        mla_decode(b, &pool, opt, isa);
+        const std::string what =
+            std::string(isa_name(isa)) + " " + dtype_name(dt) + " rank " + std::to_string(rank);
+        EXPECT_EQ(got.o, want.o) << what;
+        EXPECT_EQ(got.lse, want.lse) << what;
+      }
+    }
   }
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
-    if (!isa_at_most(isa, cpu_isa())) continue;
-    for (DType dt : {DType::kBF16, DType::kF32}) {
-      p.cache_dtype = dt;
-      MlaOptions opt{2};
-      if (isa != Isa::kAvx512Bf16) opt.split_p = false;
-      const Output want = run(p, &pool, opt, isa);
-      Output got{std::vector<float>(want.o.size(), -7.0f), std::vector<float>(want.lse.size())};
-      MlaBatch b = p.batch(got.o.data(), got.lse.data());
-      b.cache.blocks = dt == DType::kBF16 ? static_cast<const void*>(&strided16[size_t(block)])
-                                          : static_cast<const void*>(&strided32[size_t(block)]);
-      b.cache.block_stride = stride;
-      mla_decode(b, &pool, opt, isa);
-      EXPECT_EQ(got.o, want.o) << isa_name(isa) << (dt == DType::kF32 ? " f32" : " bf16");
-      EXPECT_EQ(got.lse, want.lse) << isa_name(isa);
+}
+
+// An FP8 cache (FlashMLA's format) at the CPU's best level, V3's shape, decode and prefill:
+// attention over the dequantized values within the level's bound, and the very bits of a BF16
+// cache holding those values (the kernel dequantizes exactly).
+TEST(MlaDecode, Fp8CacheGivesTheBf16CachesBits) {
+  ThreadPool pool(2);
+  std::vector<SeqSpec> specs = kDecodeLens;
+  specs.push_back({150, 12});
+  specs.push_back({65, 65});
+  for (int64_t heads : {16, 128}) {
+    Problem p = make_problem(heads, 512, 64, 0.15f, specs, 700 + uint32_t(heads));
+    quantize_to_fp8(p);
+    for (const bool q_f32 : {false, true}) {
+      p.cache_dtype = DType::kF8E4M3;
+      const Output fp8 = run(p, &pool, {}, cpu_isa(), q_f32);
+      p.cache_dtype = DType::kBF16;
+      const Output bf16 = run(p, &pool, {}, cpu_isa(), q_f32);
+      const std::string what = "heads " + std::to_string(heads) + (q_f32 ? " f32 q" : " bf16 q");
+      expect_close(fp8.o, fp8.lse, q_f32 ? naive(p, p.q32) : naive_bf16_q(p), kFastTol, what);
+      EXPECT_EQ(fp8.o, bf16.o) << what;
+      EXPECT_EQ(fp8.lse, bf16.lse) << what;
     }
   }
 }
@@ -278,7 +309,7 @@ TEST(MlaPrefill, CausalChunksMatchNaive) {
   const std::vector<SeqSpec> specs = {{1, 1}, {64, 64}, {100, 37}, {230, 166}, {129, 1}, {70, 6}};
   for (int64_t heads : {1, 16, 20}) {
     Problem p = make_problem(heads, 160, 16, 0.3f, specs, 400 + uint32_t(heads));
-    const Result want = naive_bf16_q(p);
+    const Attention want = naive_bf16_q(p);
     for (int64_t parts : {0, 1, 7}) {
       const Output got = run(p, &pool, MlaOptions{parts}, cpu_isa());
       expect_close(got.o, got.lse, want, kFastTol,

@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "kernels/kv_token.h"
 #include "kernels/mla_decode.h"
 
 namespace moeserve::mla_test {
@@ -36,6 +37,7 @@ struct Problem {
   int64_t num_blocks = 0;
   std::vector<uint16_t> pool16;  // BF16 cache [num_blocks][64][D]
   std::vector<float> pool32;     // the same values as F32 (for the F32-cache level)
+  std::vector<uint8_t> pool8;    // FP8 cache [num_blocks][64][token bytes] (quantize_to_fp8)
   std::vector<std::vector<int32_t>> tables;
   std::vector<MlaSequence> seqs;
   int64_t rows = 0;
@@ -45,9 +47,12 @@ struct Problem {
   MlaBatch batch(float* o, float* lse, bool q_f32 = false) const {
     MlaBatch b;
     b.shape = shape;
-    b.cache = MlaCacheView{cache_dtype == DType::kBF16 ? static_cast<const void*>(pool16.data())
-                                                       : static_cast<const void*>(pool32.data()),
-                           cache_dtype, num_blocks, shape.dim()};
+    const void* blocks = cache_dtype == DType::kBF16  ? static_cast<const void*>(pool16.data())
+                         : cache_dtype == DType::kF32 ? static_cast<const void*>(pool32.data())
+                                                      : static_cast<const void*>(pool8.data());
+    b.cache = MlaCacheView{.blocks = blocks,
+                           .token = {cache_dtype, shape.kv_lora_rank, shape.rope_dim},
+                           .num_blocks = num_blocks};
     b.seqs = seqs;
     b.q = q_f32 ? static_cast<const void*>(q32.data()) : static_cast<const void*>(q16.data());
     b.q_dtype = q_f32 ? DType::kF32 : DType::kBF16;
@@ -96,14 +101,44 @@ inline Problem make_problem(int64_t heads, int64_t rank, int64_t rope, float sca
   return p;
 }
 
-struct Result {
+// Makes p's cache values FP8-representable: every token of every sequence is quantized into
+// pool8 (FlashMLA's format, kernels/kv_token.h) and pool16 / pool32 get the values read back,
+// exact in BF16, so the three caches hold the same values (the naive attention reads pool32).
+// The latent's 128-value tiles are first scaled by 1/4, 1/2, 1 or 2 (varying with the token and
+// the tile), so tiles have different scales: a kernel that mixes them up gives other values.
+// Slots past each sequence's end are 0xff bytes in pool8 (e4m3 NaN, NaN scales and rope).
+inline void quantize_to_fp8(Problem& p) {
+  const KvTokenFormat f{DType::kF8E4M3, p.shape.kv_lora_rank, p.shape.rope_dim};
+  const int64_t D = p.shape.dim(), tb = f.bytes();
+  p.pool8.assign(size_t(p.num_blocks * 64 * tb), 0xff);
+  std::vector<float> back(static_cast<size_t>(D));
+  for (const MlaSequence& s : p.seqs) {
+    for (int64_t t = 0; t < s.context_len; ++t) {
+      const int64_t slot = s.block_table[size_t(t / 64)] * 64 + t % 64;
+      float* v = &p.pool32[size_t(slot * D)];
+      for (int64_t i = 0; i < f.kv_lora_rank; ++i) {
+        v[i] = std::ldexp(v[i], int((slot + i / kKvFp8Tile) % 4) - 2);
+      }
+      kv_token_store(f, v, &p.pool8[size_t(slot * tb)]);
+      kv_token_load(f, &p.pool8[size_t(slot * tb)], back.data());
+      for (int64_t d = 0; d < D; ++d) {
+        v[d] = back[size_t(d)];
+        p.pool16[size_t(slot * D + d)] = f32_to_bf16(v[d]);
+        ASSERT_EQ(bf16_to_f32(p.pool16[size_t(slot * D + d)]), v[d]) << "not exact in BF16";
+      }
+    }
+  }
+}
+
+// An attention's outputs (in double, for comparisons).
+struct Attention {
   std::vector<double> o, lse;  // [rows * H, R], [rows * H]
 };
 
 // Naive causal attention in double on the queries q ([rows, H, D] floats).
-inline Result naive(const Problem& p, const std::vector<float>& q) {
+inline Attention naive(const Problem& p, const std::vector<float>& q) {
   const int64_t H = p.shape.heads, R = p.shape.kv_lora_rank, D = p.shape.dim();
-  Result r{std::vector<double>(size_t(p.rows * H * R)), std::vector<double>(size_t(p.rows * H))};
+  Attention r{std::vector<double>(size_t(p.rows * H * R)), std::vector<double>(size_t(p.rows * H))};
   int64_t row = 0;
   for (const MlaSequence& s : p.seqs) {
     for (int64_t i = 0; i < s.n_queries; ++i, ++row) {
@@ -135,7 +170,7 @@ inline Result naive(const Problem& p, const std::vector<float>& q) {
   return r;
 }
 
-inline Result naive_bf16_q(const Problem& p) {
+inline Attention naive_bf16_q(const Problem& p) {
   std::vector<float> q(p.q16.size());
   for (size_t i = 0; i < q.size(); ++i) q[i] = bf16_to_f32(p.q16[i]);
   return naive(p, q);
@@ -156,7 +191,7 @@ constexpr Tol kRefTol{2e-5, 2e-6, 2e-5};  // FP32 reference vs double
 constexpr Tol kSplitTol = kRefTol;
 
 inline void expect_close(const std::vector<float>& o, const std::vector<float>& lse,
-                         const Result& want, const Tol& tol, const std::string& what) {
+                         const Attention& want, const Tol& tol, const std::string& what) {
   ASSERT_EQ(o.size(), want.o.size());
   double max_err = 0, sum_err = 0;
   size_t worst = 0;

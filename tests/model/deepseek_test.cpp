@@ -22,7 +22,7 @@ struct Harness {
         pool(2),
         dispatcher(ck->config().n_routed_experts, bf16_rows),
         model(ck->config(), ck->weights(), dispatcher, &pool, mode, path),
-        cache({ck->config().num_hidden_layers, ck->config().kv_cache_dim(), kv}, 64),
+        cache(kv_cache_layout(ck->config(), kv), 64),
         gen(model, cache, &pool) {}
 
   std::vector<GenerateResult> run(const std::vector<GenerateRequest>& reqs, int64_t chunk = 0) {
@@ -110,8 +110,7 @@ TEST_P(DeepseekTest, NaiveAndAbsorbedAttentionAgree) {
   }
 }
 
-TEST_P(DeepseekTest, BatchedEqualsUnbatched) {
-  Harness h(dir(), AttentionMode::kAbsorbed, DType::kF32, path());
+void expect_batched_equals_unbatched(Harness& h) {
   std::vector<GenerateRequest> reqs = {request(prompt(1, 1)), request(prompt(13, 2), 5),
                                        request(prompt(70, 3)), request(prompt(13, 2), 5)};
   auto batched = h.run(reqs);
@@ -122,13 +121,22 @@ TEST_P(DeepseekTest, BatchedEqualsUnbatched) {
   }
 }
 
-TEST_P(DeepseekTest, ChunkedPrefillEqualsWholePrompt) {
-  Harness h(dir(), AttentionMode::kAbsorbed, DType::kF32, path());
+void expect_chunked_prefill_equals_whole_prompt(Harness& h) {
   auto whole = h.run({request(prompt(100, 4))});
   for (int64_t chunk : {1, 7, 64}) {
     auto chunked = h.run({request(prompt(100, 4))}, chunk);
     expect_same(whole[0], chunked[0], 1e-4f);
   }
+}
+
+TEST_P(DeepseekTest, BatchedEqualsUnbatched) {
+  Harness h(dir(), AttentionMode::kAbsorbed, DType::kF32, path());
+  expect_batched_equals_unbatched(h);
+}
+
+TEST_P(DeepseekTest, ChunkedPrefillEqualsWholePrompt) {
+  Harness h(dir(), AttentionMode::kAbsorbed, DType::kF32, path());
+  expect_chunked_prefill_equals_whole_prompt(h);
 }
 
 // The fast path's experts read BF16 inputs either way: LocalDispatcher's token rows (each token
@@ -217,6 +225,91 @@ INSTANTIATE_TEST_SUITE_P(Variants, DeepseekTest,
                            return std::get<0>(info.param) +
                                   (std::get<1>(info.param) == ComputePath::kFast ? "_fast"
                                                                                  : "_reference");
+                         });
+
+// The FP8 cache (FlashMLA's format) on a model whose kv_lora_rank (256: two scale tiles per
+// token) takes it, on both paths: each token is quantized on its own, so batching and chunked
+// prefill change no more than they do with an F32 cache; the naive form (which reads the cache
+// back through KvCache::read) agrees with the absorbed kernel as it does on F32; and logprobs
+// stay near a BF16 cache's.
+class Fp8CacheTest : public ::testing::TestWithParam<ComputePath> {
+ protected:
+  static std::string dir() {
+    return testing::small_model_dir("fwd_v3_fp8", "tiny", {"kv_lora_rank=256"});
+  }
+  ComputePath path() { return GetParam(); }
+};
+
+TEST_P(Fp8CacheTest, BatchedAndChunkedEqualAlone) {
+  Harness h(dir(), AttentionMode::kAbsorbed, DType::kF8E4M3, path());
+  expect_batched_equals_unbatched(h);
+  expect_chunked_prefill_equals_whole_prompt(h);
+}
+
+// Largest |logprob delta| over b's first-step top-5 ids; an id missing from a's top-5 counts
+// from a's 5th logprob (a lower bound of its delta). Also false in *top1_shared unless a's top
+// token is among b's top-5 (two unrelated distributions do not pass as close).
+float first_step_delta(const GenerateResult& a, const GenerateResult& b,
+                       bool* top1_shared = nullptr) {
+  const std::vector<TokenLogprob>& ta = a.top_logprobs[0];
+  const std::vector<TokenLogprob>& tb = b.top_logprobs[0];
+  float worst = 0;
+  for (const TokenLogprob& x : tb) {
+    auto it =
+        std::find_if(ta.begin(), ta.end(), [&](const TokenLogprob& y) { return y.id == x.id; });
+    worst = std::max(worst, it != ta.end() ? std::fabs(x.logprob - it->logprob)
+                                           : std::max(0.0f, x.logprob - ta.back().logprob));
+  }
+  if (top1_shared) {
+    *top1_shared =
+        std::any_of(tb.begin(), tb.end(), [&](const TokenLogprob& x) { return x.id == ta[0].id; });
+  }
+  return worst;
+}
+
+// Teacher-forced (first step: the prompt's KV only), as two forms of the same attention over
+// an FP8 cache differ by a hair in each latent, which can flip its e4m3 rounding (a 2^-4 step):
+// measured 1.9e-4 (reference path) and 3.2e-2 (fast), where a BF16 cache gives 1.3e-4 and
+// 3.0e-2; held to twice that.
+TEST_P(Fp8CacheTest, NaiveAndAbsorbedAttentionAgree) {
+  Harness absorbed(dir(), AttentionMode::kAbsorbed, DType::kF8E4M3, path());
+  Harness naive(dir(), AttentionMode::kNaive, DType::kF8E4M3, path());
+  const float tol = path() == ComputePath::kFast ? 6e-2f : 4e-4f;
+  for (int n : {1, 9, 70, 200}) {
+    const GenerateRequest r = request(prompt(n, n), 1);
+    EXPECT_LE(first_step_delta(absorbed.run({r})[0], naive.run({r})[0]), tol) << n;
+  }
+}
+
+// First-step top-5 logprobs over 21 prompts (2-600 tokens): FP8 against BF16 moved them by
+// up to 0.36 (mean 0.07) on either path, ~10x BF16's own distance from an F32 cache
+// (0.001-0.08); held to twice the largest and the mean. A broken scale or tile reaches far more.
+TEST_P(Fp8CacheTest, FirstStepLogprobsStayNearBf16Cache) {
+  Harness fp8(dir(), AttentionMode::kAbsorbed, DType::kF8E4M3, path());
+  Harness bf16(dir(), AttentionMode::kAbsorbed, DType::kBF16, path());
+  float worst = 0, sum = 0;
+  int n_prompts = 0;
+  for (int n : {2, 5, 30, 64, 130, 300, 600}) {
+    for (int salt : {6, 7, 8}) {
+      const GenerateRequest r = request(prompt(n, salt), 1);
+      bool top1_shared = false;
+      const float d = first_step_delta(fp8.run({r})[0], bf16.run({r})[0], &top1_shared);
+      EXPECT_TRUE(top1_shared) << n << " " << salt;
+      worst = std::max(worst, d);
+      sum += d;
+      ++n_prompts;
+    }
+  }
+  EXPECT_LE(worst, 0.75f);
+  EXPECT_LE(sum / float(n_prompts), 0.15f);
+  std::printf("[ fp8 vs bf16 cache, %s ] first-step top-5 |dlogprob| max %.3f mean %.3f\n",
+              path() == ComputePath::kFast ? "fast" : "reference", worst, sum / float(n_prompts));
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, Fp8CacheTest,
+                         ::testing::Values(ComputePath::kReference, ComputePath::kFast),
+                         [](const auto& info) {
+                           return info.param == ComputePath::kFast ? "fast" : "reference";
                          });
 
 // Below min_tokens new tokens a step stays one micro-batch (the second empty); at or above it

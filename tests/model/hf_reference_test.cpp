@@ -137,9 +137,8 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
     for (const Step& s : c.steps) seq.push_back(s.token);
     std::vector<int32_t> table;
     for (int32_t b = 0; b * kKvBlockSize < int64_t(seq.size()); ++b) table.push_back(b);
-    KvCache cache({cfg.num_hidden_layers, cfg.kv_cache_dim(), kv_dtype()}, int32_t(table.size()));
-    KvCache ref_cache({cfg.num_hidden_layers, cfg.kv_cache_dim(), DType::kF32},
-                      int32_t(table.size()));
+    KvCache cache(kv_cache_layout(cfg, kv_dtype()), int32_t(table.size()));
+    KvCache ref_cache(kv_cache_layout(cfg, DType::kF32), int32_t(table.size()));
     StepOutput out, ref_out;
     std::vector<float>& logits = out.logits;
     std::vector<float> lp(size_t(cfg.vocab_size));
@@ -204,7 +203,7 @@ TEST_P(HfReference, BatchedGreedyTokens) {
   ThreadPool pool(2);
   LocalDispatcher dispatcher(cfg.n_routed_experts);
   DeepseekModel model(cfg, (*ck)->weights(), dispatcher, &pool, mode, path);
-  KvCache cache({cfg.num_hidden_layers, cfg.kv_cache_dim(), kv_dtype()}, 64);
+  KvCache cache(kv_cache_layout(cfg, kv_dtype()), 64);
   Generator gen(model, cache);
 
   std::vector<Case> cases = load_cases(dir);
