@@ -17,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cpu_features.h"
+#include "kernels/kv_token.h"
 #include "kernels/mla_decode.h"
 
 namespace moeserve::bench {
@@ -46,11 +47,15 @@ uint16_t random_bf16_bits(uint16_t r) {
   return uint16_t((r & 0x8000) | ((120 + (r >> 7 & 7)) << 7) | (r & 0x7f));
 }
 
+constexpr KvTokenFormat kFp8Token{DType::kF8E4M3, kRank, kRope};  // FlashMLA's: 656 bytes
+
 // `copies` batches of `batch` sequences of `context` tokens each (the last `queries` of them
-// being queried), every copy on its own shuffled blocks of one pool.
+// being queried), every copy on its own shuffled blocks of one pool; with fp8, the same values
+// quantized into a second pool in FlashMLA's FP8 format (same block ids).
 struct CacheSet {
   int64_t batch = 0, context = 0, queries = 0, copies = 0, num_blocks = 0;
   std::unique_ptr<uint16_t[], void (*)(void*)> pool{nullptr, std::free};
+  std::unique_ptr<uint8_t[], void (*)(void*)> pool8{nullptr, std::free};
   std::vector<std::vector<int32_t>> tables;    // [copies * batch]
   std::vector<std::vector<MlaSequence>> seqs;  // [copies][batch]
 
@@ -59,7 +64,8 @@ struct CacheSet {
 
 // rotate: enough copies to span kRotateBytes (decode reads DRAM); otherwise two copies (prefill
 // is compute-bound many times over, and all-copy passes would take minutes).
-CacheSet make_cache(int64_t batch, int64_t context, int64_t queries, bool rotate, Rng& rng) {
+CacheSet make_cache(int64_t batch, int64_t context, int64_t queries, bool rotate, Rng& rng,
+                    bool fp8 = false) {
   CacheSet c;
   c.batch = batch;
   c.context = context;
@@ -73,6 +79,15 @@ CacheSet make_cache(int64_t batch, int64_t context, int64_t queries, bool rotate
   for (size_t i = 0; i < elems; i += 4) {
     uint64_t r = rng.next();
     for (size_t j = 0; j < 4; ++j) c.pool[i + j] = random_bf16_bits(uint16_t(r >> (16 * j)));
+  }
+  if (fp8) {
+    const size_t tokens = size_t(c.num_blocks * kMlaBlockTokens), tb = size_t(kFp8Token.bytes());
+    c.pool8.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (tokens * tb + 63) / 64 * 64)));
+    std::vector<float> v(static_cast<size_t>(kDim));
+    for (size_t t = 0; t < tokens; ++t) {
+      for (int64_t d = 0; d < kDim; ++d) v[size_t(d)] = bf16_to_f32(c.pool[t * kDim + size_t(d)]);
+      kv_token_store(kFp8Token, v.data(), &c.pool8[t * tb]);
+    }
   }
   std::vector<int32_t> ids(static_cast<size_t>(c.num_blocks));
   std::iota(ids.begin(), ids.end(), 0);
@@ -186,13 +201,14 @@ struct Case {
   int64_t batch, context, heads, queries;
   bool q_f32 = false;        // F32 queries (the model's fast path) instead of BF16
   int64_t split_blocks = 0;  // MlaOptions::split_blocks (the model passes 4)
+  bool fp8 = false;          // the FP8 cache; its baseline is the same call on the BF16 cache
 };
 
 void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, double t,
             double t_base) {
   // Bytes: the latent cache read once. FLOPs: scores (dim MACs) and P V (rank MACs) per visible
   // (query, token, head).
-  const double bytes = double(c.batch * c.context * kDim * 2);
+  const double bytes = double(c.batch * c.context * (c.fp8 ? kFp8Token.bytes() : kDim * 2));
   double visible = 0;  // (query, token) pairs per sequence, causal
   for (int64_t i = 0; i < c.queries; ++i) visible += double(c.context - c.queries + i + 1);
   const double flops = 2.0 * double(c.batch) * visible * double(c.heads) * double(kDim + kRank);
@@ -212,7 +228,8 @@ void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, dou
                         {"dram_ratio", gbps / ceil.dram_read_gbps},
                         {"peak_ratio", gflops / ceil.bf16_peak_gflops},
                         {"baseline_ratio", t_base / t},
-                        {"baseline", "per-head AVX-512, one token at a time"},
+                        {"baseline", c.fp8 ? "mla_decode on the BF16 cache"
+                                           : "per-head AVX-512, one token at a time"},
                         {"bound", bound},
                         {"seconds", t},
                         {"baseline_seconds", t_base},
@@ -221,6 +238,7 @@ void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, dou
                         {"isa", isa_name(active_isa())}};
     if (c.queries > 1) j["queries"] = c.queries;
     j["q_dtype"] = c.q_f32 ? "f32" : "bf16";
+    j["cache_dtype"] = c.fp8 ? "fp8" : "bf16";
     if (c.split_blocks > 0) j["split_blocks"] = c.split_blocks;
     fmt::print("{}\n", j.dump());
   } else {
@@ -229,16 +247,20 @@ void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, dou
         "{}{}\n",
         c.kernel, c.batch, c.context, c.heads, c.queries, gbps, gflops, t_roof / t,
         gbps / ceil.dram_read_gbps, gflops / ceil.bf16_peak_gflops, t_base / t, bound,
-        c.q_f32 ? fmt::format("  f32 q, split {}", c.split_blocks) : std::string());
+        c.q_f32 ? fmt::format("  f32 q, split {}", c.split_blocks)
+        : c.fp8 ? std::string("  fp8 cache (base: the bf16 cache)")
+                : std::string());
   }
   std::fflush(stdout);
 }
 
 // q_f32: the queries as F32 (the same values), as the model passes them (the BF16 level then
-// carries them as BF16 hi + lo pairs); split_blocks as MlaOptions.
-void run_case(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool, const CacheSet& c,
-              const char* kernel, int64_t heads, Rng& rng, bool q_f32 = false,
-              int64_t split_blocks = 0) {
+// carries them as BF16 hi + lo pairs); split_blocks as MlaOptions. t_bf16 > 0: run on the FP8
+// pool, with the BF16 cache's time t_bf16 as the baseline. Returns the seconds per call.
+double run_case(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool,
+                const CacheSet& c, const char* kernel, int64_t heads, Rng& rng, bool q_f32 = false,
+                int64_t split_blocks = 0, double t_bf16 = 0) {
+  const bool fp8 = t_bf16 > 0;
   const int64_t rows = c.batch * c.queries * heads;
   std::vector<uint16_t> q(size_t(rows * kDim));
   for (auto& v : q) v = random_bf16_bits(uint16_t(rng.next()));
@@ -252,8 +274,9 @@ void run_case(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool
   auto batch_of = [&](int copy) {
     MlaBatch b;
     b.shape = MlaShape{heads, kRank, kRope, kScale};
-    b.cache = MlaCacheView{
-        .blocks = c.pool.get(), .token = {DType::kBF16, kRank, kRope}, .num_blocks = c.num_blocks};
+    b.cache = fp8 ? MlaCacheView{.blocks = c.pool8.get(), .token = kFp8Token}
+                  : MlaCacheView{.blocks = c.pool.get(), .token = {DType::kBF16, kRank, kRope}};
+    b.cache.num_blocks = c.num_blocks;
     b.seqs = c.seqs[size_t(copy)];
     b.q = q_f32 ? static_cast<const void*>(qf.data()) : static_cast<const void*>(q.data());
     b.q_dtype = q_f32 ? DType::kF32 : DType::kBF16;
@@ -267,14 +290,15 @@ void run_case(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool
   const double t =
       time_calls([&](int i) { mla_decode(batch_of(i), &pool, mla_opt); }, int(c.copies), min_s, 3);
   const Ceilings here = local_ceilings(ceil, dram_before, pool, min_s);
-  double t_base = 0;
-  if (cpu_isa() == Isa::kAvx512Bf16) {
+  double t_base = t_bf16;
+  if (!fp8 && cpu_isa() == Isa::kAvx512Bf16) {
     // The baseline is several times slower: one timed pass is enough to rank it.
     t_base = time_calls([&](int i) { baseline(c, i, heads, q.data(), o.data(), lse.data(), pool); },
                         int(c.copies), 0.0, 1);
   }
-  report(opt, here, Case{kernel, c.batch, c.context, heads, c.queries, q_f32, split_blocks}, t,
+  report(opt, here, Case{kernel, c.batch, c.context, heads, c.queries, q_f32, split_blocks, fp8}, t,
          t_base);
+  return t;
 }
 
 }  // namespace
@@ -293,8 +317,11 @@ void run_mla_benches(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPoo
   }
   for (int64_t ctx : contexts) {
     for (int64_t batch : batches) {
-      const CacheSet c = make_cache(batch, ctx, 1, /*rotate=*/true, rng);
-      for (int64_t heads : {16, 128}) run_case(opt, ceil, pool, c, "mla_decode", heads, rng);
+      const CacheSet c = make_cache(batch, ctx, 1, /*rotate=*/true, rng, /*fp8=*/true);
+      for (int64_t heads : {16, 128}) {
+        const double t = run_case(opt, ceil, pool, c, "mla_decode", heads, rng);
+        run_case(opt, ceil, pool, c, "mla_decode", heads, rng, false, 0, /*t_bf16=*/t);
+      }
     }
   }
   // Prefill as the model runs it (F32 queries, KV cut every 4 blocks), 16 heads: a 128-query

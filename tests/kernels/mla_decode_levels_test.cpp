@@ -145,6 +145,7 @@ TEST(MlaDecodeLevels, Fp8CacheGivesTheBf16CachesBits) {
   for (const ShapeCase& c :
        {ShapeCase{16, 512, 64, 0.15f}, ShapeCase{3, 128, 16, 0.3f}, ShapeCase{4, 256, 13, 0.25f}}) {
     Problem p = make_problem(c.heads, c.rank, c.rope, c.scale, kMixed, seed++);
+    vary_tile_scales(p);
     quantize_to_fp8(p);
     for (bool q_f32 : {false, true}) {
       const Attention want = q_f32 ? naive(p, p.q32) : naive_bf16_q(p);

@@ -101,31 +101,46 @@ inline Problem make_problem(int64_t heads, int64_t rank, int64_t rope, float sca
   return p;
 }
 
+// The cache slots (block * 64 + slot in block) of every token of every sequence.
+inline std::vector<int64_t> written_slots(const Problem& p) {
+  std::vector<int64_t> slots;
+  for (const MlaSequence& s : p.seqs) {
+    for (int64_t t = 0; t < s.context_len; ++t) {
+      slots.push_back(s.block_table[size_t(t / 64)] * 64 + t % 64);
+    }
+  }
+  return slots;
+}
+
+// Scales the latent's 128-value tiles of every token by 1/4, 1/2, 1 or 2 (varying with the
+// token and the tile; exact in BF16), so that an FP8 cache's tiles get different scales: a
+// kernel that mixes them up then reads other values.
+inline void vary_tile_scales(Problem& p) {
+  const int64_t D = p.shape.dim();
+  for (const int64_t slot : written_slots(p)) {
+    for (int64_t i = 0; i < p.shape.kv_lora_rank; ++i) {
+      const size_t at = size_t(slot * D + i);
+      p.pool32[at] = std::ldexp(p.pool32[at], int((slot + i / kKvFp8Tile) % 4) - 2);
+      p.pool16[at] = f32_to_bf16(p.pool32[at]);
+    }
+  }
+}
+
 // Makes p's cache values FP8-representable: every token of every sequence is quantized into
 // pool8 (FlashMLA's format, kernels/kv_token.h) and pool16 / pool32 get the values read back,
 // exact in BF16, so the three caches hold the same values (the naive attention reads pool32).
-// The latent's 128-value tiles are first scaled by 1/4, 1/2, 1 or 2 (varying with the token and
-// the tile), so tiles have different scales: a kernel that mixes them up gives other values.
 // Slots past each sequence's end are 0xff bytes in pool8 (e4m3 NaN, NaN scales and rope).
 inline void quantize_to_fp8(Problem& p) {
   const KvTokenFormat f{DType::kF8E4M3, p.shape.kv_lora_rank, p.shape.rope_dim};
   const int64_t D = p.shape.dim(), tb = f.bytes();
   p.pool8.assign(size_t(p.num_blocks * 64 * tb), 0xff);
-  std::vector<float> back(static_cast<size_t>(D));
-  for (const MlaSequence& s : p.seqs) {
-    for (int64_t t = 0; t < s.context_len; ++t) {
-      const int64_t slot = s.block_table[size_t(t / 64)] * 64 + t % 64;
-      float* v = &p.pool32[size_t(slot * D)];
-      for (int64_t i = 0; i < f.kv_lora_rank; ++i) {
-        v[i] = std::ldexp(v[i], int((slot + i / kKvFp8Tile) % 4) - 2);
-      }
-      kv_token_store(f, v, &p.pool8[size_t(slot * tb)]);
-      kv_token_load(f, &p.pool8[size_t(slot * tb)], back.data());
-      for (int64_t d = 0; d < D; ++d) {
-        v[d] = back[size_t(d)];
-        p.pool16[size_t(slot * D + d)] = f32_to_bf16(v[d]);
-        ASSERT_EQ(bf16_to_f32(p.pool16[size_t(slot * D + d)]), v[d]) << "not exact in BF16";
-      }
+  for (const int64_t slot : written_slots(p)) {
+    float* v = &p.pool32[size_t(slot * D)];
+    kv_token_store(f, v, &p.pool8[size_t(slot * tb)]);
+    kv_token_load(f, &p.pool8[size_t(slot * tb)], v);
+    for (int64_t d = 0; d < D; ++d) {
+      p.pool16[size_t(slot * D + d)] = f32_to_bf16(v[d]);
+      ASSERT_EQ(bf16_to_f32(p.pool16[size_t(slot * D + d)]), v[d]) << "not exact in BF16";
     }
   }
 }
