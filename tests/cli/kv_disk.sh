@@ -25,6 +25,18 @@ grep -q "kv-disk: 3 hits, 0 misses, rejected: none" "$dir/second.err" ||
 cmp -s "$dir/cold.jsonl" "$dir/first.jsonl" || fail "the tier changed a cold run's output"
 cmp -s "$dir/cold.jsonl" "$dir/second.jsonl" || fail "disk hits changed the output"
 
+# The FP8 cache (FlashMLA's format: 0.57x the bytes) through the tier: its own objects (another
+# fingerprint: the BF16 ones are never looked up), disk hits with the FP8 cold output.
+gen --kv-cache-dtype fp8 > "$dir/fp8-cold.jsonl" 2>/dev/null
+gen --kv-cache-dtype fp8 --kv-disk "$dir/kv" > /dev/null 2> "$dir/fp8-first.err"
+grep -q "kv-disk: 0 hits, 2 misses, rejected: none, 3 written" "$dir/fp8-first.err" ||
+  fail "fp8 first run: $(grep kv-disk "$dir/fp8-first.err")"
+gen --kv-cache-dtype fp8 --kv-disk "$dir/kv" > "$dir/fp8-second.jsonl" 2> "$dir/fp8-second.err"
+grep -q "kv-disk: 3 hits, 0 misses, rejected: none, 0 written" "$dir/fp8-second.err" ||
+  fail "fp8 second run: $(grep kv-disk "$dir/fp8-second.err")"
+cmp -s "$dir/fp8-cold.jsonl" "$dir/fp8-second.jsonl" || fail "fp8 disk hits changed the output"
+find "$dir/kv" -name '*.kv' -newer "$dir/fp8-cold.jsonl" -delete  # back to the BF16 objects
+
 # Flip one payload byte of every object. A lookup stops at its prompt's first bad block: run 3
 # rejects the two first blocks, recomputes and rewrites them; run 4 reaches the third, rejects
 # and rewrites it; run 5 hits everything. Every run's output is the cold one.
