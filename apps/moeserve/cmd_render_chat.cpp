@@ -1,13 +1,16 @@
 // `moeserve render-chat`: render chat messages (an OpenAI-style JSON file) with the checkpoint's
 // chat template (DeepSeek-V3 or R1, recognised from tokenizer_config.json) and print the prompt
-// text exactly as HF's apply_chat_template(tokenize=False) returns it (no newline added).
+// text exactly as HF's apply_chat_template(tokenize=False) returns it (no newline added). A file
+// {"messages": [...], "tools": [...]} also renders the tools' description, as the server does.
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "tokenizer/chat_messages_json.h"
@@ -47,7 +50,19 @@ int run_render_chat(const RenderChatArgs& args) {
                messages.status().message());
     return 1;
   }
-  auto text = tmpl->render(*messages, args.add_generation_prompt);
+  std::vector<ToolDefinition> tools;
+  // Read in order: each tool is shown with its keys as the file has them.
+  const auto file = nlohmann::ordered_json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (file.is_object() && file.contains("tools")) {
+    auto parsed = parse_tools_json(file["tools"].dump());
+    if (!parsed.ok()) {
+      fmt::print(stderr, "moeserve render-chat: {}: {}\n", args.messages_path,
+                 parsed.status().message());
+      return 1;
+    }
+    tools = std::move(*parsed);
+  }
+  auto text = tmpl->render(*messages, args.add_generation_prompt, tools);
   if (!text.ok()) {
     fmt::print(stderr, "moeserve render-chat: {}: {}\n", args.messages_path,
                text.status().message());
@@ -67,7 +82,8 @@ Subcommand add_render_chat_command(CLI::App& parent) {
                   "directory with tokenizer.json and tokenizer_config.json")
       ->required();
   app->add_option("--messages", args->messages_path,
-                  "JSON file: an array of messages (or {\"messages\": [...]}), OpenAI chat format")
+                  "JSON file: an array of messages (or {\"messages\": [...], \"tools\": [...]}), "
+                  "OpenAI chat format")
       ->required();
   app->add_flag("--add-generation-prompt", args->add_generation_prompt,
                 "end with the assistant prefix, ready for the model to answer");

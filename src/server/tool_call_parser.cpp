@@ -168,9 +168,15 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view piece) {
       }
       buf.remove_prefix(at + (which == 0 ? kCallBegin.size() : kCallsEnd.size()));
       state_ = which == 0 ? State::kHeader : State::kContent;
+      header_scanned_ = 0;
     } else if (state_ == State::kHeader) {
-      auto [at, which] = earliest(buf, {"\n", kCallEnd, kCallsEnd});
-      if (at == std::string_view::npos) break;  // the name is not complete yet
+      // The header is held whole until its end: search only what the last push did not.
+      auto [at, which] = earliest(buf.substr(header_scanned_), {"\n", kCallEnd, kCallsEnd});
+      if (at == std::string_view::npos) {  // the name is not complete yet
+        header_scanned_ = buf.size() - std::min(buf.size(), kCallsEnd.size() - 1);
+        break;
+      }
+      at += header_scanned_;
       open_call(buf.substr(0, at), out);
       constexpr std::array<size_t, 3> len = {1, kCallEnd.size(), kCallsEnd.size()};
       buf.remove_prefix(at + len[which]);
@@ -193,7 +199,7 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view piece) {
       state_ = which == 0 ? State::kBetweenCalls : State::kContent;
     }
   }
-  held_ = std::string(buf);
+  held_.erase(0, size_t(buf.data() - held_.data()));  // no copy while a header grows
   return out;
 }
 

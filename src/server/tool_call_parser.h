@@ -81,6 +81,7 @@ class ToolCallParser {
   std::string held_;
   int64_t opened_ = 0;
   bool current_kept_ = false;  // the call being read was opened (not dropped)
+  size_t header_scanned_ = 0;  // kHeader: bytes of held_ searched without finding its end
 };
 
 }  // namespace moeserve

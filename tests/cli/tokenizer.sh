@@ -55,6 +55,18 @@ JSON
 printf '<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>Q<｜Assistant｜>' | cmp -s - "$tmp/chat" || fail "render-chat: $(cat "$tmp/chat")"
 "$bin" render-chat --tokenizer "$tok" --messages "$tmp/msgs.json" > "$tmp/chat2"
 printf '<｜begin▁of▁sentence｜>S1\n\nS2<｜User｜>Q' | cmp -s - "$tmp/chat2" || fail "render-chat without prompt"
+# render-chat with tools: a chat_tools.jsonl row (messages and tools), V3, against jinja2's text.
+python3 - "$tmp" <<'PY'
+import json, sys
+row = json.loads(open("tests/data/tokenizer/chat_tools.jsonl", encoding="utf-8").readlines()[8])
+assert row["tools"] and any(m["role"] == "tool" for m in row["messages"]), row
+json.dump({"messages": row["messages"], "tools": row["tools"]},
+          open(sys.argv[1] + "/tools.json", "w", encoding="utf-8"), ensure_ascii=False)
+open(sys.argv[1] + "/tools_want", "w", encoding="utf-8", newline="").write(row["v3"])
+assert row["add_generation_prompt"], row
+PY
+"$bin" render-chat --tokenizer "$tok" --messages "$tmp/tools.json" --add-generation-prompt > "$tmp/chat3"
+cmp -s "$tmp/tools_want" "$tmp/chat3" || fail "render-chat with tools: $(cat "$tmp/chat3")"
 
 # Errors: runtime errors exit 1 with a message; never a crash.
 expect_exit() {
@@ -76,4 +88,6 @@ expect_exit 1 "$bin" tokenize --tokenizer /nonexistent < /dev/null
 echo '[{"role": "user"}]' > "$tmp/nocontent.json"
 expect_exit 1 "$bin" render-chat --tokenizer "$tok" --messages "$tmp/nocontent.json"
 expect_exit 1 "$bin" render-chat --tokenizer "$tok" --messages "$tmp/missing.json"
+echo '{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}' > "$tmp/badtools.json"
+expect_exit 1 "$bin" render-chat --tokenizer "$tok" --messages "$tmp/badtools.json"
 echo "tokenizer CLI: ok"

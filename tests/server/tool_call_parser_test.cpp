@@ -3,6 +3,7 @@
 // inside the tokens' UTF-8 bytes), and regression tests for bugs seen in other servers' parsers.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <random>
 #include <string>
 #include <vector>
@@ -153,6 +154,20 @@ TEST(ToolCallParser, OneShotParseOfTheRepresentativeTexts) {
   EXPECT_EQ(e.content, texts[4]);
   EXPECT_TRUE(e.calls.empty());
   EXPECT_EQ(parse_tool_calls(texts[1], 1).calls.size(), 1u);
+}
+
+// A header that never ends (a model writing on after a "required" prefill) costs linear time:
+// each piece is searched once, not the whole held header again.
+TEST(ToolCallParser, ALongHeaderIsSearchedOnce) {
+  ToolCallParser p;
+  p.push(kCallsBegin + kCallBegin + "function" + kSep);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200000; ++i) EXPECT_TRUE(p.push("name<｜tool").calls.empty());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ToolCallParser::Parts end = p.push("\n{}");
+  ASSERT_EQ(end.calls.size(), 1u);
+  EXPECT_EQ(end.calls[0].name.size(), 200000u * std::string("name<｜tool").size());
+  EXPECT_EQ(end.calls[0].arguments, "{}");
 }
 
 // Regression: a parser that looked for the end token only in later pieces lost a call whose
