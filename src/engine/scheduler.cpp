@@ -60,9 +60,8 @@ void Scheduler::count_admission(Sequence& s, int64_t lower_tokens) {
   if (s.admitted_before) return;
   prefix_queries_ += s.n_prompt;
   s.n_cached_prompt = std::min(s.n_computed, s.n_prompt);
-  s.n_disk_prompt = std::min(lower_tokens, s.n_cached_prompt);
   prefix_hits_ += s.n_cached_prompt;
-  prefix_hits_lower_ += s.n_disk_prompt;
+  prefix_hits_lower_ += std::min(lower_tokens, s.n_cached_prompt);
   s.admitted_before = true;
 }
 
@@ -127,11 +126,14 @@ void Scheduler::admit(StepPlan& plan, int64_t& budget) {
     s->n_computed = int64_t(hit) * kKvBlockSize;
     if (hit < max_blocks) {
       const uint64_t parent = hit > 0 ? s->block_hashes.back() : cache_.fingerprint();
-      const uint64_t next =
-          cache_.chain_hash(parent, std::span<const int32_t>(s->tokens).subspan(
-                                        size_t(hit) * kKvBlockSize, size_t(kKvBlockSize)));
-      if (std::any_of(loading_.begin(), loading_.end(),
-                      [&](const auto& l) { return l->load->hashes[0] == next; })) {
+      auto loading_next = [&] {  // (the next block's hash only when something is loading)
+        const uint64_t next =
+            cache_.chain_hash(parent, std::span<const int32_t>(s->tokens).subspan(
+                                          size_t(hit) * kKvBlockSize, size_t(kKvBlockSize)));
+        return std::any_of(loading_.begin(), loading_.end(),
+                           [&](const auto& l) { return l->load->hashes[0] == next; });
+      };
+      if (!loading_.empty() && loading_next()) {
         drop_blocks(*s);
         ++i;
         continue;

@@ -37,7 +37,6 @@ struct Sequence {
   std::vector<uint64_t> block_hashes;  // chain hashes of the leading full, final blocks
   int64_t n_computed = 0;              // leading tokens whose KV is in the cache
   int64_t n_cached_prompt = 0;         // prompt tokens found in the prefix cache at first admission
-  int64_t n_disk_prompt = 0;           // of those, loaded from the lower tier
   // While loading KV: the tier's job; its destinations are block_table[n_computed / 64 ...].
   std::shared_ptr<KvLoadJob> load;
   bool admitted_before = false;
