@@ -274,23 +274,34 @@ def make_weights(cfg, seed):
 # Checkpoint writing (official layout: config.json + 2 shards + model.safetensors.index.json).
 
 
-def write_checkpoint(out_dir, cfg, tensors):
+def write_checkpoint(out_dir, cfg, tensors, max_shard_bytes=None):
+    """Without max_shard_bytes: 2 shards, split near half of the bytes between a weight and its
+    scale_inv. With it: shards in tensor order, each at most max_shard_bytes (or one tensor)."""
     from safetensors.torch import save_file
 
     os.makedirs(out_dir, exist_ok=True)
     names = list(tensors)
     sizes = [tensors[n].numel() * tensors[n].element_size() for n in names]
     total = sum(sizes)
-    # Split near half of the bytes, at a point between a weight and its scale_inv, so that a
-    # companion scale lives in another shard than its weight (the index must be followed).
-    acc, split = 0, None
-    for k, n in enumerate(names):
-        acc += sizes[k]
-        if acc >= total // 2 and n.endswith(".weight") and names[k + 1] == n + "_scale_inv":
-            split = k + 1
-            break
-    assert split is not None
-    shards = [names[:split], names[split:]]
+    if max_shard_bytes:
+        shards, acc = [[]], 0
+        for n, size in zip(names, sizes):
+            if shards[-1] and acc + size > max_shard_bytes:
+                shards.append([])
+                acc = 0
+            shards[-1].append(n)
+            acc += size
+    else:
+        # Split near half of the bytes, at a point between a weight and its scale_inv, so that
+        # a companion scale lives in another shard than its weight (the index must be followed).
+        acc, split = 0, None
+        for k, n in enumerate(names):
+            acc += sizes[k]
+            if acc >= total // 2 and n.endswith(".weight") and names[k + 1] == n + "_scale_inv":
+                split = k + 1
+                break
+        assert split is not None
+        shards = [names[:split], names[split:]]
     weight_map = {}
     for si, shard in enumerate(shards):
         fname = f"model-{si + 1:05d}-of-{len(shards):05d}.safetensors"
@@ -346,7 +357,10 @@ def dequantize_all(raw):
 
 def to_hf_state_dict(weights, cfg):
     """Per-expert checkpoint names -> transformers' fused expert tensors."""
-    sd = dict(weights)
+    n_layers = cfg["num_hidden_layers"]
+    # transformers builds no MTP module: the checkpoint's layers >= num_hidden_layers are skipped.
+    sd = {k: v for k, v in weights.items()
+          if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= n_layers)}
     for i in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"]):
         p = f"model.layers.{i}.mlp.experts."
         gate_up, down = [], []
