@@ -687,6 +687,86 @@ def generate(out_root, names, steps):
               f"doc check {time.time() - t3:.1f}s")
 
 
+TRAINED = {"tiny-py": {"prompt_lens": [12, 96, 320], "steps": 40}}
+
+
+def heldout_prompts(n):
+    """Deterministic candidate prompts of n tokens from the held-out split of
+    tools/train_tiny.py's corpus: the tokens ending right after a `def ...:` or `class ...:`
+    line, in corpus order."""
+    import train_tiny
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(train_tiny.TOKENIZER)
+    for rel, held in train_tiny.corpus_files():
+        if not held:
+            continue
+        with open(os.path.join(train_tiny.CORPUS_DIR, rel), encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        offset = 0
+        for line in text.splitlines(keepends=True):
+            offset += len(line)
+            head = line.lstrip()
+            if (head.startswith("def ") or head.startswith("class ")) and line.rstrip().endswith(":"):
+                ids = [train_tiny.BOS] + tok.encode(text[:offset], add_special_tokens=False).ids
+                if len(ids) >= n:
+                    yield rel, ids[-n:]
+
+
+def generate_trained(out_root, name, models_dir):
+    """Fixture of a trained checkpoint (not rewritten here): prompts from held-out text whose
+    greedy continuation has a clear top-2 gap at every step and that the BF16-input proxy
+    follows."""
+    spec = TRAINED[name]
+    ckpt = os.path.join(models_dir, name)
+    model, cfg, weights = build_hf_model(ckpt)
+    proxy = round_linear_inputs_to_bf16(build_hf_model(ckpt)[0])
+    prompts, min_gaps, devs, sources = [], [], [], []
+    for n in spec["prompt_lens"]:
+        best = None
+        for attempt, (rel, ids) in enumerate(heldout_prompts(n)):
+            if attempt >= 4 * MAX_ATTEMPTS:
+                break
+            if rel in sources:
+                continue
+            rec, gaps = greedy(model, ids, spec["steps"])
+            dev, same = proxy_deviation(model, proxy, rec)
+            key = (min(gaps) >= MIN_GAP and same, -dev if same else -1e9, min(gaps))
+            if best is None or key > best[0]:
+                best = (key, rec, gaps, dev, rel)
+            if key[0]:
+                break
+        _, rec, gaps, dev, rel = best
+        prompts.append(rec)
+        min_gaps.append(min(gaps))
+        devs.append(dev)
+        sources.append(rel)
+        print(f"  {name}: prompt len {n} from {rel}: min top-2 gap {min(gaps):.4f}, "
+              f"bf16-input proxy max |dlogprob| {dev:.4f}")
+    full = prompts[0]["prompt_ids"] + prompts[0]["tokens"]
+    diff = compare_with_doc(model, weights, cfg, full)
+    print(f"  {name}: transformers vs docs/hf-reference.md formulas: max |dlogprob| {diff:.2e}")
+    if diff > DOC_TOLERANCE:
+        raise SystemExit(f"{name}: transformers disagrees with docs/hf-reference.md ({diff})")
+    expected = {
+        "model": name,
+        "checkpoint": name,  # under the build's models/ (CMake lays out assets/models/<name>)
+        "trained": True,
+        "source": source_string(),
+        "steps": spec["steps"],
+        "note": "greedy, eos ignored, full recompute per step, top-5 of log_softmax(fp32 logits)",
+        "prompt_sources": sources,
+        "min_top2_gap": [float(f"{g:.7g}") for g in min_gaps],
+        "bf16_input_proxy_max_dlogprob": [float(f"{v:.4g}") for v in devs],
+        "prompts": prompts,
+    }
+    out_dir = os.path.join(out_root, name)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1)
+        f.write("\n")
+
+
 def check(ckpt_dir, prompt_strs, steps, doc):
     t0 = time.time()
     model, cfg, weights = build_hf_model(ckpt_dir)
@@ -717,6 +797,8 @@ def main():
     ap.add_argument("--doc-compare", action="store_true",
                     help="with --check: also compare with the docs/hf-reference.md forward pass")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models-dir", default=os.path.join(os.path.dirname(__file__), "..", "build", "models"),
+                    help="where trained fixtures' checkpoints are (the build lays them out)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_default_dtype(torch.float32)
@@ -727,9 +809,12 @@ def main():
         return
     names = [n for n in args.only.split(",") if n]
     for n in names:
-        if n not in FIXTURES:
-            ap.error(f"unknown fixture {n}; known: {', '.join(FIXTURES)}")
-    generate(os.path.normpath(args.out), names, args.steps)
+        if n not in FIXTURES and n not in TRAINED:
+            ap.error(f"unknown fixture {n}; known: {', '.join(list(FIXTURES) + list(TRAINED))}")
+    generate(os.path.normpath(args.out), [n for n in names if n in FIXTURES], args.steps)
+    for n in names:
+        if n in TRAINED:
+            generate_trained(os.path.normpath(args.out), n, args.models_dir)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 // tests/data/hf/<name>/ (checkpoint + expected.json with greedy tokens and top-5 logprobs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -32,6 +33,14 @@ constexpr float kFastBound = 0.3f;
 std::vector<ComputePath> compute_paths() {
   return {ComputePath::kReference, ComputePath::kFast};
 }
+// A trained checkpoint (tools/train_tiny.py, assets/models/) has confident predictions, and is
+// held to tighter bounds: the reference path to 2e-3 (measured 2.9e-4), the fast path on every
+// step with no step left out, and the fast path's greedy tokens equal to the reference's on
+// every step. The fast path measures 0.061-0.067 on tiny-py, over the 5e-2 aimed for: the BF16
+// latent cache alone (reference arithmetic, BF16 cache) gives 0.047 and BF16 GEMM inputs alone
+// (F32 cache) 0.018 (docs/hf-reference.md section 10); held to 0.08, 1.2x the measured.
+constexpr float kTrainedLogprobTol = 2e-3f;
+constexpr float kTrainedFastBound = 0.08f;
 constexpr float kNearTie = 0.05f;  // reference top-2 closer than this: order may differ
 constexpr size_t kMinSteps = 16;
 
@@ -44,9 +53,25 @@ struct Case {
   std::vector<Step> steps;
 };
 
-std::vector<Case> load_cases(const std::string& dir) {
-  std::ifstream in(dir + "/expected.json");
-  json j = json::parse(in);
+json load_expected(const std::string& name) {
+  std::ifstream in("tests/data/hf/" + name + "/expected.json");
+  return json::parse(in);
+}
+
+// The checkpoint of a fixture: beside its expected.json, or the trained model it names under
+// the build's models/ directory.
+std::string checkpoint_dir(const std::string& name) {
+  json j = load_expected(name);
+  if (j.contains("checkpoint")) {
+    return std::string(MOESERVE_MODELS_DIR) + "/" + j["checkpoint"].get<std::string>();
+  }
+  return "tests/data/hf/" + name;
+}
+
+bool is_trained(const std::string& name) { return load_expected(name).value("trained", false); }
+
+std::vector<Case> load_cases(const std::string& name) {
+  json j = load_expected(name);
   std::vector<Case> cases;
   for (const json& p : j["prompts"]) {
     Case c;
@@ -101,8 +126,8 @@ class HfReference
 // reference's top-5 tokens must match, and our argmax must be its token unless it was a near tie.
 TEST_P(HfReference, LogprobsAlongReferencePath) {
   auto [name, mode, path] = GetParam();
-  std::string dir = "tests/data/hf/" + name;
-  auto ck = Checkpoint::open(dir);
+  const bool trained = is_trained(name);
+  auto ck = Checkpoint::open(checkpoint_dir(name));
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
   const ModelConfig& cfg = (*ck)->config();
   ThreadPool pool(2);
@@ -131,7 +156,9 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
   int64_t steps_total = 0, steps_flipped = 0;
 
   float worst = 0.0f;
-  for (const Case& c : load_cases(dir)) {
+  const float ref_tol = trained ? kTrainedLogprobTol : kLogprobTol;
+  const float fast_bound = trained ? kTrainedFastBound : kFastBound;
+  for (const Case& c : load_cases(name)) {
     const size_t n_steps = fast() ? c.steps.size() : comparable_steps(c);
     std::vector<int32_t> seq = c.prompt;
     for (const Step& s : c.steps) seq.push_back(s.token);
@@ -164,7 +191,7 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
         float d = std::fabs(lp[size_t(t.id)] - t.logprob);
         worst = std::max(worst, d);
         if (!fast()) {
-          EXPECT_LE(d, kLogprobTol)
+          EXPECT_LE(d, ref_tol)
               << name << " prompt len " << c.prompt.size() << " step " << s << " token " << t.id;
         }
       }
@@ -176,7 +203,8 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
     }
   }
   if (fast()) {
-    EXPECT_LE(worst, kFastBound) << name;
+    EXPECT_LE(worst, fast_bound) << name;
+    if (trained) EXPECT_EQ(steps_flipped, 0) << name << ": no step may be left out";
     EXPECT_LE(steps_flipped * 4, steps_total) << name << ": the measured token's routing differs"
                                               << " from the reference path in many steps";
   }
@@ -196,8 +224,8 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
 // all; its logprobs are checked on every step by LogprobsAlongReferencePath).
 TEST_P(HfReference, BatchedGreedyTokens) {
   auto [name, mode, path] = GetParam();
-  std::string dir = "tests/data/hf/" + name;
-  auto ck = Checkpoint::open(dir);
+  const bool trained = is_trained(name);
+  auto ck = Checkpoint::open(checkpoint_dir(name));
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
   const ModelConfig& cfg = (*ck)->config();
   ThreadPool pool(2);
@@ -206,7 +234,7 @@ TEST_P(HfReference, BatchedGreedyTokens) {
   KvCache cache(kv_cache_layout(cfg, kv_dtype()), 64);
   Generator gen(model, cache);
 
-  std::vector<Case> cases = load_cases(dir);
+  std::vector<Case> cases = load_cases(name);
   std::vector<GenerateRequest> reqs;
   for (const Case& c : cases) {
     GenerateRequest r;
@@ -218,8 +246,10 @@ TEST_P(HfReference, BatchedGreedyTokens) {
   auto out = gen.generate(reqs);
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   for (size_t i = 0; i < cases.size(); ++i) {
-    const size_t n = comparable_steps(cases[i], fast() ? 2 * kFastBound : kNearTie);
-    // Tokens must agree on every step before the first near tie (on that step they may not).
+    const size_t n = trained ? cases[i].steps.size()
+                             : comparable_steps(cases[i], fast() ? 2 * kFastBound : kNearTie);
+    // Tokens must agree on every step before the first near tie (on that step they may not);
+    // a trained fixture's prompts have no near tie, and every step must agree.
     const size_t must_match = n < cases[i].steps.size() ? n - 1 : n;
     size_t first_diff = 0;
     while (first_diff < n && (*out)[i].tokens[first_diff] == cases[i].steps[first_diff].token) {
@@ -235,7 +265,9 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(AttentionMode::kAbsorbed, AttentionMode::kNaive),
                        ::testing::ValuesIn(compute_paths())),
     [](const auto& info) {
-      return std::get<0>(info.param) +
+      std::string name = std::get<0>(info.param);  // test names allow [A-Za-z0-9_]
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name +
              (std::get<1>(info.param) == AttentionMode::kNaive ? "_naive" : "_absorbed") +
              (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
     });
@@ -265,12 +297,12 @@ TEST(FastPathPreparation, ReportsProgressOnlyWhenAsked) {
 
 TEST(HfReferenceFixtures, AllThreeArePresentWithEnoughSteps) {
   auto names = fixture_names();
-  for (const char* want : {"v2lite", "v3", "yarn"}) {
+  for (const char* want : {"v2lite", "v3", "yarn", "tiny-py"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   }
   for (const auto& name : names) {
-    for (const Case& c : load_cases("tests/data/hf/" + name)) {
-      EXPECT_GE(c.steps.size(), kMinSteps) << name;
+    for (const Case& c : load_cases(name)) {
+      EXPECT_GE(c.steps.size(), is_trained(name) ? size_t(32) : kMinSteps) << name;
     }
   }
 }
