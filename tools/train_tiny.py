@@ -33,7 +33,8 @@ Deterministic for a seed and thread count (every draw comes from seeded generato
 Usage:
   tools/train_tiny.py --out DIR [--steps N] [--seed S] [--threads 2]
   tools/train_tiny.py --out DIR --export-only        # re-export DIR/train_state.pt
-Needs torch, tokenizers (and transformers for --hf-check); not needed by CI.
+Needs torch, tokenizers and transformers (the export is checked against it; --no-hf-check skips
+that); CI needs none of them.
 """
 
 import argparse
