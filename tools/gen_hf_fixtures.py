@@ -421,8 +421,15 @@ def build_hf_model(ckpt_dir):
 # that the C++ follows honest.
 
 
-def _rms(v, w, eps):
+def doc_rms(v, w, eps):
+    """RMSNorm (section 2)."""
     return w * (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def doc_rope(v, cos, sin):
+    """Interleaved-pair RoPE (section 4): v [..., T, d_r], cos/sin [T, d_r/2]."""
+    a, b = v[..., 0::2], v[..., 1::2]
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
 
 
 def _mscale(factor, m):
@@ -464,23 +471,33 @@ def doc_rope_params(cfg):
     return inv_freq.float(), attn, scale
 
 
+def doc_v3_gate(logits, bias, cfg):
+    """V3 routing (section 5): logits [T, E] -> (weights [T, k], indices [T, k], sigmoid
+    affinities [T, E]). The choice carries no gradient; the weights do (tools/train_tiny.py)."""
+    e, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    ng, tg = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
+    s = logits.sigmoid()
+    with torch.no_grad():
+        sb = s + bias
+        gscore = sb.view(-1, ng, e // ng).topk(2, dim=-1).values.sum(-1)  # [T, ng]
+        keep = torch.zeros_like(gscore, dtype=torch.bool)
+        keep.scatter_(1, gscore.topk(tg, dim=-1).indices, True)
+        sb = sb.masked_fill(~keep.repeat_interleave(e // ng, 1), float("-inf"))
+        idx = sb.topk(k, dim=-1).indices
+    wt = s.gather(1, idx)
+    if cfg["norm_topk_prob"]:
+        wt = wt / (wt.sum(-1, keepdim=True) + 1e-20)
+    return wt * cfg["routed_scaling_factor"], idx, s
+
+
 def _doc_gate(w, p, cfg, h):
     """h [T, D] -> (weights [T, k], indices [T, k])."""
     logits = h @ w[p + "gate.weight"].T  # [T, E]
     e, k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
     ng, tg = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
     if cfg["model_type"] == "deepseek_v3":
-        s = logits.sigmoid()
-        sb = s + w[p + "gate.e_score_correction_bias"]
-        gscore = sb.view(-1, ng, e // ng).topk(2, dim=-1).values.sum(-1)  # [T, ng]
-        keep = torch.zeros_like(gscore, dtype=torch.bool)
-        keep.scatter_(1, gscore.topk(tg, dim=-1).indices, True)
-        sb = sb.masked_fill(~keep.repeat_interleave(e // ng, 1), float("-inf"))
-        idx = sb.topk(k, dim=-1).indices
-        wt = s.gather(1, idx)
-        if cfg["norm_topk_prob"]:
-            wt = wt / (wt.sum(-1, keepdim=True) + 1e-20)
-        return wt * cfg["routed_scaling_factor"], idx
+        wt, idx, _ = doc_v3_gate(logits, w[p + "gate.e_score_correction_bias"], cfg)
+        return wt, idx
     s = logits.softmax(-1)
     sc = s
     if cfg["topk_method"] == "group_limited_greedy":
@@ -505,9 +522,8 @@ def doc_forward(w, cfg, ids):
     ang = torch.arange(t_len, dtype=torch.float32)[:, None] * inv_freq[None]  # [T, dr/2]
     cos, sin = ang.cos() * attn_factor, ang.sin() * attn_factor
 
-    def rope(v):  # [..., T, dr], interleaved pairs
-        a, b = v[..., 0::2], v[..., 1::2]
-        return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+    def rope(v):  # [..., T, dr]
+        return doc_rope(v, cos, sin)
 
     def mlp(p, v):
         g = v @ w[p + "gate_proj.weight"].T
@@ -517,17 +533,17 @@ def doc_forward(w, cfg, ids):
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]  # [T, D]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        h = _rms(x, w[p + "input_layernorm.weight"], eps)  # [T, D]
+        h = doc_rms(x, w[p + "input_layernorm.weight"], eps)  # [T, D]
         a = p + "self_attn."
         if cfg["q_lora_rank"] is None:
             q = h @ w[a + "q_proj.weight"].T
         else:
-            qa = _rms(h @ w[a + "q_a_proj.weight"].T, w[a + "q_a_layernorm.weight"], 1e-6)
+            qa = doc_rms(h @ w[a + "q_a_proj.weight"].T, w[a + "q_a_layernorm.weight"], 1e-6)
             q = qa @ w[a + "q_b_proj.weight"].T
         q = q.view(t_len, heads, nope + dr).transpose(0, 1)  # [H, T, nope+dr]
         q_nope, q_pe = q[..., :nope], rope(q[..., nope:])
         kv = h @ w[a + "kv_a_proj_with_mqa.weight"].T  # [T, kvl+dr]
-        c = _rms(kv[:, :kvl], w[a + "kv_a_layernorm.weight"], 1e-6)  # [T, kvl]
+        c = doc_rms(kv[:, :kvl], w[a + "kv_a_layernorm.weight"], 1e-6)  # [T, kvl]
         k_pe = rope(kv[:, kvl:])  # [T, dr]
         kvb = (c @ w[a + "kv_b_proj.weight"].T).view(t_len, heads, nope + dv).transpose(0, 1)
         k_nope, v = kvb[..., :nope], kvb[..., nope:]  # [H, T, nope], [H, T, dv]
@@ -535,7 +551,7 @@ def doc_forward(w, cfg, ids):
         probs = (scores + causal).softmax(-1)
         o = (probs @ v).transpose(0, 1).reshape(t_len, heads * dv)  # [T, H*dv]
         x = x + o @ w[a + "o_proj.weight"].T
-        h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        h = doc_rms(x, w[p + "post_attention_layernorm.weight"], eps)
         if i < cfg["first_k_dense_replace"]:
             x = x + mlp(p + "mlp.", h)
             continue
@@ -546,7 +562,7 @@ def doc_forward(w, cfg, ids):
                 e = int(idx[t, kk])
                 y[t] += wt[t, kk] * mlp(p + f"mlp.experts.{e}.", h[t : t + 1])[0]
         x = x + y
-    return _rms(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T  # [T, vocab]
+    return doc_rms(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T  # [T, vocab]
 
 
 @torch.no_grad()

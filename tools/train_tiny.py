@@ -169,14 +169,7 @@ def tokenize_corpus():
 # Model.
 
 
-def rms(x, w, eps=1e-6):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rope(v, cos, sin):
-    """Interleaved pairs (x[2i], x[2i+1]) rotated; v [..., T, d_r], cos/sin [T, d_r/2]."""
-    a, b = v[..., 0::2], v[..., 1::2]
-    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+rope = hf.doc_rope  # interleaved pairs, docs/hf-reference.md section 4
 
 
 class Linear(torch.nn.Module):
@@ -198,7 +191,7 @@ class Norm(torch.nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return rms(x, self.weight, self.eps)
+        return hf.doc_rms(x, self.weight, self.eps)
 
 
 class Mlp(torch.nn.Module):
@@ -248,8 +241,7 @@ class Moe(torch.nn.Module):
     def __init__(self, c, gen, out_std):
         super().__init__()
         d, self.e, self.k = c["hidden_size"], c["n_routed_experts"], c["num_experts_per_tok"]
-        self.ng, self.tg = c["n_group"], c["topk_group"]
-        self.scaling = c["routed_scaling_factor"]
+        self.c = c
         self.gate = Linear(self.e, d, gen)
         self.register_buffer("e_score_correction_bias", torch.zeros(self.e))
         mi = c["moe_intermediate_size"]
@@ -260,17 +252,7 @@ class Moe(torch.nn.Module):
 
     def route(self, h):
         """h [N, D] -> (weights [N, k], idx [N, k], affinities [N, E])."""
-        s = (h @ self.gate.weight.T).sigmoid()
-        with torch.no_grad():
-            sb = s + self.e_score_correction_bias
-            gscore = sb.view(-1, self.ng, self.e // self.ng).topk(2, dim=-1).values.sum(-1)
-            keep = torch.zeros_like(gscore, dtype=torch.bool)
-            keep.scatter_(1, gscore.topk(self.tg, dim=-1).indices, True)
-            sb = sb.masked_fill(~keep.repeat_interleave(self.e // self.ng, 1), float("-inf"))
-            idx = sb.topk(self.k, dim=-1).indices
-        w = s.gather(1, idx)
-        w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.scaling
-        return w, idx, s
+        return hf.doc_v3_gate(h @ self.gate.weight.T, self.e_score_correction_bias, self.c)
 
     def forward(self, x):
         b, t, d = x.shape
