@@ -21,6 +21,7 @@
 #include "ep/ep_group.h"
 #include "ep/expert_load_counter.h"
 #include "ep_flags.h"
+#include "spec_flags.h"
 #include "eplb/expert_loads.h"
 #include "model/checkpoint.h"
 #include "model/deepseek.h"
@@ -59,6 +60,7 @@ struct GenerateOptions {
   // Expert parallelism and EPLB (under mpirun or with --ep): every rank runs the same prompts
   // (DP attention is `serve`'s), rank 0 prints.
   EpFlags ep;
+  SpecFlags spec;  // MTP speculative decoding
 };
 
 // Rank 0, --eplb-interval: median step time against the slowest step that moved weights.
@@ -183,6 +185,11 @@ int run_generate(const GenerateOptions& o) {
     fmt::print(stderr, "generate: {}\n", usage);
     return 2;
   }
+  if (o.spec.enabled() && o.ep.enabled()) {
+    fmt::print(stderr, "generate: --speculative does not run under expert parallelism yet\n");
+    return 2;
+  }
+  load.mtp = o.spec.enabled();
   if (o.ep.enabled()) {
     auto config = load_model_config(o.model + "/config.json");
     if (!config.ok()) {
@@ -214,7 +221,7 @@ int run_generate(const GenerateOptions& o) {
     fmt::print(stderr, "generate: {}: {}\n", o.model, st.message());
     return 1;
   }
-  const KvLayout layout = kv_cache_layout(c, o.kv_dtype);
+  const KvLayout layout = kv_cache_layout(c, o.kv_dtype, o.spec.enabled());
   if (Status st = kv_token_format_status(layout.token); !st.ok()) {
     fmt::print(stderr, "generate: {}: {}\n", o.model, st.message());
     return 1;
@@ -229,9 +236,13 @@ int run_generate(const GenerateOptions& o) {
                       path,
                       /*overlap=*/!o.ep.no_overlap, /*progress=*/print);
   model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
+  const SpeculativeConfig spec = o.spec.config();
   int32_t n_blocks = 0;
-  for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
-  auto fingerprint = model_fingerprint(o.model, o.kv_dtype, path);
+  for (const auto& r : requests) {
+    n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens +
+                           (spec.num_draft_tokens > 0 ? spec.num_draft_tokens + 1 : 0));
+  }
+  auto fingerprint = model_fingerprint(o.model, o.kv_dtype, path, o.spec.enabled());
   if (!fingerprint.ok()) {
     fmt::print(stderr, "generate: {}\n", fingerprint.status().message());
     return 1;
@@ -247,7 +258,7 @@ int run_generate(const GenerateOptions& o) {
   }
   KvCache cache(layout, n_blocks, *fingerprint);
   cache.set_tier(disk.get());
-  Generator gen(model, cache, &pool);
+  Generator gen(model, cache, &pool, spec);
   const int rank = ep ? ep->comm->rank() : 0;
   std::optional<Tracer> tracer;
   if (!o.trace.empty()) {
@@ -319,6 +330,10 @@ int run_generate(const GenerateOptions& o) {
       j["prompt_ids"] = requests[i].prompt;
       j["tokens"] = r.tokens;
       j["finish_reason"] = r.finish == FinishReason::kStop ? "stop" : "length";
+      if (o.spec.enabled()) {
+        j["draft_tokens"] = r.draft_tokens;
+        j["accepted_draft_tokens"] = r.accepted_draft_tokens;
+      }
       if (tok && tok->vocab_size() <= c.vocab_size) j["text"] = tok->decode(r.tokens, true);
       if (o.logprobs > 0) {
         nlohmann::json steps = nlohmann::json::array();
@@ -342,6 +357,34 @@ int run_generate(const GenerateOptions& o) {
              "generate: load {:.2f} s, prepare {:.2f} s, {} tokens in {:.2f} s ({:.1f} tokens/s, "
              "batch {})\n",
              load_s, prepare_s, n_gen, gen_s, double(n_gen) / gen_s, requests.size());
+  if (o.spec.enabled()) {
+    const EngineCoreStats& s = gen.stats();
+    std::string per_pos;
+    for (int64_t k = 0; k < spec.num_draft_tokens; ++k) {
+      const double v = double(s.spec_verified[size_t(k)]);
+      per_pos += fmt::format(" {:.3f}", v > 0 ? double(s.spec_accepted[size_t(k)]) / v : 0.0);
+    }
+    const double steps = double(std::max<int64_t>(1, s.spec_verify_steps));
+    fmt::print(stderr,
+               "speculative: acceptance per draft position{}, {:.3f} tokens per verify step, "
+               "{} of {} steps without drafts (load policy)\n",
+               per_pos, double(s.spec_verify_tokens) / steps, s.spec_off_steps, s.steps);
+    if (o.json) {
+      nlohmann::json j;
+      j["speculative"] = {{"num_draft_tokens", spec.num_draft_tokens},
+                          {"verified", std::vector<int64_t>(s.spec_verified.begin(),
+                                                            s.spec_verified.begin() +
+                                                                spec.num_draft_tokens)},
+                          {"accepted", std::vector<int64_t>(s.spec_accepted.begin(),
+                                                            s.spec_accepted.begin() +
+                                                                spec.num_draft_tokens)},
+                          {"verify_steps", s.spec_verify_steps},
+                          {"verify_tokens", s.spec_verify_tokens},
+                          {"steps", s.steps},
+                          {"tokens_per_s", double(n_gen) / gen_s}};
+      fmt::print("{}\n", j.dump());
+    }
+  }
   return 0;
 }
 
@@ -386,6 +429,7 @@ Subcommand add_generate_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--prefill-chunk", o->prefill_chunk, "Max prompt tokens per step (0 = all)");
   add_ep_flags(*app, o->ep);
+  add_spec_flags(*app, o->spec);
   return {app, [o] { return run_generate(*o); }};
 }
 

@@ -55,6 +55,9 @@ struct RequestOutput {
   Status error;                                        // non-ok only with FinishReason::kError
   int64_t prompt_tokens = 0;                           // set on every callback
   int64_t cached_prompt_tokens = 0;                    // prompt tokens served from the prefix cache
+  // MTP speculative decoding (docs/mtp.md), so far: draft tokens verified, and of those accepted.
+  int64_t draft_tokens = 0;
+  int64_t accepted_draft_tokens = 0;
   friend bool operator==(const RequestOutput&, const RequestOutput&) = default;
 };
 
@@ -85,6 +88,15 @@ struct EngineStats {
   int64_t kv_disk_evicted = 0;     // objects removed to keep the size budget
   int64_t kv_disk_bytes_read = 0;
   int64_t kv_disk_bytes_written = 0;
+  // MTP speculative decoding (docs/mtp.md), cumulative: per draft position k (the k+1-th
+  // draft after a verified token), drafts verified and accepted; steps of a sequence that
+  // verified at least one draft, and the tokens those produced (accepted drafts + the bonus).
+  static constexpr int kMaxDraftTokens = 3;
+  std::array<int64_t, kMaxDraftTokens> spec_verified{};
+  std::array<int64_t, kMaxDraftTokens> spec_accepted{};
+  int64_t spec_verify_steps = 0;
+  int64_t spec_verify_tokens = 0;
+  int64_t spec_off_steps = 0;  // decode steps the load policy ran without drafts
   friend bool operator==(const EngineStats&, const EngineStats&) = default;
 };
 

@@ -42,7 +42,8 @@ Status ModelRunner::run(const StepPlan& plan, StepResult* result) {
       row.insert(row.end(), p.drafts.begin(), p.drafts.end());
       tokens = row;
     }
-    batch.push_back({tokens, s.n_computed, s.block_table, p.n_logits});
+    batch.push_back({tokens, s.n_computed, s.block_table, p.n_logits,
+                     all_hidden_ ? p.n_rows() : 0});
   }
   RETURN_IF_ERROR(model_.forward(batch, cache_, &out_));
   std::swap(result->logits, out_.logits);
@@ -51,13 +52,19 @@ Status ModelRunner::run(const StepPlan& plan, StepResult* result) {
 }
 
 EngineCore::EngineCore(DeepseekModel& model, KvCache& cache, const SchedulerConfig& scheduling,
-                       ThreadPool* pool, Tracer* tracer)
+                       ThreadPool* pool, Tracer* tracer, const SpeculativeConfig& speculative)
     : model_(model),
       cache_(cache),
       pool_(pool),
       tracer_(tracer),
       scheduler_(scheduling, cache),
-      runner_(model, cache) {}
+      runner_(model, cache, speculative.num_draft_tokens > 0),
+      spec_(speculative) {
+  const int64_t K = spec_.num_draft_tokens;
+  CHECK(K >= 0 && K <= EngineStats::kMaxDraftTokens, "num_draft_tokens outside [0, 3]");
+  CHECK(K == 0 || (model.has_mtp() && cache.layout().n_layers == model.num_layers()),
+        "speculative decoding needs the MTP module and its cache layer");
+}
 
 void EngineCore::add(EngineRequest r, OutputCallback callback) {
   CHECK(r.seed.has_value(), "a request reaches the engine core with its seed set");
@@ -96,39 +103,169 @@ Status EngineCore::run(const StepPlan& plan) {
     return st;
   }
   sample(plan, result_);
-  scheduler_.commit(plan, result_);
+  const bool mtp = spec_.num_draft_tokens > 0;
+  scheduler_.commit(plan, result_, /*register_blocks=*/!mtp);
+  if (mtp) {
+    st = propose(plan, result_);
+    if (!st.ok()) {
+      for (const PlannedSeq& p : plan.seqs) finish(p.seq, FinishReason::kError, {}, st);
+      return st;
+    }
+    scheduler_.register_final_blocks(plan);
+  }
   emit(plan, result_);
   ++stats_.steps;
   return Status::Ok();
 }
 
-// Sampling (and log-softmax over the vocabulary for requests that want logprobs), the rows in
-// parallel: each row uses only its own sequence's sampler state, so the results do not depend
-// on the split.
+// Sampling (and log-softmax over the vocabulary for requests that want logprobs), the
+// sequences in parallel: each uses only its own rows and sampler state, so the results do not
+// depend on the split. A sequence with drafts verifies them (verify_drafts: exact for greedy
+// and sampled requests alike) and keeps the accepted ones.
 void EngineCore::sample(const StepPlan& plan, StepResult& r) {
-  std::vector<size_t> sampled;  // plan indices with a logits row (one each: no drafts yet)
+  std::vector<size_t> sampled;  // plan indices with logits rows
+  std::vector<int64_t> first_row(plan.seqs.size(), 0);
+  int64_t rows_so_far = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    CHECK(plan.seqs[i].drafts.empty() && plan.seqs[i].n_logits <= 1,
-          "draft verification is not wired into sampling yet");
-    if (plan.seqs[i].n_logits == 1) sampled.push_back(i);
+    const PlannedSeq& p = plan.seqs[i];
+    CHECK(p.n_logits == (p.n_tokens == p.seq->n_uncomputed() ? 1 : 0) + int64_t(p.drafts.size()),
+          "a plan asks for logits of its last token and of every draft");
+    first_row[i] = rows_so_far;
+    rows_so_far += p.n_logits;
+    if (p.n_logits > 0) sampled.push_back(i);
   }
   const int64_t V = model_.config().vocab_size;
-  auto rows = [&](int64_t i0, int64_t i1) {
+  auto seqs = [&](int64_t i0, int64_t i1) {
     std::vector<float> lp;  // [V], sized on first use
     for (int64_t i = i0; i < i1; ++i) {
-      Sequence& s = *plan.seqs[sampled[size_t(i)]].seq;
-      const float* l = &r.logits[size_t(i * V)];
-      GeneratedToken g{sample_token(l, V, s.req.sampling, s.rng), 0.0f, {}};
-      if (s.req.logprobs) {
-        lp.resize(static_cast<size_t>(V));
-        log_softmax(l, V, lp.data());
-        g.logprob = lp[size_t(g.id)];
-        if (s.req.top_logprobs > 0) g.top = top_logprobs(lp.data(), V, s.req.top_logprobs);
+      const size_t at = sampled[size_t(i)];
+      const PlannedSeq& p = plan.seqs[at];
+      Sequence& s = *p.seq;
+      const float* rows = &r.logits[size_t(first_row[at] * V)];
+      std::vector<int32_t> ids = verify_drafts(rows, V, p.drafts, s.req.sampling, s.rng);
+      SeqResult& out = r.seqs[at];
+      out.n_accepted_drafts = int64_t(ids.size()) - 1;
+      for (size_t j = 0; j < ids.size(); ++j) {
+        GeneratedToken g{ids[j], 0.0f, {}};
+        if (s.req.logprobs) {
+          lp.resize(static_cast<size_t>(V));
+          log_softmax(rows + int64_t(j) * V, V, lp.data());
+          g.logprob = lp[size_t(g.id)];
+          if (s.req.top_logprobs > 0) g.top = top_logprobs(lp.data(), V, s.req.top_logprobs);
+        }
+        out.tokens.push_back(std::move(g));
       }
-      r.seqs[sampled[size_t(i)]].tokens.push_back(std::move(g));
     }
   };
-  pool_ ? pool_->parallel_for(int64_t(sampled.size()), rows) : rows(0, int64_t(sampled.size()));
+  pool_ ? pool_->parallel_for(int64_t(sampled.size()), seqs) : seqs(0, int64_t(sampled.size()));
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {  // speculative statistics
+    const PlannedSeq& p = plan.seqs[i];
+    if (p.drafts.empty()) continue;
+    const int64_t a = r.seqs[i].n_accepted_drafts;
+    for (int64_t k = 0; k < int64_t(p.drafts.size()); ++k) {
+      ++stats_.spec_verified[size_t(k)];
+      stats_.spec_accepted[size_t(k)] += k < a;
+    }
+    ++stats_.spec_verify_steps;
+    stats_.spec_verify_tokens += a + 1;
+    p.seq->n_drafts_verified += int64_t(p.drafts.size());
+    p.seq->n_drafts_accepted += a;
+  }
+}
+
+int64_t EngineCore::drafts_per_sequence() const {
+  int64_t decoding = 0;
+  for (const auto& s : scheduler_.running()) decoding += s->state() == SeqState::kDecode;
+  const ModelConfig& c = model_.config();
+  const int64_t max_rows =
+      spec_.max_rows >= 0 ? spec_.max_rows
+                          : DeepseekModel::kOverlapRidgeRows * c.n_routed_experts /
+                                std::max<int64_t>(1, c.num_experts_per_tok);
+  int64_t k = spec_.num_draft_tokens;
+  while (max_rows > 0 && k > 0 && decoding * (1 + k) > max_rows) --k;
+  return k;
+}
+
+Status EngineCore::propose(const StepPlan& plan, const StepResult& r) {
+  const int64_t H = model_.config().hidden_size, V = model_.config().vocab_size;
+  const int64_t k_policy = drafts_per_sequence();
+  // Pass 1, every planned sequence: its positions made final this step, [n_computed - n_final,
+  // n_computed). The row at p carries t_{p+1} and the main model's hidden row at p; the last
+  // row's logits propose the first draft (the token after tokens.back()).
+  struct Want {
+    Sequence* seq;
+    int64_t k;             // drafts to propose (0: only the pass that keeps the cache in step)
+    int64_t hidden_row;    // of r.hidden: the sequence's first row this step
+    int64_t n_final;
+  };
+  std::vector<Want> wants;
+  int64_t hidden_row = 0;
+  bool any_decode = false;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const PlannedSeq& p = plan.seqs[i];
+    Sequence& s = *p.seq;
+    const int64_t n_final = p.n_tokens + r.seqs[i].n_accepted_drafts;
+    int64_t k = 0;
+    if (s.state() == SeqState::kDecode) {
+      any_decode = true;
+      // (no more drafts than the tokens it may still generate after the next one)
+      k = std::min(k_policy, s.req.max_tokens - s.n_generated() - 1);
+      if (k > 0) k = scheduler_.reserve_drafts(s, k);
+    }
+    wants.push_back({&s, std::max<int64_t>(k, 0), hidden_row, n_final});
+    hidden_row += p.n_rows();
+  }
+  if (any_decode && k_policy < spec_.num_draft_tokens) ++stats_.spec_off_steps;
+
+  std::vector<StepSequence> batch;
+  std::vector<float> hidden;  // [rows, H] in batch order
+  for (const Want& w : wants) {
+    const Sequence& s = *w.seq;
+    const int64_t start = s.n_computed - w.n_final;
+    batch.push_back({std::span<const int32_t>(s.tokens).subspan(size_t(start + 1),
+                                                                 size_t(w.n_final)),
+                     start, s.block_table, w.k > 0 ? 1 : 0, 0});
+    hidden.insert(hidden.end(), r.hidden.begin() + w.hidden_row * H,
+                  r.hidden.begin() + (w.hidden_row + w.n_final) * H);
+  }
+  RETURN_IF_ERROR(model_.forward_mtp(batch, hidden.data(), cache_, &mtp_out_));
+
+  // Then chained passes, one row per sequence still wanting drafts: the row at position
+  // n_computed + j - 1 carries the j-th draft and the module's own output row before it. Rows
+  // of mtp_out_ (hidden and logits alike) are the drafting sequences', in `chain` order.
+  std::vector<Want*> chain;
+  for (Want& w : wants) {
+    if (w.k > 0) chain.push_back(&w);
+  }
+  for (size_t c = 0; c < chain.size(); ++c) {
+    chain[c]->seq->drafts = {argmax(&mtp_out_.logits[c * size_t(V)], V)};
+  }
+  std::vector<int32_t> chain_tokens;
+  for (int64_t j = 1;; ++j) {
+    std::vector<Want*> next;
+    hidden.clear();
+    for (size_t c = 0; c < chain.size(); ++c) {
+      if (int64_t(chain[c]->seq->drafts.size()) >= chain[c]->k) continue;
+      next.push_back(chain[c]);
+      hidden.insert(hidden.end(), mtp_out_.hidden.begin() + int64_t(c) * H,
+                    mtp_out_.hidden.begin() + int64_t(c + 1) * H);
+    }
+    if (next.empty()) break;
+    chain_tokens.resize(next.size());
+    batch.clear();
+    for (size_t c = 0; c < next.size(); ++c) {
+      const Sequence& s = *next[c]->seq;
+      chain_tokens[c] = s.drafts.back();
+      batch.push_back({std::span<const int32_t>(&chain_tokens[c], 1), s.n_computed + j - 1,
+                       s.block_table, 1, 0});
+    }
+    RETURN_IF_ERROR(model_.forward_mtp(batch, hidden.data(), cache_, &mtp_out_));
+    for (size_t c = 0; c < next.size(); ++c) {
+      next[c]->seq->drafts.push_back(argmax(&mtp_out_.logits[c * size_t(V)], V));
+    }
+    chain = std::move(next);
+  }
+  return Status::Ok();
 }
 
 void EngineCore::emit(const StepPlan& plan, StepResult& r) {
@@ -156,6 +293,8 @@ void EngineCore::emit(const StepPlan& plan, StepResult& r) {
     if (finished || out.tokens.empty()) continue;
     out.prompt_tokens = s.n_prompt;
     out.cached_prompt_tokens = s.n_cached_prompt;
+    out.draft_tokens = s.n_drafts_verified;
+    out.accepted_draft_tokens = s.n_drafts_accepted;
     s.callback(out);
   }
 }
@@ -169,6 +308,8 @@ void EngineCore::finish(Sequence* s, FinishReason reason, std::vector<GeneratedT
   out.error = std::move(error);
   out.prompt_tokens = s->n_prompt;
   out.cached_prompt_tokens = s->n_cached_prompt;
+  out.draft_tokens = s->n_drafts_verified;
+  out.accepted_draft_tokens = s->n_drafts_accepted;
   live_.erase(s->req.id);
   std::unique_ptr<Sequence> owned = scheduler_.remove(s);
   if (reason != FinishReason::kError) stats_.prompt_tokens += s->n_prompt;

@@ -14,6 +14,7 @@
 // one thread (the engine's step thread); callbacks run on it, in order, and may call cancel().
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,12 +36,16 @@ namespace moeserve {
 // and returns the logits and final hidden rows of the positions the plan asks for.
 class ModelRunner {
  public:
-  ModelRunner(DeepseekModel& model, KvCache& cache) : model_(model), cache_(cache) {}
+  // all_hidden: the final hidden row of every planned position, not only of those with logits
+  // (the MTP module reads them all).
+  ModelRunner(DeepseekModel& model, KvCache& cache, bool all_hidden = false)
+      : model_(model), cache_(cache), all_hidden_(all_hidden) {}
   Status run(const StepPlan& plan, StepResult* result);
 
  private:
   DeepseekModel& model_;
   KvCache& cache_;
+  bool all_hidden_;
   StepOutput out_;
   std::vector<std::vector<int32_t>> rows_with_drafts_;
 };
@@ -50,16 +55,31 @@ class ModelRunner {
 Status validate_prompt(const ModelConfig& config, std::span<const int32_t> prompt,
                        int64_t max_tokens, int64_t max_context);
 
+// MTP speculative decoding (docs/mtp.md).
+struct SpeculativeConfig {
+  int64_t num_draft_tokens = 0;  // K, 0..EngineStats::kMaxDraftTokens; 0: off
+  // The load policy: a step plans k <= K drafts per decoding sequence, the largest k whose
+  // decode rows (sequences x (1 + k)) stay within max_rows; none when even k = 1 does not fit.
+  // -1: automatic (DeepseekModel::kOverlapRidgeRows * n_routed_experts / top_k: the rows at
+  // which the routed experts' FP8 GEMMs leave the memory-bound regime); 0: no limit.
+  int64_t max_rows = -1;
+};
+
 struct EngineCoreStats {
   int64_t prompt_tokens = 0;  // of finished requests (errors excluded)
   int64_t generated_tokens = 0;
   int64_t steps = 0;
+  // Speculative decoding, as the EngineStats fields of the same names.
+  std::array<int64_t, EngineStats::kMaxDraftTokens> spec_verified{}, spec_accepted{};
+  int64_t spec_verify_steps = 0, spec_verify_tokens = 0, spec_off_steps = 0;
 };
 
 class EngineCore {
  public:
+  // With speculative.num_draft_tokens > 0 the model must have its MTP module and the cache
+  // its layer (kv_cache_layout(..., mtp = true)).
   EngineCore(DeepseekModel& model, KvCache& cache, const SchedulerConfig& scheduling,
-             ThreadPool* pool, Tracer* tracer = nullptr);
+             ThreadPool* pool, Tracer* tracer = nullptr, const SpeculativeConfig& speculative = {});
 
   // A request (validated by the caller, seed set) and where its outputs go.
   void add(EngineRequest request, OutputCallback callback);
@@ -85,6 +105,11 @@ class EngineCore {
 
  private:
   void sample(const StepPlan& plan, StepResult& r);
+  // The MTP module over the step's final positions (its latent cache keeps pace with the main
+  // model's), then its drafts for each decoding sequence's next step (docs/mtp.md).
+  Status propose(const StepPlan& plan, const StepResult& r);
+  // How many drafts a decoding sequence gets next step under the load policy.
+  int64_t drafts_per_sequence() const;
   void emit(const StepPlan& plan, StepResult& r);
   void finish(Sequence* s, FinishReason reason, std::vector<GeneratedToken> last, Status error);
 
@@ -94,7 +119,9 @@ class EngineCore {
   Tracer* tracer_;
   Scheduler scheduler_;
   ModelRunner runner_;
+  SpeculativeConfig spec_;
   StepResult result_;
+  StepOutput mtp_out_;
   std::unordered_map<std::string, Sequence*> live_;
   EngineCoreStats stats_;
 };

@@ -9,6 +9,11 @@
 
 namespace moeserve {
 
+int64_t Generator::blocks_needed(const GenerateRequest& r) const {
+  return blocks_for(int64_t(r.prompt.size()) + r.max_tokens +
+                    (spec_.num_draft_tokens > 0 ? spec_.num_draft_tokens + 1 : 0));
+}
+
 Result<std::vector<GenerateResult>> Generator::generate(
     const std::vector<GenerateRequest>& requests, int64_t prefill_chunk) {
   const ModelConfig& c = model_.config();
@@ -18,7 +23,7 @@ Result<std::vector<GenerateResult>> Generator::generate(
     RETURN_IF_ERROR(validate_prompt(c, r.prompt, r.max_tokens, c.max_position_embeddings)
                         .with_context(fmt::format("request {}", i)));
     const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
-    blocks += blocks_for(total);
+    blocks += blocks_needed(r);
     if (blocks > cache_.num_available()) {
       return ResourceExhausted(
           fmt::format("request {}: not enough KV cache blocks for {} tokens", i, total));
@@ -31,7 +36,7 @@ Result<std::vector<GenerateResult>> Generator::generate(
   all_at_once.max_batch_tokens = std::numeric_limits<int64_t>::max();
   all_at_once.max_chunk_tokens = prefill_chunk;
   all_at_once.await_loads = true;  // EP ranks run the same batch in lockstep
-  EngineCore core(model_, cache_, all_at_once, pool_);
+  EngineCore core(model_, cache_, all_at_once, pool_, nullptr, spec_);
   std::vector<GenerateResult> results(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerateRequest& g = requests[i];
@@ -48,8 +53,13 @@ Result<std::vector<GenerateResult>> Generator::generate(
     core.add(std::move(r), [&res = results[i], top = g.top_logprobs](const RequestOutput& out) {
       for (const GeneratedToken& t : out.tokens) {
         res.tokens.push_back(t.id);
-        if (top > 0) res.top_logprobs.push_back(t.top);
+        if (top > 0) {
+          res.logprobs.push_back(t.logprob);
+          res.top_logprobs.push_back(t.top);
+        }
       }
+      res.draft_tokens = out.draft_tokens;
+      res.accepted_draft_tokens = out.accepted_draft_tokens;
       if (out.finished) res.finish = out.finish_reason;
     });
   }
@@ -58,6 +68,7 @@ Result<std::vector<GenerateResult>> Generator::generate(
     st = core.step();
     if (st.ok() && after_step_) st = after_step_();
   }
+  stats_ = core.stats();
   if (!st.ok()) {
     core.finish_all(FinishReason::kError, st);  // releases their blocks
     return st;

@@ -14,6 +14,7 @@
 #include "cache/kv_cache.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
+#include "engine/engine_core.h"
 #include "kernels/sampling.h"
 #include "model/deepseek.h"
 
@@ -30,14 +31,23 @@ struct GenerateRequest {
 
 struct GenerateResult {
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // of each generated token (when top_logprobs > 0)
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // one list per generated token
   FinishReason finish = FinishReason::kLength;
+  int64_t draft_tokens = 0;  // MTP drafts verified for this request, and accepted
+  int64_t accepted_draft_tokens = 0;
 };
 
 class Generator {
  public:
-  Generator(DeepseekModel& model, KvCache& cache, ThreadPool* pool = nullptr)
-      : model_(model), cache_(cache), pool_(pool) {}
+  // speculative: MTP speculative decoding (engine_core.h); the cache then needs the MTP layer.
+  Generator(DeepseekModel& model, KvCache& cache, ThreadPool* pool = nullptr,
+            const SpeculativeConfig& speculative = {})
+      : model_(model), cache_(cache), pool_(pool), spec_(speculative) {}
+
+  // KV blocks a request needs here: its prompt and max_tokens, and the draft positions
+  // speculative decoding may compute past them.
+  int64_t blocks_needed(const GenerateRequest& r) const;
 
   // Prompts longer than `prefill_chunk` tokens are prefilled in several steps (0: one step).
   // InvalidArgument for a bad request, ResourceExhausted when the cache cannot hold them all.
@@ -46,12 +56,16 @@ class Generator {
   // Called after every step (e.g. ExpertBalancer::end_step on every rank of an EP group); an
   // error ends generate() with it.
   void set_after_step(std::function<Status()> f) { after_step_ = std::move(f); }
+  // The step loop's counters of the last generate() (steps, speculative acceptance).
+  const EngineCoreStats& stats() const { return stats_; }
 
  private:
   DeepseekModel& model_;
   KvCache& cache_;
   ThreadPool* pool_;
+  SpeculativeConfig spec_;
   std::function<Status()> after_step_;
+  EngineCoreStats stats_;
 };
 
 }  // namespace moeserve

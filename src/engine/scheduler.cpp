@@ -8,9 +8,12 @@ namespace moeserve {
 
 namespace {
 
-// Plans n tokens of s: logits for the last position when they reach the end of its tokens.
-void add_to_plan(StepPlan& plan, Sequence* s, int64_t n) {
-  plan.seqs.push_back({s, n, {}, s->n_computed + n == int64_t(s->tokens.size()) ? 1 : 0});
+// Plans n tokens of s, then `drafts`: logits for the last position when they reach the end
+// of its tokens, and for every draft.
+void add_to_plan(StepPlan& plan, Sequence* s, int64_t n, std::vector<int32_t> drafts = {}) {
+  const int64_t n_logits = s->n_computed + n == int64_t(s->tokens.size()) ? 1 : 0;
+  const int64_t n_drafts = int64_t(drafts.size());
+  plan.seqs.push_back({s, n, std::move(drafts), n_logits + n_drafts});
 }
 
 }  // namespace
@@ -96,6 +99,14 @@ void Scheduler::plan_running(SeqState pass, StepPlan& plan, int64_t& budget) {
     Sequence* s = running_[i].get();
     if (s->state() != pass || planned(s)) continue;
     int64_t n = chunk(*s, budget);
+    // A decode's drafts (docs/mtp.md), as many as the budget leaves room for; none when their
+    // blocks would take a preemption (reserve_drafts() normally got them already).
+    std::vector<int32_t> drafts;
+    if (pass == SeqState::kDecode && n == s->n_uncomputed() && !s->drafts.empty()) {
+      const int64_t d = std::min(int64_t(s->drafts.size()), budget - n);
+      if (d > 0 && ensure_blocks(*s, n + d)) drafts.assign(s->drafts.begin(), s->drafts.begin() + d);
+    }
+    s->drafts.clear();
     while (!ensure_blocks(*s, n)) {
       // Out of blocks: preempt the most recently admitted sequence not in this step.
       Sequence* victim = nullptr;
@@ -105,9 +116,16 @@ void Scheduler::plan_running(SeqState pass, StepPlan& plan, int64_t& budget) {
       preempt(victim);  // s itself is unplanned, so a victim always exists
       if (victim == s) return;
     }
-    add_to_plan(plan, s, n);
-    budget -= n;
+    budget -= n + int64_t(drafts.size());
+    add_to_plan(plan, s, n, std::move(drafts));
   }
+}
+
+int64_t Scheduler::reserve_drafts(Sequence& s, int64_t k) {
+  for (; k > 0; --k) {
+    if (ensure_blocks(s, s.n_uncomputed() + k)) return k;
+  }
+  return 0;
 }
 
 // Admits waiting requests, oldest first: RAM prefix hits are taken at once; when the lower
@@ -178,25 +196,35 @@ StepPlan Scheduler::schedule() {
   return plan;
 }
 
-void Scheduler::commit(const StepPlan& plan, const StepResult& result) {
+void Scheduler::commit(const StepPlan& plan, const StepResult& result, bool register_blocks) {
   CHECK(result.seqs.size() == plan.seqs.size(), "a step result for another plan");
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const PlannedSeq& p = plan.seqs[i];
     const SeqResult& r = result.seqs[i];
     Sequence& s = *p.seq;
     CHECK(r.n_accepted_drafts <= int64_t(p.drafts.size()), "more drafts accepted than planned");
+    CHECK(r.n_accepted_drafts == 0 || r.tokens.size() == size_t(r.n_accepted_drafts) + 1,
+          "accepted drafts come with their tokens and the bonus token");
     s.n_computed += p.n_tokens + r.n_accepted_drafts;
     for (const GeneratedToken& t : r.tokens) s.tokens.push_back(t.id);
-    // Blocks whose 64 tokens all have final KV join the prefix index, in chain order.
-    for (int64_t b = int64_t(s.block_hashes.size()); (b + 1) * kKvBlockSize <= s.n_computed; ++b) {
-      auto block_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(b * kKvBlockSize),
-                                                                     size_t(kKvBlockSize));
-      const uint64_t parent = b == 0 ? cache_.fingerprint() : s.block_hashes[size_t(b - 1)];
-      const uint64_t h = cache_.chain_hash(parent, block_tokens);
-      cache_.register_block(s.block_table[size_t(b)], h, parent, block_tokens);
-      s.block_hashes.push_back(h);
-    }
+    if (register_blocks) register_final_blocks(s);
     if (s.state() == SeqState::kPrefill && !r.tokens.empty()) s.set_state(SeqState::kDecode);
+  }
+}
+
+void Scheduler::register_final_blocks(const StepPlan& plan) {
+  for (const PlannedSeq& p : plan.seqs) register_final_blocks(*p.seq);
+}
+
+// Blocks whose 64 tokens all have final KV join the prefix index, in chain order.
+void Scheduler::register_final_blocks(Sequence& s) {
+  for (int64_t b = int64_t(s.block_hashes.size()); (b + 1) * kKvBlockSize <= s.n_computed; ++b) {
+    auto block_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(b * kKvBlockSize),
+                                                                   size_t(kKvBlockSize));
+    const uint64_t parent = b == 0 ? cache_.fingerprint() : s.block_hashes[size_t(b - 1)];
+    const uint64_t h = cache_.chain_hash(parent, block_tokens);
+    cache_.register_block(s.block_table[size_t(b)], h, parent, block_tokens);
+    s.block_hashes.push_back(h);
   }
 }
 

@@ -2,7 +2,8 @@
 // every sequence's state transitions but finishing (docs/engine.md).
 //
 // Each step: sequences whose KV finished loading from the lower tier join the running ones;
-// every running sequence in decode gets its one token first; then running sequences still
+// every running sequence in decode gets its one token first (with the drafts the MTP module
+// proposed for it, budget allowing); then running sequences still
 // prefilling get chunks (at most max_chunk_tokens each, when set); then waiting requests are
 // admitted while the token budget, max_num_seqs and free KV blocks allow. Admission looks up
 // the prompt's full blocks in RAM first; when the lower tier holds the next block, the
@@ -44,8 +45,16 @@ class Scheduler {
   // After the step ran and was sampled: each sequence keeps the KV of its planned tokens and
   // of its accepted drafts (the rest is rolled back: those slots are rewritten later), takes
   // result.seqs[i].tokens, registers the blocks whose tokens are now final in the prefix
-  // index, and moves from prefill to decode once it has sampled.
-  void commit(const StepPlan& plan, const StepResult& result);
+  // index (unless !register_blocks: then register_final_blocks() does it), and moves from
+  // prefill to decode once it has sampled.
+  void commit(const StepPlan& plan, const StepResult& result, bool register_blocks = true);
+  // The prefix-index step of commit(), on its own: with MTP the blocks are registered (and so
+  // copied to the disk tier) only once the module's layer is written too (docs/mtp.md).
+  void register_final_blocks(const StepPlan& plan);
+  // Blocks for the positions a running sequence's next step would compute with k drafts (and
+  // that chaining the MTP module writes first): k if they are (or could be) allocated, else
+  // the largest k' < k that fits without preempting anyone (docs/mtp.md).
+  int64_t reserve_drafts(Sequence& s, int64_t k);
   // Removes a sequence (running or waiting), releasing its blocks; it becomes finished.
   std::unique_ptr<Sequence> remove(Sequence* seq);
 
@@ -66,6 +75,7 @@ class Scheduler {
 
  private:
   void take_loaded();
+  void register_final_blocks(Sequence& s);
   void plan_running(SeqState pass, StepPlan& plan, int64_t& budget);
   void admit(StepPlan& plan, int64_t& budget);
   void count_admission(Sequence& s, int64_t lower_tokens);

@@ -41,6 +41,12 @@ struct Sequence {
   std::shared_ptr<KvLoadJob> load;
   bool admitted_before = false;
   std::mt19937_64 rng;
+  // MTP speculative decoding (docs/mtp.md): the tokens the module proposed to follow
+  // tokens.back(), verified by the next step (not part of tokens until accepted), and this
+  // request's counts of drafts verified and accepted.
+  std::vector<int32_t> drafts;
+  int64_t n_drafts_verified = 0;
+  int64_t n_drafts_accepted = 0;
 
   SeqState state() const { return state_; }
   void set_state(SeqState to);  // CHECKs is_valid_transition(state(), to)

@@ -18,7 +18,7 @@ struct PlannedSeq {
   // Tokens [seq->n_computed, + n_tokens) of seq->tokens run this step (a prefill chunk, or the
   // one token sampled last step), followed by `drafts`.
   int64_t n_tokens = 0;
-  std::vector<int32_t> drafts;  // speculative tokens to verify after them (none yet)
+  std::vector<int32_t> drafts;  // speculative tokens to verify after them (docs/mtp.md)
   // Logits (and final hidden rows) are needed for the last n_logits of the step's
   // n_tokens + drafts.size() positions: 0 mid-prefill, 1 to sample the next token, 1 + drafts
   // to verify drafts.

@@ -140,4 +140,15 @@ int32_t sample_token(const float* logits, int64_t n, const SamplingParams& p,
   return key_id(keys[size_t(keep - 1)]);
 }
 
+std::vector<int32_t> verify_drafts(const float* logits, int64_t n, std::span<const int32_t> drafts,
+                                   const SamplingParams& params, std::mt19937_64& rng) {
+  std::vector<int32_t> out;
+  for (size_t j = 0; j <= drafts.size(); ++j) {
+    const int32_t t = sample_token(logits + int64_t(j) * n, n, params, rng);
+    out.push_back(t);
+    if (j == drafts.size() || t != drafts[j]) break;
+  }
+  return out;
+}
+
 }  // namespace moeserve

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace moeserve {
@@ -38,5 +39,19 @@ std::vector<TokenLogprob> top_logprobs(const float* logprobs, int64_t n, int64_t
 // same token. O(vocab) plus a sort of the kept candidates only.
 int32_t sample_token(const float* logits, int64_t n, const SamplingParams& params,
                      std::mt19937_64& rng);
+
+// Speculative verification of drafts proposed deterministically (a draft distribution that is
+// a point mass on each draft, as the MTP module's argmax is: docs/mtp.md). logits: rows
+// [drafts.size() + 1, n], row j the target's logits for the token after drafts[0, j). Row by
+// row: t = sample_token(row j); t is emitted; the walk goes on to row j + 1 only while
+// j < drafts.size() and t == drafts[j]. Returns the emitted tokens (1 to drafts.size() + 1:
+// the accepted drafts, then the correction or the bonus token).
+//
+// Exactness: rejection sampling with draft distribution q accepts d with probability
+// min(1, p(d) / q(d)) and otherwise draws from max(0, p - q) renormalised; for q a point mass on
+// d that is p(d), then p restricted to tokens != d: exactly "draw t from p, accept iff t == d",
+// so every emitted token is distributed as sample_token's (greedy: the argmax).
+std::vector<int32_t> verify_drafts(const float* logits, int64_t n, std::span<const int32_t> drafts,
+                                   const SamplingParams& params, std::mt19937_64& rng);
 
 }  // namespace moeserve

@@ -163,7 +163,7 @@ class Checkpoint::Binder {
       std::optional<int64_t> layer = layer_of(name);
       if (layer && *layer >= config_.num_hidden_layers &&
           *layer < config_.num_hidden_layers + config_.num_nextn_predict_layers) {
-        continue;  // MTP module weights: not used until speculative decoding exists
+        continue;  // MTP modules not asked for (LoadOptions::mtp), or past the first
       }
       extra.push_back(
           fmt::format("'{}' (in {})", name, fs::path(loc.file->path()).filename().string()));
@@ -194,6 +194,12 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
   if (!fs::is_directory(dir)) return NotFound(dir + ": not a directory");
   ASSIGN_OR_RETURN(ck->config_, load_model_config((fs::path(dir) / "config.json").string()));
   const ModelConfig& c = ck->config_;
+  if (options.mtp && c.num_nextn_predict_layers < 1) {
+    return InvalidArgument(fmt::format(
+        "{}/config.json: num_nextn_predict_layers is {}: the checkpoint has no MTP module "
+        "(--speculative mtp needs one)",
+        dir, c.num_nextn_predict_layers));
+  }
 
   // Shard list: from the index when there is one, else the single file.
   std::vector<std::string> shard_names;
@@ -257,9 +263,11 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
   ModelWeights& w = ck->weights_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads;
   ASSIGN_OR_RETURN(w.embed, b.matrix("model.embed_tokens.weight", c.vocab_size, H));
-  w.layers.resize(size_t(c.num_hidden_layers));
+  // The main layers, then (when asked for) the MTP module's decoder layer after them.
+  const int64_t n_layers = c.num_hidden_layers + (options.mtp ? 1 : 0);
+  w.layers.resize(size_t(n_layers));
   int64_t moe_layer = 0;  // index among MoE layers
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < n_layers; ++l) {
     std::string p = fmt::format("model.layers.{}.", l);
     LayerWeights& L = w.layers[size_t(l)];
     ASSIGN_OR_RETURN(L.attn_norm, b.vector(p + "input_layernorm.weight", H));
@@ -307,6 +315,19 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
     }
     L.moe = std::move(m);
     ++moe_layer;
+  }
+  if (options.mtp) {
+    // The MTP module's own tensors; its embed_tokens and shared_head.head are copies of the main
+    // model's (README_WEIGHTS.md: "shares parameters"), which it uses instead (docs/mtp.md).
+    std::string p = fmt::format("model.layers.{}.", c.num_hidden_layers);
+    MtpWeights m;
+    ASSIGN_OR_RETURN(m.enorm, b.vector(p + "enorm.weight", H));
+    ASSIGN_OR_RETURN(m.hnorm, b.vector(p + "hnorm.weight", H));
+    ASSIGN_OR_RETURN(m.eh_proj, b.matrix(p + "eh_proj.weight", H, 2 * H));
+    ASSIGN_OR_RETURN(m.head_norm, b.vector(p + "shared_head.norm.weight", H));
+    b.skip_prefix(p + "embed_tokens.");
+    b.skip_prefix(p + "shared_head.head.");
+    w.mtp = std::move(m);
   }
   ASSIGN_OR_RETURN(w.norm, b.vector("model.norm.weight", H));
   if (c.tie_word_embeddings && !b.has("lm_head.weight")) {

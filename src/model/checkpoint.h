@@ -6,7 +6,7 @@
 // valid for the Checkpoint's life. Nothing is copied except norm vectors and gate biases
 // (small, converted to float). FP8 projections stay FP8 with their weight_scale_inv blocks.
 // Routed experts that the dispatcher says live on another rank are not mapped (EP), and MTP
-// layers (index >= num_hidden_layers) are skipped. Every tensor of the files must be consumed
+// layers (index >= num_hidden_layers) are skipped unless LoadOptions::mtp asks for the first. Every tensor of the files must be consumed
 // or skipped by name: leftovers are reported as unexpected.
 #pragma once
 
@@ -52,11 +52,22 @@ struct LayerWeights {
   std::optional<MoeWeights> moe;  // MoE layers
 };
 
+// The first MTP module (docs/mtp.md) but for its decoder layer, which is
+// ModelWeights::layers[num_hidden_layers]. Row p: x = eh_proj [enorm(embed(t_{p+1})); hnorm(H_p)]
+// (the embedding first), the decoder layer, head_norm, then the main model's lm_head.
+struct MtpWeights {
+  std::vector<float> enorm, hnorm;  // [hidden]
+  WeightView eh_proj;               // [hidden, 2 * hidden]
+  std::vector<float> head_norm;     // [hidden] shared_head.norm
+};
+
 struct ModelWeights {
   WeightView embed;  // [vocab, hidden]
+  // The num_hidden_layers main layers, then the MTP module's decoder layer when it is loaded.
   std::vector<LayerWeights> layers;
   std::vector<float> norm;  // [hidden]
   WeightView lm_head;       // [vocab, hidden] (the embedding when tied)
+  std::optional<MtpWeights> mtp;  // LoadOptions::mtp
 };
 
 struct LoadOptions {
@@ -66,6 +77,10 @@ struct LoadOptions {
   // per layer (EPLB); when set it decides instead of holds_expert.
   std::function<bool(int64_t moe_layer, int32_t expert)> holds_layer_expert;
   bool progress = false;  // a progress line on stderr
+  // Also load the first MTP module (model.layers.<num_hidden_layers>.*) for speculative decoding;
+  // otherwise MTP tensors are skipped. Its MoE layer counts as the last MoE layer (moe_layer =
+  // num_moe_layers()) for holds_layer_expert.
+  bool mtp = false;
 };
 
 class Checkpoint {

@@ -147,24 +147,33 @@ void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightV
   }
 }
 
-Status DeepseekModel::forward(std::span<const StepSequence> batch, KvCache& cache,
-                              StepOutput* out) {
-  const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size;
-  int64_t n = 0, n_out = 0;
+namespace {
+
+// The new tokens of a batch, or why its positions or requested rows do not fit.
+Result<int64_t> batch_rows(std::span<const StepSequence> batch) {
+  int64_t n = 0;
   for (const StepSequence& s : batch) {
     int64_t end = s.start_pos + int64_t(s.tokens.size());
     if (s.start_pos < 0 || end > int64_t(s.block_table.size()) * kKvBlockSize) {
       return InvalidArgument(fmt::format("positions [{}, {}) exceed the block table ({} blocks)",
                                          s.start_pos, end, s.block_table.size()));
     }
-    if (s.n_logits < 0 || s.n_logits > int64_t(s.tokens.size())) {
-      return InvalidArgument(fmt::format("logits of {} positions asked of a run of {} tokens",
-                                         s.n_logits, s.tokens.size()));
+    if (s.n_logits < 0 || s.hidden_rows() > int64_t(s.tokens.size())) {
+      return InvalidArgument(fmt::format("rows of {} positions asked of a run of {} tokens",
+                                         s.hidden_rows(), s.tokens.size()));
     }
     n += int64_t(s.tokens.size());
-    n_out += s.n_logits;
   }
+  return n;
+}
+
+}  // namespace
+
+Status DeepseekModel::forward(std::span<const StepSequence> batch, KvCache& cache,
+                              StepOutput* out) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size;
+  ASSIGN_OR_RETURN(const int64_t n, batch_rows(batch));
 
   std::vector<float> x(size_t(n * H));  // [n, H] residual stream
   int64_t row = 0;
@@ -172,49 +181,100 @@ Status DeepseekModel::forward(std::span<const StepSequence> batch, KvCache& cach
     for (int32_t t : s.tokens) weights_.embed.row_to_f32(t, &x[size_t(row++ * H)]);
   }
 
-  // Expert parallelism with overlap: two micro-batches interleaved (microbatch.cpp).
-  const bool overlapped = overlap_ && dispatcher_.world_size() > 1;
-  if (overlapped) RETURN_IF_ERROR(layers_overlapped(batch, cache, x));
-  // The sequential driver: each layer's stages in order (the micro-batch driver interleaves
-  // the same stages of two halves of the batch).
-  const int64_t k = c.num_experts_per_tok;
-  std::vector<float> h(size_t(n * H)), tmp(size_t(n * H));  // [n, H]
-  std::vector<int32_t> ids(size_t(n * k));                  // [n, k]
-  std::vector<float> wts(size_t(n * k));                    // [n, k]
-  scratch_.shared.resize(size_t(n * H));                    // [n, H] shared experts' output
-  for (int64_t l = 0; !overlapped && l < c.num_hidden_layers; ++l) {
-    attention_stage(l, -1, batch, cache, x.data(), h.data(), tmp.data(), n);
-    if (!weights_.layers[size_t(l)].moe) {
-      mlp_stage(l, -1, h.data(), x.data(), tmp.data(), n);
-      continue;
+  // Expert parallelism with overlap: two micro-batches interleaved (microbatch.cpp); else the
+  // sequential driver, each layer's stages in order.
+  if (overlap_ && dispatcher_.world_size() > 1) {
+    RETURN_IF_ERROR(layers_overlapped(batch, cache, x));
+  } else {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      RETURN_IF_ERROR(layer_sequential(l, batch, cache, x.data(), n));
     }
-    gate_stage(l, -1, h.data(), n, ids.data(), wts.data());
-    std::optional<StageSpan> comm(std::in_place, tracer_, "dispatch", l, -1, TraceLane::kComm);
-    ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(moe_layer_index(l), h.data(), n, H,
-                                                         ids.data(), wts.data(), k));
-    comm.reset();
-    RETURN_IF_ERROR(experts_stage(l, -1, b, scratch_.expert_out));
-    comm.emplace(tracer_, "combine", l, -1, TraceLane::kComm);
-    RETURN_IF_ERROR(combine(b, scratch_.expert_out, tmp.data()));  // [n, H]
-    comm.reset();
-    shared_stage(l, -1, h.data(), n, scratch_.shared.data());
-    moe_residual(l, x.data(), tmp.data(), scratch_.shared.data(), n);
   }
-  TraceSpan head_span(tracer_, "lm_head");
+  head(batch, x.data(), weights_.norm, out);
+  return Status::Ok();
+}
 
-  out->hidden.resize(size_t(n_out * H));  // [n_out, H] final-norm'd requested rows
-  row = 0;
-  int64_t out_row = 0;
+Status DeepseekModel::forward_mtp(std::span<const StepSequence> batch, const float* hidden,
+                                  KvCache& cache, StepOutput* out) {
+  CHECK(weights_.mtp.has_value(), "forward_mtp on a model loaded without its MTP module");
+  const MtpWeights& m = *weights_.mtp;
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  ASSIGN_OR_RETURN(const int64_t n, batch_rows(batch));
+  TraceSpan span(tracer_, "mtp");
+
+  // [n, 2H]: RMSNorm_enorm(embed(t_{p+1})), then RMSNorm_hnorm(H_p): the embedding first.
+  std::vector<float> eh(size_t(n * 2 * H)), e(static_cast<size_t>(H));
+  int64_t row = 0;
+  for (const StepSequence& s : batch) {
+    for (int32_t t : s.tokens) {
+      weights_.embed.row_to_f32(t, e.data());
+      norm(e.data(), 1, H, H, m.enorm.data(), eps, &eh[size_t(row++ * 2 * H)], 2 * H);
+    }
+  }
+  norm(hidden, n, H, H, m.hnorm.data(), eps, eh.data() + H, 2 * H);
+  std::vector<float> x(size_t(n * H));  // [n, H] the decoder layer's input
+  linear(eh.data(), n, 2 * H, m.eh_proj, x.data(), H);
+  RETURN_IF_ERROR(layer_sequential(c.num_hidden_layers, batch, cache, x.data(), n));
+  head(batch, x.data(), m.head_norm, out);
+  return Status::Ok();
+}
+
+Status DeepseekModel::layer_sequential(int64_t l, std::span<const StepSequence> batch,
+                                       KvCache& cache, float* x, int64_t n) {
+  const int64_t H = config_.hidden_size, k = config_.num_experts_per_tok;
+  std::vector<float>& h = scratch_.h;  // [n, H], as tmp (scratch: see ExpertScratch)
+  std::vector<float>& tmp = scratch_.tmp;
+  h.resize(size_t(n * H));
+  tmp.resize(size_t(n * H));
+  attention_stage(l, -1, batch, cache, x, h.data(), tmp.data(), n);
+  if (!weights_.layers[size_t(l)].moe) {
+    mlp_stage(l, -1, h.data(), x, tmp.data(), n);
+    return Status::Ok();
+  }
+  std::vector<int32_t>& ids = scratch_.ids;  // [n, k]
+  std::vector<float>& wts = scratch_.wts;    // [n, k]
+  ids.resize(size_t(n * k));
+  wts.resize(size_t(n * k));
+  scratch_.shared.resize(size_t(n * H));  // [n, H] shared experts' output
+  gate_stage(l, -1, h.data(), n, ids.data(), wts.data());
+  std::optional<StageSpan> comm(std::in_place, tracer_, "dispatch", l, -1, TraceLane::kComm);
+  ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_.dispatch(moe_layer_index(l), h.data(), n, H,
+                                                       ids.data(), wts.data(), k));
+  comm.reset();
+  RETURN_IF_ERROR(experts_stage(l, -1, b, scratch_.expert_out));
+  comm.emplace(tracer_, "combine", l, -1, TraceLane::kComm);
+  RETURN_IF_ERROR(combine(b, scratch_.expert_out, tmp.data()));  // [n, H]
+  comm.reset();
+  shared_stage(l, -1, h.data(), n, scratch_.shared.data());
+  moe_residual(l, x, tmp.data(), scratch_.shared.data(), n);
+  return Status::Ok();
+}
+
+void DeepseekModel::head(std::span<const StepSequence> batch, const float* x,
+                         const std::vector<float>& norm_w, StepOutput* out) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size;
+  TraceSpan head_span(tracer_, "lm_head");
+  int64_t n_hidden = 0, n_logits = 0;
+  for (const StepSequence& s : batch) {
+    n_hidden += s.hidden_rows();
+    n_logits += s.n_logits;
+  }
+  out->hidden.resize(size_t(n_hidden * H));  // [n_hidden, H] final-norm'd requested rows
+  std::vector<float> head_in(size_t(n_logits * H));  // [n_logits, H] the rows with logits
+  int64_t row = 0, out_row = 0, logit_row = 0;
   for (const StepSequence& s : batch) {
     row += int64_t(s.tokens.size());
-    for (int64_t r = row - s.n_logits; r < row; ++r) {
-      norm(&x[size_t(r * H)], 1, H, H, weights_.norm.data(), float(c.rms_norm_eps),
-           &out->hidden[size_t(out_row++ * H)], H);
+    for (int64_t r = row - s.hidden_rows(); r < row; ++r, ++out_row) {
+      float* y = &out->hidden[size_t(out_row * H)];
+      norm(&x[size_t(r * H)], 1, H, H, norm_w.data(), float(c.rms_norm_eps), y, H);
+      if (r >= row - s.n_logits) std::copy_n(y, H, &head_in[size_t(logit_row++ * H)]);
     }
   }
-  out->logits.assign(size_t(n_out * c.vocab_size), 0.0f);  // [n_out, vocab]
-  linear(out->hidden.data(), n_out, H, weights_.lm_head, out->logits.data(), c.vocab_size);
-  return Status::Ok();
+  out->logits.assign(size_t(n_logits * c.vocab_size), 0.0f);  // [n_logits, vocab]
+  linear(head_in.data(), n_logits, H, weights_.lm_head, out->logits.data(), c.vocab_size);
 }
 
 void DeepseekModel::norm(const float* x, int64_t n, int64_t d, int64_t ldx, const float* w,

@@ -10,6 +10,7 @@
 // called by one thread at a time; it uses the pool for parallel loops.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -51,20 +52,29 @@ struct StepSequence {
   int64_t start_pos = 0;                 // position of tokens[0]
   std::span<const int32_t> block_table;  // covers positions [0, start_pos + tokens.size())
   int64_t n_logits = 1;                  // logits of the last n_logits new tokens (<= tokens)
+  // Final hidden rows of the last max(n_logits, n_hidden) new tokens (<= tokens): the MTP
+  // module reads every position's, logits are needed only for the last few.
+  int64_t n_hidden = 0;
+
+  int64_t hidden_rows() const { return std::max(n_logits, n_hidden); }
 };
 
-// forward()'s results: one row per requested position (each sequence's last n_logits new
-// tokens, in batch order).
+// forward()'s results, in batch order: logits of each sequence's last n_logits new tokens, and
+// final hidden rows of its last hidden_rows() (so a sequence's logits rows are the last n_logits
+// of its hidden rows).
 struct StepOutput {
-  std::vector<float> logits;  // [rows, vocab_size]
-  std::vector<float> hidden;  // [rows, hidden_size] after the final norm (the lm_head input)
+  std::vector<float> logits;  // [sum n_logits, vocab_size]
+  std::vector<float> hidden;  // [sum hidden_rows(), hidden_size] after the final norm (the
+                              // lm_head input; forward_mtp: after shared_head.norm)
 };
 
 // The latent KV cache layout of this model with tokens stored as kv_dtype (kBF16, kF8E4M3:
 // FlashMLA's FP8, or kF32). kv_token_format_status(layout.token) says whether the model can
 // use it (FP8 needs kv_lora_rank % 128 == 0); callers check at their boundary.
-inline KvLayout kv_cache_layout(const ModelConfig& c, DType kv_dtype) {
-  return KvLayout{c.num_hidden_layers, {kv_dtype, c.kv_lora_rank, c.qk_rope_head_dim}};
+// With mtp, one more layer after the main ones: the MTP module's (docs/mtp.md).
+inline KvLayout kv_cache_layout(const ModelConfig& c, DType kv_dtype, bool mtp = false) {
+  return KvLayout{c.num_hidden_layers + (mtp ? 1 : 0),
+                  {kv_dtype, c.kv_lora_rank, c.qk_rope_head_dim}};
 }
 
 // The two micro-batches of a step (docs/ep-overlap.md): indices into the batch, ascending, each
@@ -115,6 +125,18 @@ class DeepseekModel {
   // Runs the step; `out` gets the logits and final hidden rows of the requested positions.
   Status forward(std::span<const StepSequence> batch, KvCache& cache, StepOutput* out);
 
+  // Whether the weights include the MTP module (LoadOptions::mtp); its latent cache is layer
+  // num_hidden_layers of the cache, which then needs num_layers() layers.
+  bool has_mtp() const { return weights_.mtp.has_value(); }
+  int64_t num_layers() const { return int64_t(weights_.layers.size()); }
+  // The MTP module (docs/mtp.md) over a batch laid out as for forward(): the row at position p
+  // of a sequence carries the token t_{p+1} (in tokens) and, in `hidden` [rows, H] in the same
+  // row order, the main model's final hidden row at p (or, chaining drafts, this module's own
+  // output row at p - 1). Writes the module's latent KV at those positions; `out` gets its
+  // logits (draft predictions of t_{p+2}) and its output rows after shared_head.norm.
+  Status forward_mtp(std::span<const StepSequence> batch, const float* hidden, KvCache& cache,
+                     StepOutput* out);
+
   // The routed experts this rank holds now (EPLB installs and drops them through it, between
   // two forward() calls on its thread: model/expert_store.h).
   ExpertStore& experts() { return experts_; }
@@ -148,6 +170,12 @@ class DeepseekModel {
   //                    combine              (the dispatcher) weighted sum back into tmp [n, H]
   //                    shared_stage         shared [n, H] = shared experts(h)
   //                    moe_residual         x += tmp + shared
+  // One layer, stage after stage, over the whole batch (x: [n, H] residual stream, in and out).
+  Status layer_sequential(int64_t layer, std::span<const StepSequence> batch, KvCache& cache,
+                          float* x, int64_t n);
+  // The final norm (weight `norm_w`) of each sequence's requested rows of x, then the lm_head.
+  void head(std::span<const StepSequence> batch, const float* x, const std::vector<float>& norm_w,
+            StepOutput* out);
   void attention_stage(int64_t layer, int mb, std::span<const StepSequence> batch, KvCache& cache,
                        float* x, float* h, float* tmp, int64_t n);
   void mlp_stage(int64_t layer, int mb, const float* h, float* x, float* tmp, int64_t n);
@@ -199,6 +227,8 @@ class DeepseekModel {
     ExpertRows expert_out;
     std::vector<float> rows_f32, g, u, shared, mlp_g, mlp_u;
     std::vector<uint16_t> xb, act;
+    std::vector<float> h, tmp, wts;  // layer_sequential()
+    std::vector<int32_t> ids;
   } scratch_;
   // Scratch of attention() and attend_absorbed_fast(), reused by every layer and step.
   struct AttentionScratch {

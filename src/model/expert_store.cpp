@@ -135,7 +135,7 @@ ExpertStore::ExpertStore(const ModelConfig& config, const ModelWeights& weights,
 
 const MoeWeights* ExpertStore::moe_layer_weights(int64_t moe_layer) const {
   int64_t m = 0;
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < int64_t(weights_.layers.size()); ++l) {  // (the MTP layer's last)
     if (!config_.is_moe_layer(l)) continue;
     if (m++ == moe_layer) {
       const auto& moe = weights_.layers[size_t(l)].moe;

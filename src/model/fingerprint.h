@@ -5,8 +5,8 @@
 // Covered: config.json, model.safetensors.index.json (when present), the header of every
 // .safetensors file in the directory (names, dtypes, shapes, byte ranges) and four 16 KB
 // samples of its tensor data (checkpoints with identical headers, such as DeepSeek-V3 and R1,
-// differ there), the KV dtype, the compute path (it changes how the latent is rounded) and
-// kKvLayoutVersion.
+// differ there), the KV dtype, the compute path (it changes how the latent is rounded),
+// kKvLayoutVersion and whether blocks hold the MTP module's layer.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,6 @@ namespace moeserve {
 
 // Errors name the file that could not be read.
 Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
-                                   ComputePath compute);
+                                   ComputePath compute, bool mtp = false);
 
 }  // namespace moeserve

@@ -49,7 +49,7 @@ json preset_json(const std::string& name) {
             {"tie_word_embeddings", false},
             {"bos_token_id", 0},
             {"eos_token_id", 1},
-            {"num_nextn_predict_layers", 0}};
+            {"num_nextn_predict_layers", 1}};
   }
   if (name == "bench") {
     // DeepSeek-V3 proportions at ~2.5 GB of FP8: real MLA head dims (kv_lora 512 + rope 64 =
@@ -207,6 +207,19 @@ class ModelWriter {
     fp8_linear(w, p + ".down_proj.weight", hidden, inter);
   }
 
+  // The MTP module after the last layer, in the official layout but for the copies of the
+  // embedding and lm_head (model.layers.<L>.embed_tokens, .shared_head.head), which the loader
+  // skips: the module shares the main model's (docs/mtp.md). eh_proj is BF16 as released.
+  void mtp(SafetensorsWriter& w) {
+    const int64_t H = c_.hidden_size, L = c_.num_hidden_layers;
+    std::string p = fmt::format("model.layers.{}.", L);
+    layer(w, L);
+    norm(w, p + "enorm.weight", H);
+    norm(w, p + "hnorm.weight", H);
+    bf16_tensor(w, p + "eh_proj.weight", {H, 2 * H}, std::sqrt(3.0f / float(2 * H)), 0.0f);
+    norm(w, p + "shared_head.norm.weight", H);
+  }
+
   void layer(SafetensorsWriter& w, int64_t l) {
     const ModelConfig& c = c_;
     const int64_t H = c.hidden_size, nh = c.num_attention_heads;
@@ -308,6 +321,7 @@ Result<uint64_t> make_model(const MakeModelOptions& o, const std::string& out_di
       mw.bf16_tensor(w, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, 1.0f, 0.0f);
     for (int64_t l = L * s / shards; l < L * (s + 1) / shards; ++l) mw.layer(w, l);
     if (s == shards - 1) {
+      if (c.num_nextn_predict_layers > 0) mw.mtp(w);
       mw.norm(w, "model.norm.weight", c.hidden_size);
       if (!c.tie_word_embeddings) {
         mw.bf16_tensor(w, "lm_head.weight", {c.vocab_size, c.hidden_size},

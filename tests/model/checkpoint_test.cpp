@@ -181,22 +181,51 @@ TEST_F(CheckpointTest, UnexpectedTensorIsReported) {
   EXPECT_NE(e.find("model.layers.0.mystery.weight"), std::string::npos) << e;
 }
 
-TEST_F(CheckpointTest, MtpLayersAreSkipped) {
+TEST_F(CheckpointTest, MtpModuleLoadsOnlyWhenAsked) {
+  // The tiny preset has one MTP module (model.layers.4.*, without the shared copies).
   std::string dir = damaged_copy("mtp");
-  // An MTP layer after the last layer is accepted once num_nextn_predict_layers says so.
-  rewrite(shard(dir, 2), [](const std::string& name, const TensorInfo& t, SafetensorsWriter& w) {
-    w.add(name, t.dtype, t.shape, t.data, t.nbytes);
-    if (name == "model.norm.weight")
-      w.add("model.layers.4.eh_proj.weight", t.dtype, t.shape, t.data, t.nbytes);
-  });
-  std::string e = error_of(dir);
-  EXPECT_NE(e.find("model.layers.4.eh_proj.weight"), std::string::npos) << e;
+  auto plain = Checkpoint::open(dir);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ((*plain)->weights().layers.size(), 4u);
+  EXPECT_FALSE((*plain)->weights().mtp.has_value());
+  LoadOptions with_mtp;
+  with_mtp.mtp = true;
+  auto ck = Checkpoint::open(dir, with_mtp);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const ModelWeights& w = (*ck)->weights();
+  ASSERT_EQ(w.layers.size(), 5u);
+  ASSERT_TRUE(w.mtp.has_value());
+  EXPECT_EQ(w.mtp->eh_proj.rows, 200);
+  EXPECT_EQ(w.mtp->eh_proj.cols, 400);
+  EXPECT_TRUE(w.layers[4].moe.has_value());  // past first_k_dense_replace: an MoE layer
+  EXPECT_GT((*ck)->weight_bytes(), (*plain)->weight_bytes());
+
+  // Without num_nextn_predict_layers the layer is unexpected, and --speculative mtp says why.
   std::string config_path = dir + "/config.json";
   auto j = nlohmann::json::parse(std::ifstream(config_path));
+  j["num_nextn_predict_layers"] = 0;
+  std::ofstream(config_path) << j.dump();
+  std::string e = error_of(dir);
+  EXPECT_NE(e.find("model.layers.4.eh_proj.weight"), std::string::npos) << e;
+  auto refused = Checkpoint::open(dir, with_mtp);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("num_nextn_predict_layers"), std::string::npos)
+      << refused.status().to_string();
+
+  // A module missing a tensor: named when asked for, no obstacle otherwise.
   j["num_nextn_predict_layers"] = 1;
   std::ofstream(config_path) << j.dump();
-  auto ck = Checkpoint::open(dir);
-  EXPECT_TRUE(ck.ok()) << ck.status().to_string();
+  rewrite(shard(dir, 2), [](const std::string& name, const TensorInfo& t, SafetensorsWriter& w) {
+    if (name != "model.layers.4.hnorm.weight") w.add(name, t.dtype, t.shape, t.data, t.nbytes);
+  });
+  auto index = nlohmann::json::parse(std::ifstream(dir + "/model.safetensors.index.json"));
+  index["weight_map"].erase("model.layers.4.hnorm.weight");
+  std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
+  EXPECT_TRUE(Checkpoint::open(dir).ok());
+  auto missing = Checkpoint::open(dir, with_mtp);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("model.layers.4.hnorm.weight"), std::string::npos)
+      << missing.status().to_string();
 }
 
 TEST_F(CheckpointTest, BadConfigField) {
