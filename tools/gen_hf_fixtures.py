@@ -574,6 +574,79 @@ def compare_with_doc(model, weights, cfg, ids):
 
 
 # ---------------------------------------------------------------------------------------------
+# The MTP module (docs/mtp.md), on transformers' own decoder layer: transformers builds no MTP
+# module, so its DeepseekV3DecoderLayer (layer_idx = num_hidden_layers: an MoE layer) is given
+# the module's layer weights, and the parts around it follow DeepSeek-V3's README_WEIGHTS.md and
+# report section 2.2: row p takes the embedding of t_{p+1} (enorm) and the main model's final
+# hidden row at p (hnorm; transformers' last_hidden_state is after model.norm), eh_proj of the
+# two concatenated (the embedding first, as the released weights are used), the layer, then
+# shared_head.norm and shared_head.head (checked equal to lm_head, which the module shares).
+
+
+def hf_mtp_layer(model, cfg, weights):
+    """transformers' decoder layer holding the MTP module's layer weights."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    n_layers = cfg["num_hidden_layers"]
+    p = f"model.layers.{n_layers}."
+    layer = DeepseekV3DecoderLayer(model.config, layer_idx=n_layers).float().eval()
+    own = {k[len(p):]: v for k, v in weights.items() if k.startswith(p)}
+    sd = {k: v for k, v in own.items()
+          if not k.startswith(("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens."))
+          and ".experts." not in k}
+    gate_up, down = [], []
+    for j in range(cfg["n_routed_experts"]):
+        e = f"mlp.experts.{j}."
+        gate_up.append(torch.cat([own[e + "gate_proj.weight"], own[e + "up_proj.weight"]], 0))
+        down.append(own[e + "down_proj.weight"])
+    sd["mlp.experts.gate_up_proj"] = torch.stack(gate_up)
+    sd["mlp.experts.down_proj"] = torch.stack(down)
+    layer.load_state_dict(sd, strict=True)
+    return layer, own
+
+
+@torch.no_grad()
+def hf_mtp_logits(model, cfg, weights, ids):
+    """Draft logits [T - 1, vocab] over token ids (row p predicts t_{p+2}), with transformers'
+    main model and decoder layer."""
+    layer, own = hf_mtp_layer(model, cfg, weights)
+    eps = cfg["rms_norm_eps"]
+    hidden = model.model(input_ids=torch.tensor([ids]), use_cache=False).last_hidden_state[0]
+    n = len(ids) - 1
+    e = doc_rms(weights["model.embed_tokens.weight"][torch.tensor(ids[1:])], own["enorm.weight"], eps)
+    h = doc_rms(hidden[:n], own["hnorm.weight"], eps)
+    x = torch.cat([e, h], -1) @ own["eh_proj.weight"].T  # [n, D]
+    pos = torch.arange(n)[None]
+    cos_sin = model.model.rotary_emb(x[None], pos)
+    mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+    y = layer(x[None], attention_mask=mask, position_ids=pos, position_embeddings=cos_sin)
+    y = (y[0] if isinstance(y, tuple) else y)[0]
+    if "shared_head.head.weight" in own:
+        assert torch.equal(own["shared_head.head.weight"], weights["lm_head.weight"])
+        assert torch.equal(own["embed_tokens.weight"], weights["model.embed_tokens.weight"])
+    return doc_rms(y, own["shared_head.norm.weight"], eps) @ weights["lm_head.weight"].T
+
+
+def mtp_record(model, cfg, weights, rec):
+    """The draft rows over a prompt and its greedy continuation from the last prompt position
+    on (the rows that propose drafts while decoding): top-5 logprobs, and whether each draft's
+    argmax is the greedy token it would be verified against."""
+    ids = rec["prompt_ids"] + rec["tokens"]
+    logp = hf_mtp_logits(model, cfg, weights, ids).log_softmax(-1)
+    first = len(rec["prompt_ids"]) - 1
+    rows, tops, hits = [], [], 0
+    for p in range(first, len(ids) - 1):
+        vals, idx = torch.topk(logp[p], 5)
+        rows.append(p)
+        tops.append([{"id": int(i), "logprob": float(f"{v:.7g}")}
+                     for v, i in zip(vals.tolist(), idx.tolist())])
+        if p + 2 < len(ids):
+            hits += int(idx[0]) == ids[p + 2]
+    return {"rows": rows, "top_logprobs": tops,
+            "greedy_match": float(f"{hits / max(1, len(rows) - 1):.4f}")}
+
+
+# ---------------------------------------------------------------------------------------------
 # Greedy decoding, full recompute per step.
 
 
@@ -759,6 +832,11 @@ def generate_trained(out_root, name, models_dir):
         sources.append(rel)
         print(f"  {name}: prompt len {n} from {rel}: min top-2 gap {min(gaps):.4f}, "
               f"bf16-input proxy max |dlogprob| {dev:.4f}")
+    if cfg.get("num_nextn_predict_layers", 0) > 0:
+        for rec in prompts:
+            rec["mtp"] = mtp_record(model, cfg, weights, rec)
+            print(f"  {name}: MTP draft argmax = the next greedy token on "
+                  f"{rec['mtp']['greedy_match']:.3f} of rows")
     full = prompts[0]["prompt_ids"] + prompts[0]["tokens"]
     diff = compare_with_doc(model, weights, cfg, full)
     print(f"  {name}: transformers vs docs/hf-reference.md formulas: max |dlogprob| {diff:.2e}")

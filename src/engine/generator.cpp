@@ -58,6 +58,7 @@ Result<std::vector<GenerateResult>> Generator::generate(
           res.top_logprobs.push_back(t.top);
         }
       }
+      res.cached_prompt_tokens = out.cached_prompt_tokens;
       res.draft_tokens = out.draft_tokens;
       res.accepted_draft_tokens = out.accepted_draft_tokens;
       if (out.finished) res.finish = out.finish_reason;

@@ -34,7 +34,8 @@ struct GenerateResult {
   std::vector<float> logprobs;  // of each generated token (when top_logprobs > 0)
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // one list per generated token
   FinishReason finish = FinishReason::kLength;
-  int64_t draft_tokens = 0;  // MTP drafts verified for this request, and accepted
+  int64_t cached_prompt_tokens = 0;  // found in the prefix cache
+  int64_t draft_tokens = 0;          // MTP drafts verified for this request, and accepted
   int64_t accepted_draft_tokens = 0;
 };
 

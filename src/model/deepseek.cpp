@@ -274,6 +274,19 @@ void DeepseekModel::head(std::span<const StepSequence> batch, const float* x,
     }
   }
   out->logits.assign(size_t(n_logits * c.vocab_size), 0.0f);  // [n_logits, vocab]
+  const std::vector<int32_t>& live = compact_head_.rows;
+  if (path_ == ComputePath::kFast && !live.empty() && n_logits > 0) {
+    const int64_t n_live = int64_t(live.size());
+    x_bf16_.resize(size_t(n_logits * H));
+    f32_to_bf16_row(head_in.data(), n_logits * H, x_bf16_.data());
+    std::vector<float> y(size_t(n_logits * n_live));  // [n_logits, live rows]
+    gemm_bf16_packed(x_bf16_.data(), n_logits, H, compact_head_.packed, y.data(), n_live, pool_);
+    for (int64_t i = 0; i < n_logits; ++i) {
+      float* l = &out->logits[size_t(i * c.vocab_size)];
+      for (int64_t j = 0; j < n_live; ++j) l[live[size_t(j)]] = y[size_t(i * n_live + j)];
+    }
+    return;
+  }
   linear(head_in.data(), n_logits, H, weights_.lm_head, out->logits.data(), c.vocab_size);
 }
 

@@ -220,6 +220,12 @@ class DeepseekModel {
   // Fast path: FP8 weights repacked for gemm_fp8, keyed by the checkpoint bytes they came from.
   std::unordered_map<const uint8_t*, PackedFp8Weight> packed_;
   std::unordered_map<const uint8_t*, PackedBf16Weight> packed_bf16_;  // the lm_head
+  // Fast path, a BF16 lm_head with at least a quarter of its rows +0.0: only the other rows,
+  // packed (fast_path.cpp); then packed_bf16_ does not hold the head.
+  struct CompactHead {
+    std::vector<int32_t> rows;  // vocabulary ids of the packed rows, ascending
+    PackedBf16Weight packed;
+  } compact_head_;
   std::vector<uint16_t> x_bf16_;  // scratch: the GEMM input in BF16
   // Scratch of the routed experts (moe, experts_grouped) and of mlp() (shared experts, dense
   // layers), reused by every layer and step: fresh multi-MB vectors page-fault every time.

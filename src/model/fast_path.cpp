@@ -5,6 +5,7 @@
 // line on stderr when asked (minutes for a 671B checkpoint).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -102,8 +103,28 @@ void DeepseekModel::prepare_fast_path(bool progress) {
   // The BF16 lm_head in the tiled layout (docs/kernels-gemm.md: no horizontal sums at M >= 8).
   const WeightView& head = weights_.lm_head;
   if (head.dtype == DType::kBF16 && head.rows > 0) {
-    packed_bf16_[head.data] = pack_bf16_weight(reinterpret_cast<const uint16_t*>(head.data),
-                                               head.rows, head.cols, head.cols, pool_);
+    // A head whose vocabulary is mostly unused (rows of +0.0: a model trained on a subset of
+    // its tokenizer, as tiny-py) keeps only its other rows: those logits are the same bits
+    // (each column's sums are its own) and the zero rows' are exactly 0.
+    const auto* w = reinterpret_cast<const uint16_t*>(head.data);
+    std::vector<int32_t> live;
+    for (int64_t r = 0; r < head.rows; ++r) {
+      const uint16_t* row = w + r * head.cols;
+      if (std::any_of(row, row + head.cols, [](uint16_t v) { return v != 0; })) {
+        live.push_back(int32_t(r));
+      }
+    }
+    if (int64_t(live.size()) * 4 <= head.rows * 3) {
+      std::vector<uint16_t> rows(live.size() * size_t(head.cols));
+      for (size_t i = 0; i < live.size(); ++i) {
+        std::copy_n(w + live[i] * head.cols, head.cols, &rows[i * size_t(head.cols)]);
+      }
+      compact_head_.rows = std::move(live);
+      compact_head_.packed = pack_bf16_weight(rows.data(), int64_t(compact_head_.rows.size()),
+                                              head.cols, head.cols, pool_);
+    } else {
+      packed_bf16_[head.data] = pack_bf16_weight(w, head.rows, head.cols, head.cols, pool_);
+    }
   }
   auto run = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
