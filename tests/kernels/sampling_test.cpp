@@ -97,5 +97,105 @@ TEST(Sampling, VocabularySizedCutsMatchTheFullSort) {
   }
 }
 
+
+// ---- verify_drafts: speculative verification keeps the target distribution ----
+
+// The tempered, top-k-cut softmax of logits, by definition (full sort).
+std::vector<double> target_probs(const std::vector<float>& l, const SamplingParams& p) {
+  const int64_t n = int64_t(l.size());
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+  const int64_t keep = p.top_k > 0 ? std::min<int64_t>(p.top_k, n) : n;
+  std::vector<double> out(static_cast<size_t>(n), 0.0);
+  double total = 0;
+  for (int64_t i = 0; i < keep; ++i) {
+    total += out[size_t(order[size_t(i)])] = std::exp(double(l[order[size_t(i)]]) / p.temperature);
+  }
+  for (double& v : out) v /= total;
+  return out;
+}
+
+// A two-token target (t1 from `first`, t2 from second[t1]) drafted by fixed guesses; one trial
+// runs the engine's walk: verify_drafts over the rows the target gives for the drafts, then,
+// where it stopped early, t2 sampled from the row after the correction (the next step).
+// Returns Pearson's chi-square of the joint (t1, t2) counts against the exact joint.
+double joint_chi_square(const SamplingParams& sp, bool wrong_sampler, int64_t trials) {
+  const int64_t V = 5;
+  const std::vector<float> first = {1.2f, 0.1f, 0.9f, -0.4f, 0.5f};
+  const std::vector<std::vector<float>> second = {{0.3f, 1.1f, -0.2f, 0.0f, 0.6f},
+                                                  {1.5f, -1.0f, 0.2f, 0.4f, 0.1f},
+                                                  {-0.3f, 0.2f, 0.9f, 1.3f, 0.0f},
+                                                  {0.0f, 0.0f, 0.7f, -0.5f, 1.0f},
+                                                  {0.8f, 0.3f, -0.6f, 0.2f, 0.4f}};
+  const std::vector<int32_t> drafts = {2, 3};  // t1 = 2 likely-ish, then t2 = 3 given it
+  std::vector<float> rows(first);
+  rows.insert(rows.end(), second[2].begin(), second[2].end());  // the target given draft 1
+  rows.insert(rows.end(), second[0].begin(), second[0].end());  // (row 3: unused here)
+  std::mt19937_64 rng(99);
+  std::vector<int64_t> count(size_t(V * V), 0);
+  for (int64_t i = 0; i < trials; ++i) {
+    std::vector<int32_t> out;
+    if (wrong_sampler) {
+      // A plausible bug: keep the draft with probability p(d), else draw again from all of p
+      // (the draft included) — the draft token comes out too often.
+      const std::vector<double> p = target_probs(first, sp);
+      if (std::uniform_real_distribution<double>(0, 1)(rng) < p[size_t(drafts[0])]) {
+        out = {drafts[0], sample_token(second[size_t(drafts[0])].data(), V, sp, rng)};
+      } else {
+        out = {sample_token(first.data(), V, sp, rng)};
+      }
+    } else {
+      out = verify_drafts(rows.data(), V, std::span<const int32_t>(drafts).first(1), sp, rng);
+    }
+    if (out.size() == 1) out.push_back(sample_token(second[size_t(out[0])].data(), V, sp, rng));
+    ++count[size_t(out[0] * V + out[1])];
+  }
+  const std::vector<double> p1 = target_probs(first, sp);
+  double chi = 0;
+  for (int64_t a = 0; a < V; ++a) {
+    const std::vector<double> p2 = target_probs(second[size_t(a)], sp);
+    for (int64_t b = 0; b < V; ++b) {
+      const double e = double(trials) * p1[size_t(a)] * p2[size_t(b)];
+      if (e == 0) {
+        EXPECT_EQ(count[size_t(a * V + b)], 0) << a << "," << b;
+        continue;
+      }
+      const double d = double(count[size_t(a * V + b)]) - e;
+      chi += d * d / e;
+    }
+  }
+  return chi;
+}
+
+TEST(VerifyDrafts, KeepsTheTargetDistributionExactly) {
+  // 24 degrees of freedom (21 with top-k 4: one token cut, 9 zero cells): the 0.1% critical
+  // value is 51.2; the wrong sampler lands in the thousands with these many trials.
+  constexpr double kCritical = 51.2;
+  for (const SamplingParams& sp :
+       {SamplingParams{1.0f, 1.0f, 0}, SamplingParams{0.7f, 1.0f, 0}, SamplingParams{1.3f, 1.0f, 4}}) {
+    const double right = joint_chi_square(sp, false, 200000);
+    const double wrong = joint_chi_square(sp, true, 200000);
+    EXPECT_LT(right, kCritical) << "temperature " << sp.temperature << " top_k " << sp.top_k;
+    EXPECT_GT(wrong, 10 * kCritical) << "the test must catch a wrong sampler";
+    std::printf("[ T=%.1f top_k=%lld ] chi-square %.1f (wrong sampler %.0f)\n", sp.temperature,
+                static_cast<long long>(sp.top_k), right, wrong);
+  }
+}
+
+TEST(VerifyDrafts, GreedyKeepsTheLongestMatchingPrefixAndTheBonus) {
+  const int64_t V = 4;
+  // Row argmaxes 1, 2, 3, 0.
+  const std::vector<float> rows = {0, 5, 1, 2, /**/ 0, 1, 5, 2, /**/ 0, 1, 2, 5, /**/ 5, 1, 2, 0};
+  std::mt19937_64 rng(1);
+  const std::vector<int32_t> all = {1, 2, 3};
+  EXPECT_EQ(verify_drafts(rows.data(), V, all, {}, rng), (std::vector<int32_t>{1, 2, 3, 0}));
+  const std::vector<int32_t> second_wrong = {1, 0, 3};
+  EXPECT_EQ(verify_drafts(rows.data(), V, second_wrong, {}, rng), (std::vector<int32_t>{1, 2}));
+  const std::vector<int32_t> first_wrong = {3, 2, 3};
+  EXPECT_EQ(verify_drafts(rows.data(), V, first_wrong, {}, rng), (std::vector<int32_t>{1}));
+  EXPECT_EQ(verify_drafts(rows.data(), V, {}, {}, rng), (std::vector<int32_t>{1}));
+}
+
 }  // namespace
 }  // namespace moeserve
