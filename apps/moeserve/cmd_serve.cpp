@@ -19,6 +19,7 @@
 #include "core/trace.h"
 #include "engine/llm_engine.h"
 #include "ep/ep_group.h"
+#include "spec_flags.h"
 #include "ep_flags.h"
 #include "eplb/expert_loads.h"
 #include "model/config.h"
@@ -45,6 +46,7 @@ struct ServeOptions {
   double max_body_mb = 8;
   std::string trace;  // Chrome trace JSON, written at exit (FILE.rank<r>.json under EP)
   EpFlags ep;         // expert parallelism (under mpirun or with --ep) and EPLB
+  SpecFlags spec;     // MTP speculative decoding
 };
 
 // Ranks other than 0 serve the requests rank 0 hands them until rank 0 stops the group, the
@@ -99,6 +101,7 @@ int run_serve(ServeOptions o) {
   o.engine.overlap = !o.ep.no_overlap;
   o.engine.overlap_min_tokens = o.ep.overlap_min_tokens;
   o.engine.progress = true;
+  o.engine.speculative = o.spec.config();
 
   if (std::string usage = check_ep_flags(o.ep); !usage.empty()) {
     fmt::print(stderr, "serve: {}\n", usage);
@@ -174,6 +177,7 @@ int run_serve(ServeOptions o) {
                              : o.served_model_name;
   if (so.served_model_name.empty()) so.served_model_name = "moeserve";
   so.limits.max_n = o.max_n;
+  so.speculative = o.spec.enabled();
   so.limits.max_top_logprobs = o.max_top_logprobs;
   if (!o.api_key.empty()) o.http.api_key = o.api_key;
   o.http.max_body_bytes = size_t(o.max_body_mb * 1024 * 1024);
@@ -281,6 +285,7 @@ Subcommand add_serve_command(CLI::App& parent) {
       "Write a Chrome trace (Perfetto, chrome://tracing) of every step's stages at exit "
       "(FILE.rank<r>.json per rank under EP)");
   add_ep_flags(*app, o->ep);
+  add_spec_flags(*app, o->spec);
   return {app, [o] { return run_serve(*o); }};
 }
 

@@ -44,8 +44,10 @@ class LlmEngine final : public Engine {
                par && par->dispatcher ? *par->dispatcher : local_dispatcher_, &pool_, o.attention,
                o.compute, o.overlap, o.progress),
         disk_(std::move(disk)),
-        cache_(kv_cache_layout(config_, o.kv_dtype), num_blocks, fingerprint),
-        core_(model_, cache_, {o.max_num_seqs, o.max_batch_tokens}, &pool_, o.tracer),
+        cache_(kv_cache_layout(config_, o.kv_dtype, o.speculative.num_draft_tokens > 0),
+               num_blocks, fingerprint),
+        core_(model_, cache_, {o.max_num_seqs, o.max_batch_tokens}, &pool_, o.tracer,
+              o.speculative),
         dp_(par ? par->comm : nullptr, core_, o.tracer),
         max_context_(o.max_model_len > 0
                          ? std::min(o.max_model_len, config_.max_position_embeddings)
@@ -108,7 +110,7 @@ class LlmEngine final : public Engine {
     RETURN_IF_ERROR(validate_prompt(config_, r.prompt, r.max_tokens, max_context_));
     if (r.max_tokens < 1) return InvalidArgument("max_tokens must be >= 1");
     const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
-    if (blocks_for(total) > cache_.num_blocks()) {
+    if (blocks_for(total + options_.speculative.num_draft_tokens) > cache_.num_blocks()) {
       return InvalidArgument(fmt::format(
           "prompt + max_tokens ({} tokens) needs more KV cache than the server has ({} tokens)",
           total, int64_t(cache_.num_blocks()) * kKvBlockSize));
@@ -240,6 +242,12 @@ class LlmEngine final : public Engine {
     s.generated_tokens = core_.stats().generated_tokens;
     s.preemptions = sch.preemptions();
     s.steps = core_.stats().steps;
+    const EngineCoreStats& c = core_.stats();
+    s.spec_verified = c.spec_verified;
+    s.spec_accepted = c.spec_accepted;
+    s.spec_verify_steps = c.spec_verify_steps;
+    s.spec_verify_tokens = c.spec_verify_tokens;
+    s.spec_off_steps = c.spec_off_steps;
     if (disk_) {
       const DiskTierStats d = disk_->stats();
       s.kv_disk_hit_blocks = d.hits;
@@ -303,8 +311,18 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   if (par && par->comm && par->comm->size() > 1 && !par->dispatcher) {
     return InvalidArgument("an engine on several ranks needs their expert dispatcher");
   }
+  const bool mtp = o.speculative.num_draft_tokens > 0;
+  if (mtp && par && par->comm && par->comm->size() > 1) {
+    return InvalidArgument("--speculative does not run under expert parallelism yet");
+  }
+  if (o.speculative.num_draft_tokens < 0 ||
+      o.speculative.num_draft_tokens > EngineStats::kMaxDraftTokens) {
+    return InvalidArgument(fmt::format("num_draft_tokens must be in [0, {}]",
+                                       EngineStats::kMaxDraftTokens));
+  }
   LoadOptions load;
   load.progress = o.progress;
+  load.mtp = mtp;
   if (par && par->dispatcher) {
     load.holds_layer_expert = [d = par->dispatcher](int64_t moe_layer, int32_t e) {
       return d->holds_layer_expert(moe_layer, e);
@@ -313,7 +331,7 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::open(o.model_dir, load));
   const ModelConfig& c = ck->config();
   RETURN_IF_ERROR(DeepseekModel::supports(c, o.compute).with_context(o.model_dir));
-  const KvLayout layout = kv_cache_layout(c, o.kv_dtype);
+  const KvLayout layout = kv_cache_layout(c, o.kv_dtype, mtp);
   RETURN_IF_ERROR(kv_token_format_status(layout.token).with_context(o.model_dir));
   const double bytes_per_block = double(layout.block_bytes());
   int64_t num_blocks = int64_t(o.kv_cache_gb * 1e9 / bytes_per_block);
@@ -325,7 +343,8 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   if (o.max_num_seqs < 1 || o.max_batch_tokens < 1 || o.max_waiting < 0) {
     return InvalidArgument("max_num_seqs and max_batch_tokens must be >= 1");
   }
-  ASSIGN_OR_RETURN(uint64_t fingerprint, model_fingerprint(o.model_dir, o.kv_dtype, o.compute));
+  ASSIGN_OR_RETURN(uint64_t fingerprint,
+                   model_fingerprint(o.model_dir, o.kv_dtype, o.compute, mtp));
   std::unique_ptr<DiskTier> disk;
   if (!o.kv_disk_dir.empty()) {
     ASSIGN_OR_RETURN(

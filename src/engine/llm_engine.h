@@ -23,6 +23,7 @@
 
 #include "core/dtype.h"
 #include "engine/engine.h"
+#include "engine/engine_core.h"
 #include "model/deepseek.h"
 
 namespace moeserve {
@@ -58,6 +59,9 @@ struct EngineOptions {
   Tracer* tracer = nullptr;         // records each step's stages when set (borrowed)
   bool overlap = true;              // EP: dual micro-batch overlap (DeepseekModel::set_overlap)
   int64_t overlap_min_tokens = -1;  // EP: DeepseekModel::set_overlap_min_tokens (-1: auto)
+  // MTP speculative decoding (docs/mtp.md; one process only, for now): loads the checkpoint's
+  // MTP module and gives its layer a place in every KV block.
+  SpeculativeConfig speculative;
 };
 
 struct EngineParallel {

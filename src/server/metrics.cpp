@@ -115,6 +115,35 @@ std::string ServerMetrics::render(const EngineStats& e) const {
   add_metric(out, "moeserve_preemptions_total", "counter", "Sequences preempted (recomputed).",
              e.preemptions);
   add_metric(out, "moeserve_engine_steps_total", "counter", "Engine steps run.", e.steps);
+  if (e.spec_verify_steps > 0 || e.spec_off_steps > 0) {  // MTP speculative decoding
+    out +=
+        "# HELP moeserve_spec_decode_draft_tokens_total MTP draft tokens verified, by position "
+        "after the last verified token (0: the first draft).\n"
+        "# TYPE moeserve_spec_decode_draft_tokens_total counter\n";
+    for (size_t k = 0; k < e.spec_verified.size(); ++k) {
+      out += fmt::format("moeserve_spec_decode_draft_tokens_total{{position=\"{}\"}} {}\n", k,
+                         e.spec_verified[k]);
+    }
+    out +=
+        "# HELP moeserve_spec_decode_accepted_tokens_total MTP draft tokens accepted, by "
+        "position.\n# TYPE moeserve_spec_decode_accepted_tokens_total counter\n";
+    for (size_t k = 0; k < e.spec_accepted.size(); ++k) {
+      out += fmt::format("moeserve_spec_decode_accepted_tokens_total{{position=\"{}\"}} {}\n", k,
+                         e.spec_accepted[k]);
+    }
+    add_metric(out, "moeserve_spec_decode_verify_steps_total", "counter",
+               "Sequence steps that verified drafts.", e.spec_verify_steps);
+    add_metric(out, "moeserve_spec_decode_verify_tokens_total", "counter",
+               "Tokens those steps produced (accepted drafts and the bonus token).",
+               e.spec_verify_tokens);
+    out += fmt::format(
+        "# HELP moeserve_spec_decode_mean_accepted_length Tokens per verifying sequence step "
+        "(1 + mean accepted drafts).\n# TYPE moeserve_spec_decode_mean_accepted_length gauge\n"
+        "moeserve_spec_decode_mean_accepted_length {:.4f}\n",
+        e.spec_verify_steps > 0 ? double(e.spec_verify_tokens) / double(e.spec_verify_steps) : 0.0);
+    add_metric(out, "moeserve_spec_decode_off_steps_total", "counter",
+               "Decode steps the load policy ran with fewer drafts than asked.", e.spec_off_steps);
+  }
   add_metric(out, "moeserve_num_requests_running", "gauge", "Requests in the running batch.",
              e.running);
   add_metric(out, "moeserve_num_requests_waiting", "gauge", "Requests waiting to run.", e.waiting);

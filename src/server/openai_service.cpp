@@ -52,6 +52,7 @@ class OpenAiService::Run {
   struct ChoiceState {
     std::optional<ChoiceOutput> out;
     std::optional<Clock::time_point> last_token;
+    int64_t draft_tokens = 0, accepted_draft_tokens = 0;  // MTP, so far
   };
 
   Run(OpenAiService& svc, Prepared p, std::string id, std::shared_ptr<GenerationJob> job,
@@ -102,6 +103,8 @@ class OpenAiService::Run {
       if (c.out->finished()) continue;
       const RequestOutput& o = ev.output;
       if (ev.choice == 0) cached_prompt_tokens = o.cached_prompt_tokens;
+      c.draft_tokens = o.draft_tokens;
+      c.accepted_draft_tokens = o.accepted_draft_tokens;
       if (!o.tokens.empty()) observe_tokens(c, int64_t(o.tokens.size()), ev.at);
       if (o.finished && o.finish_reason == FinishReason::kError) {
         error = ApiError{500, "generation failed: " + o.error.to_string(), "internal_error",
@@ -140,13 +143,24 @@ class OpenAiService::Run {
 
   json usage() const {
     int64_t prompt = int64_t(p.prompt.size()), completion = completion_tokens();
-    return {{"prompt_tokens", prompt},
-            {"completion_tokens", completion},
-            {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens}}},
-            // DeepSeek's API names for the same split (its pricing: hits are cheaper).
-            {"prompt_cache_hit_tokens", cached_prompt_tokens},
-            {"prompt_cache_miss_tokens", prompt - cached_prompt_tokens}};
+    json u = {{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens}}},
+              // DeepSeek's API names for the same split (its pricing: hits are cheaper).
+              {"prompt_cache_hit_tokens", cached_prompt_tokens},
+              {"prompt_cache_miss_tokens", prompt - cached_prompt_tokens}};
+    if (svc.options_.speculative) {  // an extension: MTP drafts verified and accepted
+      int64_t drafts = 0, accepted = 0;
+      for (const ChoiceState& c : choices) {
+        drafts += c.draft_tokens;
+        accepted += c.accepted_draft_tokens;
+      }
+      u["speculative"] = {{"draft_tokens", drafts},
+                          {"accepted_draft_tokens", accepted},
+                          {"acceptance_rate", drafts > 0 ? double(accepted) / double(drafts) : 0.0}};
+    }
+    return u;
   }
 
   OpenAiService& svc;

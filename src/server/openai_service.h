@@ -50,6 +50,8 @@ struct ServiceOptions {
   std::string served_model_name = "moeserve";
   RequestLimits limits;         // vocab_size and max_context are taken from the engine
   bool split_reasoning = true;  // R1 templates: <think>...</think> -> reasoning_content
+  // The engine decodes speculatively: usage carries a "speculative" extension (docs/mtp.md).
+  bool speculative = false;
 };
 
 class OpenAiService {
