@@ -185,10 +185,6 @@ int run_generate(const GenerateOptions& o) {
     fmt::print(stderr, "generate: {}\n", usage);
     return 2;
   }
-  if (o.spec.enabled() && o.ep.enabled()) {
-    fmt::print(stderr, "generate: --speculative does not run under expert parallelism yet\n");
-    return 2;
-  }
   load.mtp = o.spec.enabled();
   if (o.ep.enabled()) {
     auto config = load_model_config(o.model + "/config.json");
@@ -196,9 +192,12 @@ int run_generate(const GenerateOptions& o) {
       fmt::print(stderr, "generate: {}\n", config.status().message());
       return 1;
     }
-    int64_t max_tokens = 0;  // most tokens of one step: every prompt at once
-    for (const auto& r : requests) max_tokens += int64_t(r.prompt.size()) + 1;
-    auto group = join_ep_group(o.ep, *config, max_tokens, /*bf16_rows=*/o.compute != "reference");
+    int64_t max_tokens = 0;  // most tokens of one step: every prompt at once (or every draft)
+    for (const auto& r : requests) {
+      max_tokens += int64_t(r.prompt.size()) + 1 + (o.spec.enabled() ? o.spec.num_draft_tokens : 0);
+    }
+    auto group = join_ep_group(o.ep, *config, max_tokens, /*bf16_rows=*/o.compute != "reference",
+                               /*mtp=*/o.spec.enabled());
     if (!group.ok()) {
       fmt::print(stderr, "generate: {}\n", group.status().message());
       return 1;
@@ -381,6 +380,7 @@ int run_generate(const GenerateOptions& o) {
                           {"verify_steps", s.spec_verify_steps},
                           {"verify_tokens", s.spec_verify_tokens},
                           {"steps", s.steps},
+                          {"off_steps", s.spec_off_steps},
                           {"tokens_per_s", double(n_gen) / gen_s}};
       fmt::print("{}\n", j.dump());
     }

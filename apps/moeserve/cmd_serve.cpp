@@ -116,7 +116,8 @@ int run_serve(ServeOptions o) {
       return 1;
     }
     auto group = join_ep_group(o.ep, *config, o.engine.max_batch_tokens,
-                               /*bf16_rows=*/o.engine.compute == ComputePath::kFast);
+                               /*bf16_rows=*/o.engine.compute == ComputePath::kFast,
+                               /*mtp=*/o.spec.enabled());
     if (!group.ok()) {
       fmt::print(stderr, "serve: {}\n", group.status().message());
       return 1;

@@ -41,8 +41,9 @@ void add_ep_flags(CLI::App& app, EpFlags& flags);
 std::string check_ep_flags(const EpFlags& flags);
 
 // Joins the MPI world as an EP group for this model. max_tokens_per_rank sizes the low-latency
-// buffers; bf16_rows: the experts read BF16 inputs (the fast path).
+// buffers; bf16_rows: the experts read BF16 inputs (the fast path); mtp: the MTP module's MoE
+// layer is dispatched too, as the last MoE layer (docs/mtp.md).
 Result<EpGroup> join_ep_group(const EpFlags& flags, const ModelConfig& config,
-                              int64_t max_tokens_per_rank, bool bf16_rows);
+                              int64_t max_tokens_per_rank, bool bf16_rows, bool mtp = false);
 
 }  // namespace moeserve::cli

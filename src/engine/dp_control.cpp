@@ -190,6 +190,13 @@ EngineStats DpControl::group_stats(EngineStats s) const {
     s.kv_disk_evicted += o.kv_disk_evicted;
     s.kv_disk_bytes_read += o.kv_disk_bytes_read;
     s.kv_disk_bytes_written += o.kv_disk_bytes_written;
+    for (size_t k = 0; k < s.spec_verified.size(); ++k) {
+      s.spec_verified[k] += o.spec_verified[k];
+      s.spec_accepted[k] += o.spec_accepted[k];
+    }
+    s.spec_verify_steps += o.spec_verify_steps;
+    s.spec_verify_tokens += o.spec_verify_tokens;
+    s.spec_off_steps += o.spec_off_steps;
   }
   return s;
 }

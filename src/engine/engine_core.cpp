@@ -189,7 +189,8 @@ int64_t EngineCore::drafts_per_sequence() const {
 Status EngineCore::propose(const StepPlan& plan, const StepResult& r) {
   const int64_t H = model_.config().hidden_size, V = model_.config().vocab_size;
   const int64_t k_policy = drafts_per_sequence();
-  // Pass 1, every planned sequence: its positions made final this step, [n_computed - n_final,
+  // Pass 1, every planned sequence (under EP, on every rank, with or without rows): its
+  // positions made final this step, [n_computed - n_final,
   // n_computed). The row at p carries t_{p+1} and the main model's hidden row at p; the last
   // row's logits propose the first draft (the token after tokens.back()).
   struct Want {
@@ -240,8 +241,10 @@ Status EngineCore::propose(const StepPlan& plan, const StepResult& r) {
   for (size_t c = 0; c < chain.size(); ++c) {
     chain[c]->seq->drafts = {argmax(&mtp_out_.logits[c * size_t(V)], V)};
   }
+  // Under EP every rank makes the same number of passes (each is collective), K - 1, with no
+  // rows where it has nothing to chain.
   std::vector<int32_t> chain_tokens;
-  for (int64_t j = 1;; ++j) {
+  for (int64_t j = 1; !model_.collective() || j < spec_.num_draft_tokens; ++j) {
     std::vector<Want*> next;
     hidden.clear();
     for (size_t c = 0; c < chain.size(); ++c) {
@@ -250,7 +253,7 @@ Status EngineCore::propose(const StepPlan& plan, const StepResult& r) {
       hidden.insert(hidden.end(), mtp_out_.hidden.begin() + int64_t(c) * H,
                     mtp_out_.hidden.begin() + int64_t(c + 1) * H);
     }
-    if (next.empty()) break;
+    if (next.empty() && !model_.collective()) break;
     chain_tokens.resize(next.size());
     batch.clear();
     for (size_t c = 0; c < next.size(); ++c) {

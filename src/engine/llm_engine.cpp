@@ -312,9 +312,6 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
     return InvalidArgument("an engine on several ranks needs their expert dispatcher");
   }
   const bool mtp = o.speculative.num_draft_tokens > 0;
-  if (mtp && par && par->comm && par->comm->size() > 1) {
-    return InvalidArgument("--speculative does not run under expert parallelism yet");
-  }
   if (o.speculative.num_draft_tokens < 0 ||
       o.speculative.num_draft_tokens > EngineStats::kMaxDraftTokens) {
     return InvalidArgument(fmt::format("num_draft_tokens must be in [0, {}]",

@@ -131,6 +131,8 @@ void put_output(Writer& w, const RequestOutput& o) {
   w.str(o.error.message());
   w.put<int64_t>(o.prompt_tokens);
   w.put<int64_t>(o.cached_prompt_tokens);
+  w.put<int64_t>(o.draft_tokens);
+  w.put<int64_t>(o.accepted_draft_tokens);
 }
 
 RequestOutput get_output(Reader& rd) {
@@ -153,6 +155,8 @@ RequestOutput get_output(Reader& rd) {
   if (code != 0) o.error = Status(StatusCode(code), std::move(message));
   o.prompt_tokens = rd.get<int64_t>();
   o.cached_prompt_tokens = rd.get<int64_t>();
+  o.draft_tokens = rd.get<int64_t>();
+  o.accepted_draft_tokens = rd.get<int64_t>();
   return o;
 }
 

@@ -128,6 +128,9 @@ class DeepseekModel {
   // Whether the weights include the MTP module (LoadOptions::mtp); its latent cache is layer
   // num_hidden_layers of the cache, which then needs num_layers() layers.
   bool has_mtp() const { return weights_.mtp.has_value(); }
+  // Every forward() and forward_mtp() is collective over the ranks of an EP group (each MoE
+  // layer exchanges rows with all of them): callers make the same calls on every rank.
+  bool collective() const { return dispatcher_.world_size() > 1; }
   int64_t num_layers() const { return int64_t(weights_.layers.size()); }
   // The MTP module (docs/mtp.md) over a batch laid out as for forward(): the row at position p
   // of a sequence carries the token t_{p+1} (in tokens) and, in `hidden` [rows, H] in the same
