@@ -157,6 +157,9 @@ FIXTURES = {
     "v2lite": {"config": _V2LITE, "seed": 2, "prompt_lens": [1, 10, 70]},
     "yarn": {"config": _YARN, "seed": 5, "prompt_lens": [1, 50, 100]},
     "yarn_mscale": {"config": _YARN_MSCALE, "seed": 7, "prompt_lens": [50, 100]},
+    # v3 and an MTP module (docs/mtp.md; drawn after every v3 tensor, so the main model and its
+    # prompts are v3's): the module's draft rows are recorded too.
+    "v3_mtp": {"config": dict(_V3, num_nextn_predict_layers=1), "seed": 3, "prompt_lens": [1, 10, 70]},
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +230,8 @@ def make_weights(cfg, seed):
         proj(prefix + ".down_proj", d, inter, 1.0, base[2])
 
     t["model.embed_tokens.weight"] = torch.randn(vocab, d, generator=gen).to(torch.bfloat16)
-    for i in range(cfg["num_hidden_layers"]):
+
+    def layer(i):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = _norm_weight(gen, d)
         if cfg["q_lora_rank"] is None:
@@ -247,7 +251,7 @@ def make_weights(cfg, seed):
         t[p + "post_attention_layernorm.weight"] = _norm_weight(gen, d)
         if i < cfg["first_k_dense_replace"]:
             mlp(p + "mlp", cfg["intermediate_size"])
-            continue
+            return
         n_exp = cfg["n_routed_experts"]
         # Gate logits ~N(0, 2^2) on unit-RMS inputs: routing clearly prefers some experts.
         gate = torch.randn(n_exp, d, generator=gen) * (2.0 / math.sqrt(d))
@@ -263,10 +267,26 @@ def make_weights(cfg, seed):
         for j in range(n_exp):
             mlp(p + f"mlp.experts.{j}", mi, base)
         mlp(p + "mlp.shared_experts", cfg["moe_intermediate_size"] * cfg["n_shared_experts"])
+
+    for i in range(cfg["num_hidden_layers"]):
+        layer(i)
     t["model.norm.weight"] = _norm_weight(gen, d)
     # Logits ~N(0, 4^2): peaked enough that greedy steps are rarely near-ties.
     lm = torch.randn(vocab, d, generator=gen) * (4.0 / math.sqrt(d))
     t["lm_head.weight"] = lm.to(torch.bfloat16)
+    if cfg.get("num_nextn_predict_layers", 0) > 0:
+        # The MTP module as released: its own decoder layer, enorm/hnorm, a BF16 eh_proj over
+        # [embedding; hidden], shared_head.norm, and copies of the embedding and the head.
+        n = cfg["num_hidden_layers"]
+        p = f"model.layers.{n}."
+        layer(n)
+        t[p + "enorm.weight"] = _norm_weight(gen, d)
+        t[p + "hnorm.weight"] = _norm_weight(gen, d)
+        eh = torch.randn(d, 2 * d, generator=gen) * (1.0 / math.sqrt(2 * d))
+        t[p + "eh_proj.weight"] = eh.to(torch.bfloat16)
+        t[p + "shared_head.norm.weight"] = _norm_weight(gen, d)
+        t[p + "embed_tokens.weight"] = t["model.embed_tokens.weight"].clone()
+        t[p + "shared_head.head.weight"] = t["lm_head.weight"].clone()
     return t
 
 
@@ -752,6 +772,11 @@ def generate(out_root, names, steps):
             print(f"  {name}: prompt len {n:3d} (attempt {attempt}): min top-2 gap "
                   f"{min(gaps):.4f}, bf16-input proxy max |dlogprob| {dev:.4f}"
                   f"{' NEAR-TIE at steps ' + str(near) if near else ''}")
+        if cfg.get("num_nextn_predict_layers", 0) > 0:
+            for rec in prompts:
+                rec["mtp"] = mtp_record(model, cfg, weights, rec)
+                print(f"  {name}: MTP draft argmax = the next greedy token on "
+                      f"{rec['mtp']['greedy_match']:.3f} of rows (random weights)")
         t3 = time.time()
         full = prompts[-1]["prompt_ids"] + prompts[-1]["tokens"]
         diff = compare_with_doc(model, weights, cfg, full)

@@ -27,8 +27,11 @@ using json = nlohmann::json;
 // hf_reference_test.cpp, a fast-path row whose routing (any main layer or the module's) differs
 // from the reference path's, a near-tied expert choice its rounding flipped, measures that flip
 // and is left out, counted: at most 2% of the rows.
+// The random fixture (v3_mtp: v3 and a module) holds the fast path to the random fixtures'
+// bound (hf_reference_test.cpp's kFastBound): its main model alone is 0.12-0.15 off there.
 constexpr float kReferenceTol = 2e-3f;
 constexpr float kFastTol = 5e-2f;
+constexpr float kRandomFastTol = 0.3f;
 
 std::string trained_dir() { return std::string(MOESERVE_MODELS_DIR) + "/tiny-py"; }
 
@@ -72,14 +75,17 @@ std::vector<float> draft_logits(DeepseekModel& model, const std::vector<int32_t>
   return std::move(drafts.logits);
 }
 
-class MtpReference : public ::testing::TestWithParam<std::tuple<AttentionMode, ComputePath>> {};
+// Fixture, attention form, compute path.
+class MtpReference
+    : public ::testing::TestWithParam<std::tuple<std::string, AttentionMode, ComputePath>> {};
 
 TEST_P(MtpReference, DraftLogprobsMatchTransformersLayer) {
-  auto [mode, path] = GetParam();
+  auto [name, mode, path] = GetParam();
   const bool fast = path == ComputePath::kFast;
-  std::ifstream in("tests/data/hf/tiny-py/expected.json");
+  std::ifstream in("tests/data/hf/" + name + "/expected.json");
   json expected = json::parse(in);
-  auto ck = open_with_mtp(trained_dir());
+  const bool trained = expected.value("trained", false);
+  auto ck = open_with_mtp(trained ? trained_dir() : "tests/data/hf/" + name);
   ASSERT_TRUE(ck);
   const ModelConfig& c = ck->config();
   ThreadPool pool(2);
@@ -116,24 +122,39 @@ TEST_P(MtpReference, DraftLogprobsMatchTransformersLayer) {
       argmax_equal += argmax(l, c.vocab_size) == top[0]["id"].get<int32_t>();
     }
   }
-  EXPECT_LE(worst, fast ? kFastTol : kReferenceTol);
+  EXPECT_LE(worst, fast ? (trained ? kFastTol : kRandomFastTol) : kReferenceTol);
   EXPECT_EQ(argmax_equal, rows) << "every draft the reference's token";
   EXPECT_LE(flipped * 50, rows + flipped) << "routing flipped on many rows";
   std::printf(
-      "[ mtp %s %s ] max |dlogprob| = %.2e over %lld rows, argmax equal on %lld; %lld rows "
+      "[ mtp %s %s %s ] max |dlogprob| = %.2e over %lld rows, argmax equal on %lld; %lld rows "
       "with routing flipped, left out\n",
-      mode == AttentionMode::kNaive ? "naive" : "absorbed", fast ? "fast" : "reference", worst,
+      name.c_str(), mode == AttentionMode::kNaive ? "naive" : "absorbed",
+      fast ? "fast" : "reference", worst,
       static_cast<long long>(rows), static_cast<long long>(argmax_equal),
       static_cast<long long>(flipped));
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    TinyPy, MtpReference,
-    ::testing::Combine(::testing::Values(AttentionMode::kAbsorbed, AttentionMode::kNaive),
+    Trained, MtpReference,
+    ::testing::Combine(::testing::Values("tiny-py"),
+                       ::testing::Values(AttentionMode::kAbsorbed, AttentionMode::kNaive),
                        ::testing::Values(ComputePath::kReference, ComputePath::kFast)),
     [](const auto& info) {
-      return std::string(std::get<0>(info.param) == AttentionMode::kNaive ? "naive" : "absorbed") +
-             (std::get<1>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
+      std::string name = std::get<0>(info.param);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name + (std::get<1>(info.param) == AttentionMode::kNaive ? "_naive" : "_absorbed") +
+             (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
+    });
+INSTANTIATE_TEST_SUITE_P(
+    Random, MtpReference,
+    ::testing::Combine(::testing::Values("v3_mtp"),
+                       ::testing::Values(AttentionMode::kAbsorbed, AttentionMode::kNaive),
+                       ::testing::Values(ComputePath::kReference, ComputePath::kFast)),
+    [](const auto& info) {
+      std::string name = std::get<0>(info.param);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name + (std::get<1>(info.param) == AttentionMode::kNaive ? "_naive" : "_absorbed") +
+             (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
     });
 
 // ---- Speculative decoding through the engine: output unchanged ----
