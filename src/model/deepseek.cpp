@@ -129,7 +129,8 @@ Status DeepseekModel::supports(const ModelConfig& c, ComputePath path) {
 
 void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
                            int64_t ldy) {
-  if (path_ == ComputePath::kReference || m == 0 ||
+  if (m == 0) return;  // (linear_ref would still dequantize every row of w)
+  if (path_ == ComputePath::kReference ||
       (w.dtype != DType::kF8E4M3 && w.dtype != DType::kBF16)) {
     linear_ref(x, m, ldx, w, y, ldy, pool_);
     return;
