@@ -12,9 +12,9 @@ void add_spec_flags(CLI::App& app, SpecFlags& f) {
       ->check(CLI::Range(int64_t(1), int64_t(EngineStats::kMaxDraftTokens)))
       ->capture_default_str();
   app.add_option("--speculative-max-rows", f.max_rows,
-                 "Drafts only while decoding sequences x (1 + drafts) stay within this many rows "
-                 "per step (fewer drafts, then none, above it); -1: automatic (where the expert "
-                 "GEMMs turn compute-bound), 0: no limit")
+                 "-1: drafts per step chosen by measurement (the number of drafts, 0 included, "
+                 "with the most tokens/s at the current load); N > 0: drafts only while decoding "
+                 "sequences x (1 + drafts) stay within N rows per step; 0: always all of them")
       ->capture_default_str();
 }
 

@@ -1,6 +1,7 @@
 #include "engine/engine_core.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <fmt/format.h>
 
@@ -59,7 +60,8 @@ EngineCore::EngineCore(DeepseekModel& model, KvCache& cache, const SchedulerConf
       tracer_(tracer),
       scheduler_(scheduling, cache),
       runner_(model, cache, speculative.num_draft_tokens > 0),
-      spec_(speculative) {
+      spec_(speculative),
+      policy_(speculative.num_draft_tokens) {
   const int64_t K = spec_.num_draft_tokens;
   CHECK(K >= 0 && K <= EngineStats::kMaxDraftTokens, "num_draft_tokens outside [0, 3]");
   CHECK(K == 0 || (model.has_mtp() && cache.layout().n_layers == model.num_layers()),
@@ -92,6 +94,10 @@ Status EngineCore::step() {
 }
 
 Status EngineCore::run(const StepPlan& plan) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool pure_decode = std::all_of(plan.seqs.begin(), plan.seqs.end(), [](const PlannedSeq& p) {
+    return p.seq->state() == SeqState::kDecode;
+  });
   result_.seqs.assign(plan.seqs.size(), SeqResult{});
   Status st;
   {
@@ -106,12 +112,19 @@ Status EngineCore::run(const StepPlan& plan) {
   const bool mtp = spec_.num_draft_tokens > 0;
   scheduler_.commit(plan, result_, /*register_blocks=*/!mtp);
   if (mtp) {
+    const int64_t verified_k = k_proposed_;
     st = propose(plan, result_);
     if (!st.ok()) {
       for (const PlannedSeq& p : plan.seqs) finish(p.seq, FinishReason::kError, {}, st);
       return st;
     }
     scheduler_.register_final_blocks(plan);
+    if (pure_decode && !plan.seqs.empty()) {  // the load policy's measurement of this step
+      int64_t tokens = 0;
+      for (const SeqResult& s : result_.seqs) tokens += int64_t(s.tokens.size());
+      const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+      policy_.record(int64_t(plan.seqs.size()), verified_k, k_proposed_, dt.count(), tokens);
+    }
   }
   emit(plan, result_);
   ++stats_.steps;
@@ -173,22 +186,19 @@ void EngineCore::sample(const StepPlan& plan, StepResult& r) {
   }
 }
 
-int64_t EngineCore::drafts_per_sequence() const {
+int64_t EngineCore::drafts_per_sequence() {
   int64_t decoding = 0;
   for (const auto& s : scheduler_.running()) decoding += s->state() == SeqState::kDecode;
-  const ModelConfig& c = model_.config();
-  const int64_t max_rows =
-      spec_.max_rows >= 0 ? spec_.max_rows
-                          : DeepseekModel::kOverlapRidgeRows * c.n_routed_experts /
-                                std::max<int64_t>(1, c.num_experts_per_tok);
+  if (spec_.max_rows < 0) return policy_.choose(decoding);  // measured
   int64_t k = spec_.num_draft_tokens;
-  while (max_rows > 0 && k > 0 && decoding * (1 + k) > max_rows) --k;
+  while (spec_.max_rows > 0 && k > 0 && decoding * (1 + k) > spec_.max_rows) --k;
   return k;
 }
 
 Status EngineCore::propose(const StepPlan& plan, const StepResult& r) {
   const int64_t H = model_.config().hidden_size, V = model_.config().vocab_size;
   const int64_t k_policy = drafts_per_sequence();
+  k_proposed_ = k_policy;
   // Pass 1, every planned sequence (under EP, on every rank, with or without rows): its
   // positions made final this step, [n_computed - n_final,
   // n_computed). The row at p carries t_{p+1} and the main model's hidden row at p; the last

@@ -25,6 +25,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "core/trace.h"
+#include "engine/draft_policy.h"
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/step.h"
@@ -58,10 +59,10 @@ Status validate_prompt(const ModelConfig& config, std::span<const int32_t> promp
 // MTP speculative decoding (docs/mtp.md).
 struct SpeculativeConfig {
   int64_t num_draft_tokens = 0;  // K, 0..EngineStats::kMaxDraftTokens; 0: off
-  // The load policy: a step plans k <= K drafts per decoding sequence, the largest k whose
-  // decode rows (sequences x (1 + k)) stay within max_rows; none when even k = 1 does not fit.
-  // -1: automatic (DeepseekModel::kOverlapRidgeRows * n_routed_experts / top_k: the rows at
-  // which the routed experts' FP8 GEMMs leave the memory-bound regime); 0: no limit.
+  // The load policy. -1 (default): measured (DraftPolicy: per number of decoding sequences,
+  // the k in [0, K] with the most tokens per second so far). > 0: a step plans the largest
+  // k <= K whose decode rows (sequences x (1 + k)) stay within max_rows, none when even k = 1
+  // does not fit. 0: always K.
   int64_t max_rows = -1;
 };
 
@@ -109,7 +110,7 @@ class EngineCore {
   // model's), then its drafts for each decoding sequence's next step (docs/mtp.md).
   Status propose(const StepPlan& plan, const StepResult& r);
   // How many drafts a decoding sequence gets next step under the load policy.
-  int64_t drafts_per_sequence() const;
+  int64_t drafts_per_sequence();
   void emit(const StepPlan& plan, StepResult& r);
   void finish(Sequence* s, FinishReason reason, std::vector<GeneratedToken> last, Status error);
 
@@ -120,6 +121,8 @@ class EngineCore {
   Scheduler scheduler_;
   ModelRunner runner_;
   SpeculativeConfig spec_;
+  DraftPolicy policy_;
+  int64_t k_proposed_ = 0;  // drafts per sequence the last propose() chose
   StepResult result_;
   StepOutput mtp_out_;
   std::unordered_map<std::string, Sequence*> live_;

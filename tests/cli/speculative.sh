@@ -26,7 +26,7 @@ text() { python3 -c 'import json, sys; print(json.loads(sys.stdin.readline())["t
   2> /dev/null | text > "$dir/off.txt" || fail "generate without drafts"
 for k in 1 2 3; do
   "$bin" generate --model "$model" --prompt "$prompt" --max-tokens 48 --ignore-eos --json \
-    --speculative mtp --num-draft-tokens "$k" > "$dir/on$k.json" 2> /dev/null ||
+    --speculative mtp --num-draft-tokens "$k" --speculative-max-rows 0 > "$dir/on$k.json" 2> /dev/null ||
     fail "generate --num-draft-tokens $k"
   head -1 "$dir/on$k.json" | text > "$dir/on$k.txt"
   cmp -s "$dir/off.txt" "$dir/on$k.txt" || fail "K=$k changed the text: $(cat "$dir/on$k.txt")"
@@ -57,7 +57,8 @@ set -e
 python3 -c "import openai" 2>/dev/null || fail "python package 'openai' missing"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$bin" serve --model "$model" --host 127.0.0.1 --port "$port" --served-model-name tiny-py \
-  --kv-cache-gb 0.25 --speculative mtp --num-draft-tokens 2 > "$dir/serve.log" 2>&1 &
+  --kv-cache-gb 0.25 --speculative mtp --num-draft-tokens 2 --speculative-max-rows 0 \
+  > "$dir/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 600); do
   curl -sf "http://127.0.0.1:$port/health" > /dev/null && break

@@ -28,9 +28,9 @@ prompts=($'def read(self, n):\n' $'class Stack:\n    def __init__(self):\n' $'im
 args=(generate --model "$model" --max-tokens 24 --logprobs 2 --json --ignore-eos --threads 1)
 for p in "${prompts[@]}"; do args+=(--prompt "$p"); done
 "$bin" "${args[@]}" 2> /dev/null > "$dir/single.jsonl" || fail "single process"
-"$bin" "${args[@]}" --ep --dispatch-dtype bf16 --speculative mtp --num-draft-tokens 2 \
+"$bin" "${args[@]}" --ep --dispatch-dtype bf16 --speculative mtp --num-draft-tokens 2 --speculative-max-rows 0 \
   2> "$dir/r1.log" | grep -v '"speculative"' > "$dir/r1.jsonl" || fail "R=1"
-$mpirun -np 2 "$bin" "${args[@]}" --dispatch-dtype bf16 --speculative mtp --num-draft-tokens 2 \
+$mpirun -np 2 "$bin" "${args[@]}" --dispatch-dtype bf16 --speculative mtp --num-draft-tokens 2 --speculative-max-rows 0 \
   2> "$dir/r2.log" > "$dir/r2_all.jsonl" || fail "R=2"
 grep -v '"speculative"' "$dir/r2_all.jsonl" > "$dir/r2.jsonl"
 grep -q '"speculative"' "$dir/r2_all.jsonl" || fail "R=2: no speculative summary"
@@ -50,7 +50,7 @@ PY
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 $mpirun -np 2 "$bin" serve --model "$model" --host 127.0.0.1 --port "$port" --threads 1 \
-  --kv-cache-gb 0.1 --dispatch-dtype bf16 --speculative mtp --num-draft-tokens 2 \
+  --kv-cache-gb 0.1 --dispatch-dtype bf16 --speculative mtp --num-draft-tokens 2 --speculative-max-rows 0 \
   > "$dir/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 600); do
