@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # --speculative mtp on the trained default model (build/models/tiny-py): `generate` prints the
-# same greedy text with K = 1..3 drafts as without, and reports acceptance in --json; `serve`
+# same greedy text with K = 1..3 drafts as without, and reports acceptance in --json; through
+# the disk tier too (the module's layer is part of each block on disk); `serve`
 # with drafts answers the official openai client with the same text, streamed and not, with
 # the "speculative" usage extension, and /metrics counts drafts per position.
 set -euo pipefail
@@ -40,6 +41,20 @@ assert 0 < spec["accepted"][0] <= spec["verified"][0], spec
 assert lines[0]["accepted_draft_tokens"] == sum(spec["accepted"]), (lines[0], spec)
 PY
 done
+
+# The disk tier holds the module's layer in every block: a second run reads the prompt's blocks
+# from disk (with their module rows) and prints the same text.
+long=$(python3 -c 'import sys; print(open("/usr/lib/python3.11/bz2.py").read()[:2500])')
+for run in 1 2; do
+  "$bin" generate --model "$model" --prompt "$long" --max-tokens 24 --ignore-eos --json \
+    --speculative mtp --num-draft-tokens 2 --speculative-max-rows 0 --kv-disk "$dir/disk" \
+    2> "$dir/disk$run.log" | head -1 | text > "$dir/disk$run.txt" || fail "--kv-disk run $run"
+done
+cmp -s "$dir/disk1.txt" "$dir/disk2.txt" || fail "the disk tier changed the text"
+grep -qE "kv-disk: [1-9][0-9]* hits" "$dir/disk2.log" || fail "no disk hits: $(grep kv-disk "$dir/disk2.log")"
+"$bin" generate --model "$model" --prompt "$long" --max-tokens 24 --ignore-eos --json 2> /dev/null |
+  text > "$dir/disk_off.txt"
+cmp -s "$dir/disk1.txt" "$dir/disk_off.txt" || fail "drafts with the disk tier changed the text"
 
 # Usage errors: exit 2; a checkpoint without an MTP module: exit 1 naming the field.
 set +e

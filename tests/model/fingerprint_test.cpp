@@ -53,6 +53,10 @@ TEST(Fingerprint, KvFormatAndComputePathChangeIt) {
       EXPECT_TRUE(seen.insert(a.fingerprint(kv, path)).second) << dtype_name(kv) << int(path);
     }
   }
+  // Blocks that carry the MTP module's layer (docs/mtp.md) are other blocks.
+  Result<uint64_t> mtp = model_fingerprint(a.dir.string(), DType::kBF16, ComputePath::kFast, true);
+  ASSERT_TRUE(mtp.ok()) << mtp.status().to_string();
+  EXPECT_TRUE(seen.insert(*mtp).second);
 }
 
 // Another model with the same architecture (every header identical, as DeepSeek-V3, V3-0324 and
