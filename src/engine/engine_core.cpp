@@ -216,6 +216,7 @@ Status EngineCore::propose(const StepPlan& plan, const StepResult& r) {
     const PlannedSeq& p = plan.seqs[i];
     Sequence& s = *p.seq;
     const int64_t n_final = p.n_tokens + r.seqs[i].n_accepted_drafts;
+    s.drafts.clear();
     int64_t k = 0;
     if (s.state() == SeqState::kDecode) {
       any_decode = true;

@@ -37,6 +37,7 @@ void Scheduler::drop_blocks(Sequence& s) {
 
 void Scheduler::preempt(Sequence* victim) {
   drop_blocks(*victim);
+  victim->drafts.clear();  // (proposed for positions it no longer has)
   victim->set_state(SeqState::kWaiting);
   auto it = std::find_if(running_.begin(), running_.end(),
                          [&](const auto& p) { return p.get() == victim; });

@@ -19,6 +19,7 @@ struct Collector {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
   bool finished = false;
   FinishReason reason = FinishReason::kLength;
   int64_t cached = 0;
@@ -26,7 +27,10 @@ struct Collector {
   OutputCallback callback() {
     return [this](const RequestOutput& o) {
       std::lock_guard<std::mutex> lock(mu);
-      for (const auto& t : o.tokens) tokens.push_back(t.id);
+      for (const auto& t : o.tokens) {
+        tokens.push_back(t.id);
+        logprobs.push_back(t.logprob);
+      }
       cached = o.cached_prompt_tokens;
       if (o.finished) {
         finished = true;
@@ -144,6 +148,47 @@ TEST(Engine, PreemptionChangesNothing) {
   }
   EXPECT_GT((*e)->stats().preemptions, 0);
   EXPECT_EQ((*e)->stats().kv_blocks_total, 6);
+}
+
+// MTP speculative decoding (docs/mtp.md) in the serving engine, on the trained default model:
+// concurrent requests that preempt each other (6 KV blocks for three that need 3 each) get
+// the tokens and logprobs the engine without drafts gives each alone.
+TEST(Engine, SpeculativeDecodingChangesNothingUnderPreemption) {
+  EngineOptions o = options();
+  o.model_dir = std::string(MOESERVE_MODELS_DIR) + "/tiny-py";
+  o.kv_dtype = DType::kBF16;
+  auto plain = make_engine(o);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EngineOptions so = o;
+  so.speculative = {2, /*max_rows=*/0};
+  auto ck = Checkpoint::open(o.model_dir);
+  ASSERT_TRUE(ck.ok());
+  so.kv_cache_gb =
+      6.0 * double(kv_cache_layout((*ck)->config(), so.kv_dtype, true).block_bytes()) / 1e9 + 1e-9;
+  auto spec = make_engine(so);
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  std::vector<EngineRequest> reqs = {request("x", 100, 4, 60), request("y", 100, 5, 60),
+                                     request("z", 100, 6, 60)};
+  std::vector<Collector> alone(reqs.size()), cs(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE((*plain)->submit(reqs[i], alone[i].callback()).ok());
+    alone[i].wait();
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE((*spec)->submit(reqs[i], cs[i].callback()).ok());
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    cs[i].wait();
+    EXPECT_EQ(cs[i].tokens, alone[i].tokens) << reqs[i].id;
+    ASSERT_EQ(cs[i].logprobs.size(), alone[i].logprobs.size());
+    for (size_t t = 0; t < cs[i].logprobs.size(); ++t) {
+      EXPECT_NEAR(cs[i].logprobs[t], alone[i].logprobs[t], 1e-5) << reqs[i].id << " " << t;
+    }
+  }
+  const EngineStats st = (*spec)->stats();
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GT(st.spec_accepted[0], 0);
+  EXPECT_EQ(st.kv_blocks_total, 6);
 }
 
 TEST(Engine, EveryAcceptedRequestEndsWhenTheEngineStops) {
