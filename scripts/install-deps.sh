@@ -5,7 +5,8 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache python3 python3-pip
       libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev
       libdnnl-dev  # oneDNN, the baseline in moeserve-bench only
-      libopenmpi-dev openmpi-bin)  # Open MPI: expert parallelism across processes (src/ep)
+      libopenmpi-dev openmpi-bin  # Open MPI: expert parallelism across processes (src/ep)
+      chromium chromium-driver)  # headless Chromium: tests/cli/web_page.sh drives the chat page
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,4 +24,11 @@ if ! python3 -c "import openai" 2>/dev/null; then
     python3 -m pip install --quiet --user openai 2>/dev/null ||
     python3 -m pip install --quiet --user --break-system-packages openai 2>/dev/null ||
     echo "install-deps: could not pip install openai (tests/cli/server_openai.sh needs it)" >&2
+fi
+# selenium drives Chromium through Debian's chromedriver in tests/cli/web_page.sh.
+if ! python3 -c "import selenium" 2>/dev/null; then
+  python3 -m pip install --quiet selenium 2>/dev/null ||
+    python3 -m pip install --quiet --user selenium 2>/dev/null ||
+    python3 -m pip install --quiet --user --break-system-packages selenium 2>/dev/null ||
+    echo "install-deps: could not pip install selenium (tests/cli/web_page.sh needs it)" >&2
 fi

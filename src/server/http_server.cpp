@@ -8,6 +8,7 @@
 
 #include "server/api_error.h"
 #include "server/auth.h"
+#include "server/chat_page.h"
 
 namespace moeserve {
 
@@ -125,6 +126,18 @@ struct HttpServer::Impl {
         return;
       }
       send(res, service.models());
+    });
+    // The chat page (docs/server.md "The web page"): self-contained, and the policy keeps it
+    // so: scripts, styles and requests from this origin only. The API key, when the server
+    // has one, is typed into the page; the page itself is public, as /health is.
+    svr.Get("/", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!admit(req, res, false)) return;
+      res.set_header("Content-Security-Policy",
+                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                     "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+                     "form-action 'none'");
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(std::string(chat_page_html()), "text/html; charset=utf-8");
     });
     svr.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
       if (!admit(req, res, false)) return;
