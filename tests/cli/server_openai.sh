@@ -4,18 +4,7 @@
 # completes and the server exits 0.
 set -euo pipefail
 bin=$(realpath "$1")
-dir=$(mktemp -d)
-pid=""
-cleanup() {
-  if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  [ -f "$dir/serve.log" ] && tail -40 "$dir/serve.log" >&2
-  exit 1
-}
+. tests/serve_lib.sh
 
 python3 -c "import openai" 2>/dev/null ||
   fail "python package 'openai' missing (scripts/install-deps.sh installs it: pip install openai)"

@@ -7,18 +7,7 @@
 set -euo pipefail
 bin=$(realpath "$1")
 model=build/models/tiny-py
-dir=$(mktemp -d)
-pid=""
-cleanup() {
-  if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  [ -f "$dir/serve.log" ] && tail -40 "$dir/serve.log" >&2
-  exit 1
-}
+. tests/serve_lib.sh
 [ -f "$model/config.json" ] || fail "$model missing (CMake lays it out from assets/models/tiny-py)"
 prompt=$'class Queue:\n    def put(self, item):\n'
 
@@ -70,16 +59,12 @@ set -e
 [ $rc -eq 1 ] && grep -q num_nextn_predict_layers "$dir/err" || fail "no MTP module: rc=$rc $(cat "$dir/err")"
 
 python3 -c "import openai" 2>/dev/null || fail "python package 'openai' missing"
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 "$bin" serve --model "$model" --host 127.0.0.1 --port "$port" --served-model-name tiny-py \
   --kv-cache-gb 0.25 --speculative mtp --num-draft-tokens 2 --speculative-max-rows 0 \
   > "$dir/serve.log" 2>&1 &
 pid=$!
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
-  kill -0 "$pid" 2>/dev/null || fail "serve exited during start-up"
-  sleep 0.2
-done
+wait_health "$port"
 python3 - "$port" "$dir/off.txt" "$prompt" <<'PY' || fail "openai client against --speculative"
 import sys, urllib.request
 import openai

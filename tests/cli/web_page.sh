@@ -6,27 +6,12 @@
 set -euo pipefail
 bin=$(realpath "$1")
 model=build/models/tiny-py
-dir=$(mktemp -d)
-pid=""
-cleanup() {
-  if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  [ -f "$dir/serve.log" ] && tail -20 "$dir/serve.log" >&2
-  exit 1
-}
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+. tests/serve_lib.sh
+port=$(free_port)
 "$bin" serve --model "$model" --host 127.0.0.1 --port "$port" --kv-cache-gb 0.25 \
   --api-key page-key > "$dir/serve.log" 2>&1 &
 pid=$!
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
-  kill -0 "$pid" 2>/dev/null || fail "serve exited during start-up"
-  sleep 0.2
-done
+wait_health "$port"
 # The page needs no key (the API does) and says where it may load from: only here.
 curl -sf -D "$dir/headers" "http://127.0.0.1:$port/" > "$dir/page.html" || fail "GET /"
 grep -qi '^content-type: text/html; charset=utf-8' "$dir/headers" || fail "content type"

@@ -13,14 +13,7 @@ bin=$1
 mpiexec=${2:-mpirun}
 mpirun="$mpiexec --allow-run-as-root --oversubscribe"
 model=build/models/tiny-py
-dir=$(mktemp -d)
-pid=""
-cleanup() {
-  if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; for f in "$dir"/*.log; do [ -f "$f" ] && tail -20 "$f" >&2; done; exit 1; }
+. tests/serve_lib.sh
 [ -f "$model/config.json" ] || fail "$model missing"
 
 prompts=($'def read(self, n):\n' $'class Stack:\n    def __init__(self):\n' $'import os\n\ndef main():\n'
@@ -48,16 +41,12 @@ for path in sys.argv[2:]:
         assert b["accepted_draft_tokens"] > 0, b
 PY
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 $mpirun -np 2 "$bin" serve --model "$model" --host 127.0.0.1 --port "$port" --threads 1 \
   --kv-cache-gb 0.1 --dispatch-dtype bf16 --speculative mtp --num-draft-tokens 2 --speculative-max-rows 0 \
   > "$dir/serve.log" 2>&1 &
 pid=$!
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
-  kill -0 "$pid" 2>/dev/null || fail "serve exited during start-up"
-  sleep 0.2
-done
+wait_health "$port"
 python3 - "$port" "$dir/single.jsonl" "${prompts[@]}" <<'PY' || fail "serve R=2 with drafts"
 import json, sys, urllib.request
 from concurrent.futures import ThreadPoolExecutor

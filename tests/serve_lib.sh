@@ -1,0 +1,28 @@
+# Shared by the shell tests that start `moeserve serve` (tests/cli/*.sh, tests/ep/mpi/*.sh;
+# source it from the repository root):
+# $dir, a temporary directory removed at exit, and $pid, a server process killed at exit when
+# set; fail MESSAGE prints the tail of every $dir/*.log and exits 1; free_port prints a port
+# nobody listens on now; wait_health PORT waits for /health, failing if $pid exits first.
+dir=$(mktemp -d)
+pid=""
+cleanup() {
+  if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$dir"/*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -20 "$f" >&2; }; done
+  exit 1
+}
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+wait_health() {
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || fail "serve exited during start-up"
+    sleep 0.2
+  done
+  fail "server on port $1 not healthy"
+}
