@@ -6,7 +6,7 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache python3 python3-pip
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev
       libdnnl-dev  # oneDNN, the baseline in moeserve-bench only
       libopenmpi-dev openmpi-bin  # Open MPI: expert parallelism across processes (src/ep)
-      chromium chromium-driver)  # headless Chromium: tests/cli/web_page.sh drives the chat page
+      chromium chromium-driver fonts-liberation)  # headless Chromium: tests/cli/web_page.sh
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
