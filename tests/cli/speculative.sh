@@ -82,6 +82,17 @@ chunks = list(parts)
 streamed = "".join(ch.choices[0].text for ch in chunks if ch.choices)
 assert streamed == want, (streamed, want)
 assert chunks[-1].usage.model_extra["speculative"]["draft_tokens"] > 0
+# A stop string inside a step's several tokens ends the reply where it would without drafts
+# (the text up to it); n = 2 choices decode side by side.
+lines = want.split("\n")
+stop = lines[1][-3:] if len(lines) > 1 and len(lines[1]) >= 3 else "\n"
+cut = c.completions.create(model="tiny-py", prompt=prompt, max_tokens=48, temperature=0,
+                           stop=[stop], extra_body={"ignore_eos": True})
+assert cut.choices[0].text == want[:want.index(stop)], (cut.choices[0].text, stop)
+assert cut.choices[0].finish_reason == "stop"
+two = c.completions.create(model="tiny-py", prompt=prompt, max_tokens=48, temperature=0, n=2,
+                           extra_body={"ignore_eos": True})
+assert [ch.text for ch in two.choices] == [want, want], [ch.text for ch in two.choices]
 # Sampled requests run too (their distribution is the target's: tests/kernels/sampling_test.cpp).
 s = c.completions.create(model="tiny-py", prompt=prompt, max_tokens=32, temperature=0.8, seed=3)
 assert s.usage.completion_tokens > 0
