@@ -42,7 +42,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import sys
 import time
 
@@ -51,6 +50,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen_hf_fixtures as hf  # noqa: E402  (FP8 block quantization, rope, checkpoint writing)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from machine import cpu_model  # noqa: E402
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 TOKENIZER = os.path.join(ROOT, "assets", "tokenizer", "deepseek-v3", "tokenizer.json")
@@ -587,17 +589,6 @@ def hf_check(model, ckpt_dir, ids, rows):
     return float((theirs.log_softmax(-1) - full_logprobs(model, ids, rows)).abs().max())
 
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="checkpoint directory to write")
@@ -656,7 +647,7 @@ def main():
                    "warmup": WARMUP, "weight_decay": WEIGHT_DECAY, "clip": CLIP, "gamma": GAMMA,
                    "alpha": ALPHA, "mtp_lambda": MTP_LAMBDA, "seed": args.seed,
                    "threads": args.threads, "min_count": MIN_COUNT},
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "torch": torch.__version__,
         "corpus": {"dir": CORPUS_DIR, "heldout_rule": f"sha256(relative path)[0] < {HELDOUT_BYTE}",
                    "train_files": len(files["train"]), "train_tokens": len(streams["train"]),

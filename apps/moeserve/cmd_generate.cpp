@@ -237,10 +237,7 @@ int run_generate(const GenerateOptions& o) {
   model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
   const SpeculativeConfig spec = o.spec.config();
   int32_t n_blocks = 0;
-  for (const auto& r : requests) {
-    n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens +
-                           (spec.num_draft_tokens > 0 ? spec.num_draft_tokens + 1 : 0));
-  }
+  for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
   auto fingerprint = model_fingerprint(o.model, o.kv_dtype, path, o.spec.enabled());
   if (!fingerprint.ok()) {
     fmt::print(stderr, "generate: {}\n", fingerprint.status().message());

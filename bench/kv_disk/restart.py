@@ -31,7 +31,6 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import random
 import shlex
 import shutil
@@ -47,16 +46,8 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "load"))
 from loadgen import WORDS, percentile  # noqa: E402  (one-token English words; numpy's percentile)
 
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import cpu_model  # noqa: E402
 
 
 def free_port():

@@ -16,25 +16,16 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import cpu_model  # noqa: E402
+
 CORPUS_DIR = "/usr/lib/python3.11"
 HELDOUT_BYTE = 26  # tools/train_tiny.py's split
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def heldout_prompts(n):

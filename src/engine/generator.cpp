@@ -9,11 +9,6 @@
 
 namespace moeserve {
 
-int64_t Generator::blocks_needed(const GenerateRequest& r) const {
-  return blocks_for(int64_t(r.prompt.size()) + r.max_tokens +
-                    (spec_.num_draft_tokens > 0 ? spec_.num_draft_tokens + 1 : 0));
-}
-
 Result<std::vector<GenerateResult>> Generator::generate(
     const std::vector<GenerateRequest>& requests, int64_t prefill_chunk) {
   const ModelConfig& c = model_.config();
@@ -23,7 +18,7 @@ Result<std::vector<GenerateResult>> Generator::generate(
     RETURN_IF_ERROR(validate_prompt(c, r.prompt, r.max_tokens, c.max_position_embeddings)
                         .with_context(fmt::format("request {}", i)));
     const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
-    blocks += blocks_needed(r);
+    blocks += blocks_for(total);  // (drafts never reach past it: docs/mtp.md)
     if (blocks > cache_.num_available()) {
       return ResourceExhausted(
           fmt::format("request {}: not enough KV cache blocks for {} tokens", i, total));

@@ -46,9 +46,6 @@ class Generator {
             const SpeculativeConfig& speculative = {})
       : model_(model), cache_(cache), pool_(pool), spec_(speculative) {}
 
-  // KV blocks a request needs here: its prompt and max_tokens, and the draft positions
-  // speculative decoding may compute past them.
-  int64_t blocks_needed(const GenerateRequest& r) const;
 
   // Prompts longer than `prefill_chunk` tokens are prefilled in several steps (0: one step).
   // InvalidArgument for a bad request, ResourceExhausted when the cache cannot hold them all.

@@ -110,7 +110,7 @@ class LlmEngine final : public Engine {
     RETURN_IF_ERROR(validate_prompt(config_, r.prompt, r.max_tokens, max_context_));
     if (r.max_tokens < 1) return InvalidArgument("max_tokens must be >= 1");
     const int64_t total = int64_t(r.prompt.size()) + r.max_tokens;
-    if (blocks_for(total + options_.speculative.num_draft_tokens) > cache_.num_blocks()) {
+    if (blocks_for(total) > cache_.num_blocks()) {
       return InvalidArgument(fmt::format(
           "prompt + max_tokens ({} tokens) needs more KV cache than the server has ({} tokens)",
           total, int64_t(cache_.num_blocks()) * kKvBlockSize));

@@ -206,14 +206,12 @@ Status DeepseekModel::forward_mtp(std::span<const StepSequence> batch, const flo
   TraceSpan span(tracer_, "mtp");
 
   // [n, 2H]: RMSNorm_enorm(embed(t_{p+1})), then RMSNorm_hnorm(H_p): the embedding first.
-  std::vector<float> eh(size_t(n * 2 * H)), e(static_cast<size_t>(H));
+  std::vector<float> eh(size_t(n * 2 * H));
   int64_t row = 0;
   for (const StepSequence& s : batch) {
-    for (int32_t t : s.tokens) {
-      weights_.embed.row_to_f32(t, e.data());
-      norm(e.data(), 1, H, H, m.enorm.data(), eps, &eh[size_t(row++ * 2 * H)], 2 * H);
-    }
+    for (int32_t t : s.tokens) weights_.embed.row_to_f32(t, &eh[size_t(row++ * 2 * H)]);
   }
+  norm(eh.data(), n, H, 2 * H, m.enorm.data(), eps, eh.data(), 2 * H);
   norm(hidden, n, H, H, m.hnorm.data(), eps, eh.data() + H, 2 * H);
   std::vector<float> x(size_t(n * H));  // [n, H] the decoder layer's input
   linear(eh.data(), n, 2 * H, m.eh_proj, x.data(), H);
@@ -264,22 +262,28 @@ void DeepseekModel::head(std::span<const StepSequence> batch, const float* x,
     n_logits += s.n_logits;
   }
   out->hidden.resize(size_t(n_hidden * H));  // [n_hidden, H] final-norm'd requested rows
-  std::vector<float> head_in(size_t(n_logits * H));  // [n_logits, H] the rows with logits
+  // The rows with logits, [n_logits, H]: the hidden rows themselves when every hidden row has
+  // logits (no MTP), else a gathered copy.
+  std::vector<float> gathered;
+  if (n_hidden != n_logits) gathered.resize(size_t(n_logits * H));
   int64_t row = 0, out_row = 0, logit_row = 0;
   for (const StepSequence& s : batch) {
     row += int64_t(s.tokens.size());
     for (int64_t r = row - s.hidden_rows(); r < row; ++r, ++out_row) {
       float* y = &out->hidden[size_t(out_row * H)];
       norm(&x[size_t(r * H)], 1, H, H, norm_w.data(), float(c.rms_norm_eps), y, H);
-      if (r >= row - s.n_logits) std::copy_n(y, H, &head_in[size_t(logit_row++ * H)]);
+      if (!gathered.empty() && r >= row - s.n_logits) {
+        std::copy_n(y, H, &gathered[size_t(logit_row++ * H)]);
+      }
     }
   }
+  const float* head_in = gathered.empty() ? out->hidden.data() : gathered.data();
   out->logits.assign(size_t(n_logits * c.vocab_size), 0.0f);  // [n_logits, vocab]
   const std::vector<int32_t>& live = compact_head_.rows;
   if (path_ == ComputePath::kFast && !live.empty() && n_logits > 0) {
     const int64_t n_live = int64_t(live.size());
     x_bf16_.resize(size_t(n_logits * H));
-    f32_to_bf16_row(head_in.data(), n_logits * H, x_bf16_.data());
+    f32_to_bf16_row(head_in, n_logits * H, x_bf16_.data());
     std::vector<float> y(size_t(n_logits * n_live));  // [n_logits, live rows]
     gemm_bf16_packed(x_bf16_.data(), n_logits, H, compact_head_.packed, y.data(), n_live, pool_);
     for (int64_t i = 0; i < n_logits; ++i) {
@@ -288,7 +292,7 @@ void DeepseekModel::head(std::span<const StepSequence> batch, const float* x,
     }
     return;
   }
-  linear(head_in.data(), n_logits, H, weights_.lm_head, out->logits.data(), c.vocab_size);
+  linear(head_in, n_logits, H, weights_.lm_head, out->logits.data(), c.vocab_size);
 }
 
 void DeepseekModel::norm(const float* x, int64_t n, int64_t d, int64_t ldx, const float* w,

@@ -134,28 +134,26 @@ TEST_P(MtpReference, DraftLogprobsMatchTransformersLayer) {
       static_cast<long long>(flipped));
 }
 
+// Test names allow [A-Za-z0-9_].
+std::string param_name(const ::testing::TestParamInfo<MtpReference::ParamType>& info) {
+  std::string name = std::get<0>(info.param);
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name + (std::get<1>(info.param) == AttentionMode::kNaive ? "_naive" : "_absorbed") +
+         (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Trained, MtpReference,
     ::testing::Combine(::testing::Values("tiny-py"),
                        ::testing::Values(AttentionMode::kAbsorbed, AttentionMode::kNaive),
                        ::testing::Values(ComputePath::kReference, ComputePath::kFast)),
-    [](const auto& info) {
-      std::string name = std::get<0>(info.param);
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name + (std::get<1>(info.param) == AttentionMode::kNaive ? "_naive" : "_absorbed") +
-             (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
-    });
+    param_name);
 INSTANTIATE_TEST_SUITE_P(
     Random, MtpReference,
     ::testing::Combine(::testing::Values("v3_mtp"),
                        ::testing::Values(AttentionMode::kAbsorbed, AttentionMode::kNaive),
                        ::testing::Values(ComputePath::kReference, ComputePath::kFast)),
-    [](const auto& info) {
-      std::string name = std::get<0>(info.param);
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name + (std::get<1>(info.param) == AttentionMode::kNaive ? "_naive" : "_absorbed") +
-             (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
-    });
+    param_name);
 
 // ---- Speculative decoding through the engine: output unchanged ----
 
