@@ -14,7 +14,7 @@ namespace moeserve::testing {
 
 inline std::vector<Isa> isa_levels() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
     if (isa_at_most(isa, cpu_isa())) out.push_back(isa);
   }
   return out;

@@ -291,7 +291,7 @@ double run_case(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPool& po
       time_calls([&](int i) { mla_decode(batch_of(i), &pool, mla_opt); }, int(c.copies), min_s, 3);
   const Ceilings here = local_ceilings(ceil, dram_before, pool, min_s);
   double t_base = t_bf16;
-  if (!fp8 && cpu_isa() == Isa::kAvx512Bf16) {
+  if (!fp8 && cpu_isa() >= Isa::kAvx512Bf16) {
     // The baseline is several times slower: one timed pass is enough to rank it.
     t_base = time_calls([&](int i) { baseline(c, i, heads, q.data(), o.data(), lse.data(), pool); },
                         int(c.copies), 0.0, 1);

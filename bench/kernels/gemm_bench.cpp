@@ -106,10 +106,9 @@ void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, do
                    : double(e) * (double(c.n) * double(c.k) +
                                   4.0 * double((c.n + 127) / 128) * double((c.k + 127) / 128));
   const double flops = 2.0 * double(c.m) * double(c.n) * double(c.k);
-  const double t_roof =
-      std::max(wbytes / (ceil.dram_read_gbps * 1e9), flops / (ceil.bf16_peak_gflops * 1e9));
-  const bool memory_bound =
-      wbytes / (ceil.dram_read_gbps * 1e9) >= flops / (ceil.bf16_peak_gflops * 1e9);
+  const double peak = ceil.gemm_peak_gflops();
+  const double t_roof = std::max(wbytes / (ceil.dram_read_gbps * 1e9), flops / (peak * 1e9));
+  const bool memory_bound = wbytes / (ceil.dram_read_gbps * 1e9) >= flops / (peak * 1e9);
   const double gbps = wbytes / t / 1e9, gflops = flops / t / 1e9;
   if (opt.json) {
     nlohmann::ordered_json j = {{"kernel", c.kernel},
@@ -126,6 +125,7 @@ void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, do
                                 {"baseline_seconds", t_base},
                                 {"dram_read_gbps", ceil.dram_read_gbps},
                                 {"bf16_peak_gflops", ceil.bf16_peak_gflops},
+                                {"peak_gflops", peak},  // the compute ceiling used
                                 {"isa", isa_name(active_isa())}};
     if (c.experts > 0) {
       j["experts"] = c.experts;

@@ -55,12 +55,44 @@ double measure_dram_read_gbps(ThreadPool& pool, int passes, double min_s) {
   return best;
 }
 
+double Ceilings::gemm_peak_gflops() const {
+  return active_isa() == Isa::kAmx && amx_bf16_peak_gflops > 0 ? amx_bf16_peak_gflops
+                                                                : bf16_peak_gflops;
+}
+
+namespace {
+
+// The best of 3 passes of loop(iters) on every thread at once, in G per second.
+double peak_of(ThreadPool& pool, double (*loop)(long), long iters) {
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    std::atomic<double> flops{0};
+    const double t0 = now_s();
+    pool.parallel_for(pool.size(), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        double f = loop(iters);
+        double cur = flops.load();
+        while (!flops.compare_exchange_weak(cur, cur + f)) {
+        }
+      }
+    });
+    best = std::max(best, flops.load() / (now_s() - t0) / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+double measure_amx_bf16_gflops(ThreadPool& pool) {
+  return cpu_isa() == Isa::kAmx ? peak_of(pool, amx_bf16_loop, 500'000) : 0;
+}
+
 Ceilings measure_ceilings(ThreadPool& pool) {
   Ceilings c;
   const int threads = pool.size();
   c.dram_read_gbps = measure_dram_read_gbps(pool, 3);
   // Compute: ~0.2 s of register-only dot products per thread, best of 3.
-  const bool bf16 = cpu_isa() == Isa::kAvx512Bf16;
+  const bool bf16 = cpu_isa() >= Isa::kAvx512Bf16;
   const bool fma = isa_at_most(Isa::kAvx2, cpu_isa());
   if (!fma) return c;
   for (int pass = 0; pass < 3; ++pass) {
@@ -75,6 +107,10 @@ Ceilings measure_ceilings(ThreadPool& pool) {
       }
     });
     c.bf16_peak_gflops = std::max(c.bf16_peak_gflops, flops.load() / (now_s() - t0) / 1e9);
+  }
+  if (cpu_isa() == Isa::kAmx) {  // ~0.1 s each: 16 K flops per instruction
+    c.amx_bf16_peak_gflops = measure_amx_bf16_gflops(pool);
+    c.amx_int8_peak_gops = peak_of(pool, amx_int8_loop, 2'000'000);
   }
   return c;
 }

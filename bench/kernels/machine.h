@@ -1,7 +1,8 @@
 // The machine's ceilings, measured at the start of every bench run on the threads the kernels
 // get: DRAM read bandwidth (a streaming read of a buffer far larger than the caches) and the
 // BF16 dot-product peak (a vdpbf16ps register loop; an FP32 FMA loop counted as 2 flops per lane
-// when the CPU has no AVX-512 BF16). Single-threaded callers only.
+// when the CPU has no AVX-512 BF16), and on AMX CPUs the tile unit's BF16 and INT8 peaks
+// (TDPBF16PS / TDPBSSD loops on tiles that never leave the unit). Single-threaded callers only.
 #pragma once
 
 #include "core/thread_pool.h"
@@ -11,6 +12,12 @@ namespace moeserve::bench {
 struct Ceilings {
   double dram_read_gbps = 0;
   double bf16_peak_gflops = 0;
+  double amx_bf16_peak_gflops = 0;  // 0 without AMX
+  double amx_int8_peak_gops = 0;
+
+  // The compute ceiling of a kernel running at the active ISA level: the AMX BF16 peak where
+  // the GEMMs run on tiles, else the vector dot-product peak.
+  double gemm_peak_gflops() const;
 };
 
 Ceilings measure_ceilings(ThreadPool& pool);
@@ -22,18 +29,27 @@ Ceilings measure_ceilings(ThreadPool& pool);
 // local_ceilings.
 double measure_dram_read_gbps(ThreadPool& pool, int passes, double min_s = 0);
 
+// The AMX BF16 peak alone (0 without AMX): the best of 3 passes of ~30 ms. The tile unit of the
+// Xeon VM the AMX kernels were written on ran anywhere from 0.3x to 1x of its best within
+// minutes (a neighbour on the same core, we think), so AMX cases are held to a reading taken
+// right after them.
+double measure_amx_bf16_gflops(ThreadPool& pool);
+
 // `start` with the DRAM reading replaced by the better of `before` and one taken now, each the
-// best over `min_s`.
+// best over `min_s`, and the AMX peak by one taken now.
 inline Ceilings local_ceilings(const Ceilings& start, double before, ThreadPool& pool,
                                double min_s) {
   Ceilings c = start;
   const double after = measure_dram_read_gbps(pool, 1, min_s);
   c.dram_read_gbps = before > after ? before : after;
+  if (c.amx_bf16_peak_gflops > 0) c.amx_bf16_peak_gflops = measure_amx_bf16_gflops(pool);
   return c;
 }
 
 // Register loops (machine_avx512.cpp, machine_avx2.cpp): flops done by `iters` iterations.
 double dpbf16_loop(long iters);
 double fma_f32_loop(long iters);
+double amx_bf16_loop(long iters);  // machine_amx.cpp
+double amx_int8_loop(long iters);
 
 }  // namespace moeserve::bench

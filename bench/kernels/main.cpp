@@ -44,8 +44,13 @@ int main(int argc, char** argv) {
   bench::Ceilings ceil = bench::measure_ceilings(pool);
   if (e2e->parsed()) return bench::run_e2e_bench(e2e_options, ceil, pool);
   if (!json) {
-    fmt::print("isa {}  threads {}  DRAM read {:.1f} GB/s  BF16 peak {:.1f} GFLOP/s\n",
-               isa_name(active_isa()), threads, ceil.dram_read_gbps, ceil.bf16_peak_gflops);
+    fmt::print("isa {}  threads {}  DRAM read {:.1f} GB/s  BF16 peak {:.1f} GFLOP/s", isa_name(active_isa()),
+               threads, ceil.dram_read_gbps, ceil.bf16_peak_gflops);
+    if (ceil.amx_bf16_peak_gflops > 0) {
+      fmt::print("  AMX BF16 peak {:.1f} GFLOP/s  AMX INT8 peak {:.1f} GOP/s",
+                 ceil.amx_bf16_peak_gflops, ceil.amx_int8_peak_gops);
+    }
+    fmt::print("\n");
   }
   bench::run_gemm_benches(bench::GemmBenchOptions{json, quick, only}, ceil, pool);
   if (std::string("mla_decode").rfind(only, 0) == 0)

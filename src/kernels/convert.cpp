@@ -6,7 +6,7 @@ namespace moeserve {
 
 namespace {
 bool use_avx512(Isa isa) {
-  return isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16;
+  return isa >= Isa::kAvx512;
 }
 }  // namespace
 

@@ -1,14 +1,19 @@
 // Run-time instruction-set selection for the SIMD kernels.
 //
 // Kernels come in levels: a scalar reference, AVX2+FMA, AVX-512 (F/BW/VL/DQ) and AVX-512 with
-// BF16 dot products and VBMI byte shuffles (every BF16-capable CPU but Cooper Lake has both).
-// cpu_isa() is the best level this CPU runs (checked once with
-// __builtin_cpu_supports); active_isa() is that level, lowered by the environment variable
-// MOESERVE_ISA=scalar|avx2|avx512|avx512bf16 when set (for testing slower paths; a request above
-// what the CPU supports is clamped to cpu_isa()). Both are computed once and never change, so any
-// thread may call them.
+// BF16 dot products and VBMI byte shuffles (every BF16-capable CPU but Cooper Lake has both), and
+// on top of that Intel's AMX tile unit (TDPBF16PS/TDPBSSD, Sapphire Rapids on; docs/kernels-amx.md).
+// kAmx is a superset of kAvx512Bf16: kernels without an AMX form run their AVX-512 BF16 code there.
+// cpu_isa() is the best level this CPU runs (checked once with __builtin_cpu_supports; AMX also
+// needs Linux to grant the tile state, arch_prctl(ARCH_REQ_XCOMP_PERM)); active_isa() is the
+// level the program runs: cpu_isa(), except that AMX is opt-in (MOESERVE_ISA=amx) while its
+// batch-1 decode is slower than the AVX-512 BF16 level's (docs/kernels-amx.md), lowered or
+// raised by the environment variable MOESERVE_ISA=scalar|avx2|avx512|avx512bf16|amx when set
+// (a request above what the CPU supports is clamped to cpu_isa()). Both are computed once and
+// never change, so any thread may call them.
 //
-// Code compiled with -mavx512*/-mavx2 (files named *_avx512.cpp, *_avx512f.cpp, *_avx2.cpp) runs
+// Code compiled with -mavx512*/-mavx2/-mamx* (files named *_avx512.cpp, *_avx512f.cpp, *_avx2.cpp,
+// *_amx.cpp) runs
 // only behind these checks. Those files keep their code in anonymous namespaces and avoid
 // inline/template code shared with other files: the linker may keep any one copy of an inline
 // function, and an AVX-512 copy must never be the one a baseline caller gets.
@@ -19,7 +24,7 @@
 
 namespace moeserve {
 
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kAmx = 4 };
 
 const char* isa_name(Isa isa);
 std::optional<Isa> isa_from_name(std::string_view name);

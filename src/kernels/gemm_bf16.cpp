@@ -85,7 +85,7 @@ void gemm_bf16(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int
                int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
   if (m <= 0 || n <= 0) return;
   auto rows = [&](int64_t n0, int64_t n1) {
-    if (isa == Isa::kAvx512Bf16) {
+    if (isa >= Isa::kAvx512Bf16) {
       gemm_bf16_avx512_rows(x, m, ldx, w, n0, n1, k, ldw, y, ldy);
     } else {
       gemm_bf16_ref(x, m, ldx, w + n0 * ldw, n1 - n0, k, ldw, y + n0, ldy);

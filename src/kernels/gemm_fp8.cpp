@@ -103,6 +103,8 @@ using PanelFn = void (*)(const GemmJob&, int64_t, int64_t);
 PanelFn panel_fn(Isa isa) {
   CHECK(isa_at_most(isa, cpu_isa()), "gemm_fp8: ISA level above what this CPU supports");
   switch (isa) {
+    case Isa::kAmx:
+      return gemm_detail::panels_amx;
     case Isa::kAvx512Bf16:
       return gemm_detail::panels_avx512bf16;
     case Isa::kAvx512:
@@ -115,10 +117,11 @@ PanelFn panel_fn(Isa isa) {
   return gemm_detail::panels_scalar;
 }
 
-// The F32-activation levels: both AVX-512 levels run the AVX-512F kernel (no BF16 needed).
+// The F32-activation levels: the AVX-512 levels run the AVX-512F kernel (no BF16 needed).
 PanelFn panel_fn_f32x(Isa isa) {
   CHECK(isa_at_most(isa, cpu_isa()), "gemm_fp8_f32x: ISA level above what this CPU supports");
   switch (isa) {
+    case Isa::kAmx:
     case Isa::kAvx512Bf16:
     case Isa::kAvx512:
       return gemm_detail::panels_f32x_avx512;
@@ -313,10 +316,8 @@ void gemm_bf16_packed(const uint16_t* x, int64_t m, int64_t ldx, const PackedBf1
               nullptr, w.n,   w.k, w.k_blocks(),
               y,       false, ldy, nullptr,
               true};
-  if (isa == Isa::kAvx512Bf16 || isa == Isa::kScalar) {
-    run_jobs({job},
-             isa == Isa::kScalar ? gemm_detail::panels_scalar : gemm_detail::panels_avx512bf16,
-             pool);
+  if (isa == Isa::kAmx || isa == Isa::kAvx512Bf16 || isa == Isa::kScalar) {
+    run_jobs({job}, panel_fn(isa), pool);
     return;
   }
   // Without BF16 dot products: the F32-activation kernels on tiles converted exactly to F32

@@ -227,14 +227,13 @@ void micro_tile_rows(int rows, const uint16_t* x, int64_t ld, const __m512i* til
 class KeptScratch {
  public:
   ~KeptScratch() { std::free(p_); }
-  template <class T>
-  T* get(size_t bytes) {
+  void* get(size_t bytes) {
     if (bytes > cap_) {
       std::free(p_);
       cap_ = (bytes + 63) / 64 * 64;
       p_ = std::aligned_alloc(64, cap_);
     }
-    return static_cast<T*>(p_);
+    return p_;
   }
 
  private:
@@ -242,7 +241,12 @@ class KeptScratch {
   size_t cap_ = 0;
 };
 
-thread_local KeptScratch tls_tiles, tls_tot, tls_tail;
+thread_local KeptScratch tls_scratch[kScratchSlots];
+
+template <class T>
+T* scratch(int slot, size_t bytes) {
+  return static_cast<T*>(kept_scratch(slot, bytes));
+}
 
 // K blocks per chunk: a row block runs all of a chunk's tiles in turn, so its running sums
 // (6 x 64 F32) stay in L1 while the chunk's BF16 tiles (16 KB each) come from L2.
@@ -260,11 +264,11 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
   const int64_t chunk = job.k_blocks < kChunk ? job.k_blocks : kChunk;
   // BF16 tiles are kept only when more than one row block reads them.
   __m512i* tiles = job.m > kRows && !job.bf16_tiles
-                       ? tls_tiles.get<__m512i>(size_t(kTileBytes * 2 * chunk))
+                       ? scratch<__m512i>(kScratchTiles, size_t(kTileBytes * 2 * chunk))
                        : nullptr;
-  float* tot = tls_tot.get<float>(size_t(mb_cap * kPanelCols * 4));
+  float* tot = scratch<float>(kScratchTot, size_t(mb_cap * kPanelCols * 4));
   const bool tail = job.k % kBlockK != 0;
-  uint16_t* tail_x = tail ? tls_tail.get<uint16_t>(size_t(mb_cap * kBlockK * 2)) : nullptr;
+  uint16_t* tail_x = tail ? scratch<uint16_t>(kScratchTail, size_t(mb_cap * kBlockK * 2)) : nullptr;
   const int64_t last = job.k_blocks - 1;
   const int64_t tile_bytes = job.bf16_tiles ? 2 * kTileBytes : kTileBytes;
   for (int64_t m0 = 0; m0 < job.m; m0 += mb_cap) {
@@ -352,20 +356,40 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
           }
         }
       }
-      const int64_t col0 = p * kPanelCols;
-      for (int64_t i = 0; i < mb; ++i) {
-        for (int j = 0; j < 4; ++j) {
-          int64_t cols = job.n - col0 - 16 * j;
-          if (cols <= 0) break;
-          store16(_mm512_load_ps(tot + i * kPanelCols + 16 * j), job.y,
-                  (m0 + i) * job.ldy + col0 + 16 * j, cols > 16 ? 16 : int(cols), job.y_bf16);
-        }
-      }
+      store_panel_rows(tot, mb, job.y, job.ldy, m0, p * kPanelCols, job.n, job.y_bf16);
     }
   }
 }
 
 }  // namespace
+
+void* kept_scratch(int slot, size_t bytes) {
+  return tls_scratch[slot].get(bytes);
+}
+
+void convert_tile_bf16(const uint8_t* src, uint16_t* dst, const uint8_t* prefetch) {
+  const Consts c = make_consts();
+  __m512i* d = reinterpret_cast<__m512i*>(dst);
+  for (int64_t i = 0; i < kTileBytes / 64; ++i) {
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(prefetch) + 64 * i, _MM_HINT_T1);
+    __m512i lo, hi;
+    fp8x64_to_bf16(src + 64 * i, c, lo, hi);
+    _mm512_store_si512(d + 2 * i, lo);
+    _mm512_store_si512(d + 2 * i + 1, hi);
+  }
+}
+
+void store_panel_rows(const float* tot, int64_t rows, void* y, int64_t ldy, int64_t row0,
+                      int64_t col0, int64_t n, bool y_bf16) {
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      int64_t cols = n - col0 - 16 * j;
+      if (cols <= 0) break;
+      store16(_mm512_load_ps(tot + i * kPanelCols + 16 * j), y, (row0 + i) * ldy + col0 + 16 * j,
+              cols > 16 ? 16 : int(cols), y_bf16);
+    }
+  }
+}
 
 void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1) {
   const Consts c = make_consts();

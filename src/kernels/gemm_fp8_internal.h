@@ -3,6 +3,7 @@
 // no inline code with the rest of the program).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace moeserve::gemm_detail {
@@ -34,6 +35,22 @@ void panels_scalar(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx2(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx512(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1);  // also BF16 tiles
+void panels_amx(const GemmJob& job, int64_t p0, int64_t p1);         // also BF16 tiles
+
+// Shared by the AVX-512 BF16 and AMX levels (defined in gemm_fp8_avx512.cpp, which both levels'
+// CPUs run):
+// - a per-thread buffer of at least `bytes`, 64-byte aligned, kept between calls (slot < 8;
+//   one slot per buffer a call holds at once);
+// - one packed FP8 tile to BF16 in the same layout, exactly (dst 64-byte aligned), bringing the
+//   kTileBytes from `prefetch` (if not null) into L2 on the way, one line per 64 bytes converted;
+// - rows [0, rows) of a panel's F32 sums tot [rows][64] to Y's rows row0.. and columns col0..
+//   (only those below n), F32 or BF16 rounded to nearest even.
+constexpr int kScratchSlots = 8;
+enum ScratchSlot : int { kScratchTiles, kScratchTot, kScratchTail, kScratchPart, kScratchC };
+void* kept_scratch(int slot, size_t bytes);
+void convert_tile_bf16(const uint8_t* src, uint16_t* dst, const uint8_t* prefetch);
+void store_panel_rows(const float* tot, int64_t rows, void* y, int64_t ldy, int64_t row0,
+                      int64_t col0, int64_t n, bool y_bf16);
 
 // The F32-activation levels (gemm_fp8_f32x): read job.xf instead of job.x.
 void panels_f32x_scalar(const GemmJob& job, int64_t p0, int64_t p1);

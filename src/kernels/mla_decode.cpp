@@ -205,7 +205,7 @@ using PieceFn = void (*)(const mla_detail::Ctx&, const mla_detail::Piece&);
 PieceFn fast_piece(const MlaBatch& b, Isa isa) {
   if (b.cache.token.dtype == DType::kF32) return nullptr;
   const MlaShape& s = b.shape;
-  if (isa == Isa::kAvx512Bf16 && s.kv_lora_rank % 32 == 0 && s.rope_dim % 2 == 0) {
+  if (isa >= Isa::kAvx512Bf16 && s.kv_lora_rank % 32 == 0 && s.rope_dim % 2 == 0) {
     return mla_detail::piece_avx512bf16;
   }
   if (s.kv_lora_rank % 16 != 0) return nullptr;

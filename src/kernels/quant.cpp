@@ -28,7 +28,7 @@ void quantize_fp8_1x128_ref(const uint16_t* x, int64_t rows, int64_t cols, int64
 
 void quantize_fp8_1x128(const uint16_t* x, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
                         int64_t ldq, float* scales, Isa isa) {
-  if (isa == Isa::kAvx512Bf16 || isa == Isa::kAvx512) {
+  if (isa >= Isa::kAvx512) {
     return quant_detail::quantize_avx512(x, rows, cols, ldx, q, ldq, scales);
   }
   quantize_fp8_1x128_ref(x, rows, cols, ldx, q, ldq, scales);
@@ -36,7 +36,7 @@ void quantize_fp8_1x128(const uint16_t* x, int64_t rows, int64_t cols, int64_t l
 
 void quantize_fp8_1x128_f32(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint8_t* q,
                             int64_t ldq, float* scales, Isa isa) {
-  if (isa == Isa::kAvx512Bf16 || isa == Isa::kAvx512) {
+  if (isa >= Isa::kAvx512) {
     return quant_detail::quantize_f32_avx512(x, rows, cols, ldx, q, ldq, scales);
   }
   std::vector<uint16_t> row(static_cast<size_t>(cols));  // one row rounded to BF16

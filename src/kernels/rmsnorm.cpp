@@ -26,6 +26,7 @@ void rmsnorm_isa(const float* x, int64_t n_rows, int64_t dim, int64_t ldx, const
   switch (isa) {
     case Isa::kAvx512:
     case Isa::kAvx512Bf16:
+    case Isa::kAmx:
       return rmsnorm_detail::rmsnorm_avx512(x, n_rows, dim, ldx, weight, eps, y, ldy);
     case Isa::kAvx2:
       return rmsnorm_detail::rmsnorm_avx2(x, n_rows, dim, ldx, weight, eps, y, ldy);

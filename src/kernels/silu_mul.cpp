@@ -18,6 +18,7 @@ void silu_mul(const float* g, const float* u, int64_t n, float* out, Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
     case Isa::kAvx512Bf16:
+    case Isa::kAmx:
       return silu_mul_detail::silu_mul_avx512(g, u, n, out);
     case Isa::kAvx2:
       return silu_mul_detail::silu_mul_avx2(g, u, n, out);
@@ -31,6 +32,7 @@ void silu_mul_bf16(const float* g, const float* u, int64_t n, uint16_t* out, Isa
   switch (isa) {
     case Isa::kAvx512:
     case Isa::kAvx512Bf16:
+    case Isa::kAmx:
       return silu_mul_detail::silu_mul_bf16_avx512(g, u, n, out);
     case Isa::kAvx2:
       return silu_mul_detail::silu_mul_bf16_avx2(g, u, n, out);

@@ -30,7 +30,7 @@ TEST(GemmBf16, EveryIsaMatchesReference) {
     auto w = random_bf16(size_t(s.n * ldw), rng);
     std::vector<float> want(size_t(s.m * ldy), -7.0f);
     gemm_bf16_ref(x.data(), s.m, ldx, w.data(), s.n, s.k, ldw, want.data(), ldy);
-    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
       if (!isa_at_most(isa, cpu_isa())) continue;
       ThreadPool pool(2);
       std::vector<float> got(size_t(s.m * ldy), -7.0f);
@@ -82,7 +82,7 @@ TEST(GemmBf16Packed, MatchesReferenceAndIsBatchInvariant) {
     PackedBf16Weight p = pack_bf16_weight(w.data(), s.n, s.k, s.k);
     std::vector<float> want(size_t(max_m * ldy));
     gemm_bf16_ref(x.data(), max_m, ldx, w.data(), s.n, s.k, s.k, want.data(), ldy);
-    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
       if (!isa_at_most(isa, cpu_isa())) continue;
       std::vector<float> first;  // rows of the m = 300 run, for the invariance check
       for (int64_t m : {300, 1, 2, 5, 6, 7, 13, 64, 127}) {
@@ -123,7 +123,7 @@ TEST(GemmF32, EveryIsaMatchesScalar) {
     for (auto& v : w) v = d(rng);
     std::vector<float> want(size_t(m * n)), got(size_t(m * n));
     gemm_f32(x.data(), m, k, w.data(), n, k, k, want.data(), n, nullptr, Isa::kScalar);
-    for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
       if (!isa_at_most(isa, cpu_isa())) continue;
       ThreadPool pool(2);
       gemm_f32(x.data(), m, k, w.data(), n, k, k, got.data(), n, &pool, isa);
@@ -157,7 +157,7 @@ TEST(GemmF32Kn, EveryIsaMatchesScalar) {
     for (auto& v : wt) v = d(rng);
     std::vector<float> want(size_t(m * ldy), -9.0f), got(size_t(m * ldy), -9.0f);
     gemm_f32_kn(x.data(), m, ldx, wt.data(), n, k, ldwt, want.data(), ldy, nullptr, Isa::kScalar);
-    for (Isa isa : {Isa::kAvx512, Isa::kAvx512Bf16}) {
+    for (Isa isa : {Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
       if (!isa_at_most(isa, cpu_isa())) continue;
       ThreadPool pool(2);
       gemm_f32_kn(x.data(), m, ldx, wt.data(), n, k, ldwt, got.data(), ldy, &pool, isa);

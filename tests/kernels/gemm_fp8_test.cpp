@@ -338,5 +338,42 @@ TEST(GemmFp8, EveryFp8ValueConvertsExactly) {
   }
 }
 
+
+// The AMX level by name, so a machine without it says so (every test above runs it where the
+// CPU has it, through isa_levels()). Bound: the tile unit sums each 128-wide K block in F32 in
+// its own order, so per block the error is at most 128 ulps of the block's magnitude; the
+// promotion adds one rounding per block, so 4e-6 x the row's magnitude (67 ulps) holds with
+// room to spare at these K, as for the AVX-512 level. Shapes cross every path of the kernel:
+// a partial last row tile (M = 1, 17, 40, 65), several row groups (65, 130), K in chunks
+// (K = 4100 at 130 rows: 16 + 16 + 1 K blocks), panels in sweeps (1024 rows, N = 520: sweeps
+// of 8 panels, chunks of 4 K blocks), N off the 64-column grid, and BF16 output.
+TEST(GemmFp8Amx, MatchesReferenceOnEveryPath) {
+  if (cpu_isa() != Isa::kAmx) GTEST_SKIP() << "skipped: no AMX";
+  std::mt19937 rng(21);
+  ThreadPool pool(2);
+  struct Case {
+    int64_t n, k;
+    std::vector<int64_t> ms;
+  };
+  for (const Case& c : {Case{200, 4100, {1, 17, 40, 65, 130}}, Case{97, 300, {1, 17, 40}},
+                        Case{520, 520, {1024}}}) {
+    const int64_t n = c.n, k = c.k;
+    Problem p = make_problem(n, k, rng);
+    for (int64_t m : c.ms) {
+      std::vector<uint16_t> x = random_x(m, k, rng);
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        std::vector<uint8_t> y(size_t(m * n) * dtype_size(dt));
+        gemm_fp8(x.data(), m, k, p.packed, GemmOutput{y.data(), dt, n}, &pool, Isa::kAmx);
+        // (At 1024 rows, the first and last 48 against the reference, to keep it fast.)
+        for (int64_t r0 : m > 200 ? std::vector<int64_t>{0, m - 48} : std::vector<int64_t>{0}) {
+          const int64_t rows = m > 200 ? 48 : m;
+          expect_matches(x.data() + r0 * k, rows, k, p, y.data() + size_t(r0 * n) * dtype_size(dt),
+                         dt, n, "amx m=" + std::to_string(m) + " k=" + std::to_string(k));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moeserve

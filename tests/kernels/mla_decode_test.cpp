@@ -219,7 +219,7 @@ TEST(MlaDecode, EveryIsaLevelAndF32Cache) {
   ThreadPool pool(2);
   Problem p = make_problem(3, 160, 16, 0.3f, {{1, 1}, {65, 1}, {200, 1}}, 71);
   const Attention want = naive_bf16_q(p);
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
     if (!isa_at_most(isa, cpu_isa())) continue;
     for (DType dt : {DType::kBF16, DType::kF32}) {
       p.cache_dtype = dt;
@@ -243,12 +243,12 @@ TEST(MlaDecode, BlockStrideGivesTheCompactPoolsBits) {
       quantize_to_fp8(p);
       dtypes.push_back(DType::kF8E4M3);
     }
-    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
       if (!isa_at_most(isa, cpu_isa())) continue;
       for (DType dt : dtypes) {
         p.cache_dtype = dt;
         MlaOptions opt{2};
-        if (isa != Isa::kAvx512Bf16) opt.split_p = false;
+        if (isa < Isa::kAvx512Bf16) opt.split_p = false;
         const Output want = run(p, &pool, opt, isa);
         Output got{std::vector<float>(want.o.size(), -7.0f), std::vector<float>(want.lse.size())};
         MlaBatch b = p.batch(got.o.data(), got.lse.data());

@@ -230,7 +230,7 @@ struct Output {
 };
 
 inline Output run(const Problem& p, ThreadPool* pool, MlaOptions opt, Isa isa, bool q_f32 = false) {
-  if (isa != Isa::kAvx512Bf16) opt.split_p = false;  // (only the BF16 level reads it)
+  if (isa < Isa::kAvx512Bf16) opt.split_p = false;  // (only the BF16 level reads it)
   const int64_t H = p.shape.heads;
   Output out{std::vector<float>(size_t(p.rows * H * p.shape.kv_lora_rank), -7.0f),
              std::vector<float>(size_t(p.rows * H), -7.0f)};

@@ -53,7 +53,7 @@ TEST(QuantFp8, EveryLevelMatchesReferenceBitForBit) {
     std::vector<uint8_t> want(size_t(rows * ldq), 0), got(size_t(rows * ldq), 0);
     std::vector<float> ws(size_t(rows * groups)), gs(size_t(rows * groups));
     quantize_fp8_1x128_ref(x.data(), rows, cols, ldx, want.data(), ldq, ws.data());
-    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
       if (!isa_at_most(isa, cpu_isa())) continue;
       std::fill(got.begin(), got.end(), 0);
       quantize_fp8_1x128(x.data(), rows, cols, ldx, got.data(), ldq, gs.data(), isa);
