@@ -154,7 +154,7 @@ void panels(const GemmJob& job, int64_t p0, int64_t p1) {
   // The block's X in tile order [K block][row tile][16][128], zero past M and K (a tile's rows
   // 256 bytes apart; X's own rows are 14 KB apart at V3's K: 16 of them on 2 cache sets);
   // the staging ring for the tile stores.
-  uint16_t* xp = static_cast<uint16_t*>(kept_scratch(kScratchTail, mt_cap * kbn * xt_elems * 2));
+  uint16_t* xp = static_cast<uint16_t*>(kept_scratch(kScratchX, mt_cap * kbn * xt_elems * 2));
   BlockPipe pipe(static_cast<float*>(kept_scratch(kScratchC, kRing * kTileRows * 32 * 4)));
 
   load_tile_config();
@@ -256,7 +256,6 @@ void panels(const GemmJob& job, int64_t p0, int64_t p1) {
                            ptot + t * kTileRows * kPanelCols + 32 * h, kb == 0);
                 }
               }
-
             }
           }
           if (kb1 == kbn) {

@@ -46,7 +46,7 @@ void panels_amx(const GemmJob& job, int64_t p0, int64_t p1);         // also BF1
 // - rows [0, rows) of a panel's F32 sums tot [rows][64] to Y's rows row0.. and columns col0..
 //   (only those below n), F32 or BF16 rounded to nearest even.
 constexpr int kScratchSlots = 8;
-enum ScratchSlot : int { kScratchTiles, kScratchTot, kScratchTail, kScratchPart, kScratchC };
+enum ScratchSlot : int { kScratchTiles, kScratchTot, kScratchTail, kScratchX, kScratchC };
 void* kept_scratch(int slot, size_t bytes);
 void convert_tile_bf16(const uint8_t* src, uint16_t* dst, const uint8_t* prefetch);
 void store_panel_rows(const float* tot, int64_t rows, void* y, int64_t ldy, int64_t row0,
