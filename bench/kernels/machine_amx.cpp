@@ -28,8 +28,6 @@ void configure() {
   _tile_loadconfig(&cfg);
 }
 
-}  // namespace
-
 // Four independent accumulators, each 16 x 16 x 32 BF16 (or 16 x 16 x 64 INT8) multiply-adds per
 // instruction; the operands stay in tiles, so only the tile unit's rate counts.
 template <bool kInt8>
@@ -68,6 +66,8 @@ double amx_loop(long iters) {
   (void)sink;
   return double(iters) * 4 * 16 * 16 * (kInt8 ? 64 : 32) * 2;
 }
+
+}  // namespace
 
 double amx_bf16_loop(long iters) {
   return amx_loop<false>(iters);

@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
   bench::Ceilings ceil = bench::measure_ceilings(pool);
   if (e2e->parsed()) return bench::run_e2e_bench(e2e_options, ceil, pool);
   if (!json) {
-    fmt::print("isa {}  threads {}  DRAM read {:.1f} GB/s  BF16 peak {:.1f} GFLOP/s", isa_name(active_isa()),
-               threads, ceil.dram_read_gbps, ceil.bf16_peak_gflops);
+    fmt::print("isa {}  threads {}  DRAM read {:.1f} GB/s  BF16 peak {:.1f} GFLOP/s",
+               isa_name(active_isa()), threads, ceil.dram_read_gbps, ceil.bf16_peak_gflops);
     if (ceil.amx_bf16_peak_gflops > 0) {
       fmt::print("  AMX BF16 peak {:.1f} GFLOP/s  AMX INT8 peak {:.1f} GOP/s",
                  ceil.amx_bf16_peak_gflops, ceil.amx_int8_peak_gops);
