@@ -49,10 +49,11 @@ static Isa detect() {
   bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  // The BF16 level also byte-shuffles (VBMI: the FP8 -> BF16 lookups); every CPU with BF16 dot
-  // products except Cooper Lake has it.
+  // The BF16 level also byte-shuffles (VBMI: the FP8 -> BF16 lookups) and runs INT8 dot products
+  // (VNNI: gemm_int8); every CPU with BF16 dot products except Cooper Lake has both.
   bool bf16 =
-      avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
+      avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi") &&
+      __builtin_cpu_supports("avx512vnni");
   const bool amx = bf16 && __builtin_cpu_supports("amx-tile") &&
                    __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-int8");
   if (amx && os_grants_amx()) return Isa::kAmx;

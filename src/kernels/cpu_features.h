@@ -1,7 +1,8 @@
 // Run-time instruction-set selection for the SIMD kernels.
 //
 // Kernels come in levels: a scalar reference, AVX2+FMA, AVX-512 (F/BW/VL/DQ) and AVX-512 with
-// BF16 dot products and VBMI byte shuffles (every BF16-capable CPU but Cooper Lake has both), and
+// BF16 dot products, VBMI byte shuffles and VNNI INT8 dot products (every BF16-capable CPU but
+// Cooper Lake has all three), and
 // on top of that Intel's AMX tile unit (TDPBF16PS/TDPBSSD, Sapphire Rapids on; docs/kernels-amx.md).
 // kAmx is a superset of kAvx512Bf16: kernels without an AMX form run their AVX-512 BF16 code there.
 // cpu_isa() is the best level this CPU runs (checked once with __builtin_cpu_supports; AMX also

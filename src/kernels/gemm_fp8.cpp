@@ -1,5 +1,5 @@
-// Packing and dispatch for gemm_fp8 and gemm_fp8_f32x: picks the ISA level and splits panels among
-// threads.
+// Packing and dispatch for gemm_fp8, gemm_fp8_f32x and gemm_int8: picks the ISA level and splits
+// panels among threads.
 #include "kernels/gemm_fp8.h"
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "kernels/gemm_fp8_f32x.h"
 #include "kernels/gemm_fp8_internal.h"
+#include "kernels/gemm_int8.h"
 
 namespace moeserve {
 
@@ -133,24 +134,61 @@ PanelFn panel_fn_f32x(Isa isa) {
   return gemm_detail::panels_f32x_scalar;
 }
 
+// What a job needs of its weight, for either packed format.
+struct JobWeight {
+  const uint8_t* tiles;
+  const float* scales;
+  int64_t n, k, k_blocks;
+  bool int8;
+};
+JobWeight job_weight(const PackedFp8Weight& w) {
+  return {w.data.get(), w.scale_inv.data(), w.n, w.k, w.k_blocks(), false};
+}
+JobWeight job_weight(const PackedInt8Weight& w) {
+  return {reinterpret_cast<const uint8_t*>(w.data.get()),
+          w.scales.data(),
+          w.n,
+          w.k,
+          w.k_blocks(),
+          true};
+}
+int64_t n_panels_of(const JobWeight& w) {
+  return (w.n + gemm_detail::kPanelCols - 1) / gemm_detail::kPanelCols;
+}
+
+// The INT8 levels: VNNI needs AVX-512 BF16's CPUs (every one has VNNI); below, the scalar code.
+PanelFn panel_fn_int8(Isa isa) {
+  CHECK(isa_at_most(isa, cpu_isa()), "gemm_int8: ISA level above what this CPU supports");
+  switch (isa) {
+    case Isa::kAmx:
+      return gemm_detail::panels_int8_amx;
+    case Isa::kAvx512Bf16:
+      return gemm_detail::panels_int8_vnni;
+    default:
+      return gemm_detail::panels_int8_scalar;
+  }
+}
+
 // x (BF16) or xf (F32): exactly one is non-null.
-GemmJob make_job(const uint16_t* x, const float* xf, int64_t m, int64_t ldx,
-                 const PackedFp8Weight& w, const GemmOutput& y, int64_t row0) {
-  CHECK(y.dtype == DType::kF32 || y.dtype == DType::kBF16, "gemm_fp8: output must be F32/BF16");
-  CHECK(ldx >= w.k && y.ld >= w.n, "gemm_fp8: row stride shorter than a row");
+GemmJob make_job(const uint16_t* x, const float* xf, int64_t m, int64_t ldx, const JobWeight& w,
+                 const GemmOutput& y, int64_t row0) {
+  CHECK(y.dtype == DType::kF32 || y.dtype == DType::kBF16, "gemm: output must be F32/BF16");
+  CHECK(ldx >= w.k && y.ld >= w.n, "gemm: row stride shorter than a row");
   size_t esize = dtype_size(y.dtype);
-  return GemmJob{x ? x + row0 * ldx : nullptr,
-                 m,
-                 ldx,
-                 w.data.get(),
-                 w.scale_inv.data(),
-                 w.n,
-                 w.k,
-                 w.k_blocks(),
-                 static_cast<char*>(y.data) + size_t(row0 * y.ld) * esize,
-                 y.dtype == DType::kBF16,
-                 y.ld,
-                 xf ? xf + row0 * ldx : nullptr};
+  GemmJob job{x ? x + row0 * ldx : nullptr,
+              m,
+              ldx,
+              w.tiles,
+              w.scales,
+              w.n,
+              w.k,
+              w.k_blocks,
+              static_cast<char*>(y.data) + size_t(row0 * y.ld) * esize,
+              y.dtype == DType::kBF16,
+              y.ld,
+              xf ? xf + row0 * ldx : nullptr};
+  job.int8_tiles = w.int8;
+  return job;
 }
 
 // Splits all (job, panel) items among the pool's threads in contiguous runs of roughly equal
@@ -219,8 +257,10 @@ void run_jobs(const std::vector<GemmJob>& jobs, PanelFn fn, ThreadPool* pool) {
   });
 }
 
-void dense(const uint16_t* x, const float* xf, int64_t m, int64_t ldx, const PackedFp8Weight& w,
+template <class Weight>
+void dense(const uint16_t* x, const float* xf, int64_t m, int64_t ldx, const Weight& packed,
            GemmOutput y, ThreadPool* pool, PanelFn fn) {
+  const JobWeight w = job_weight(packed);
   if (m <= 0) return;
   std::vector<GemmJob> jobs;
   // With fewer panels than threads, rows are split too (only small N). So are compute-bound
@@ -229,7 +269,7 @@ void dense(const uint16_t* x, const float* xf, int64_t m, int64_t ldx, const Pac
   // every panel for its rows, converting each tile once more (< 2% at 128 rows, where the
   // uneven share cost 3%).
   const int threads = pool ? pool->size() : 1;
-  const int64_t panels = w.n_panels();
+  const int64_t panels = n_panels_of(w);
   int64_t row_chunks = 1;
   if (panels < threads) {
     row_chunks = std::clamp<int64_t>(m / 16, 1, threads);
@@ -244,9 +284,10 @@ void dense(const uint16_t* x, const float* xf, int64_t m, int64_t ldx, const Pac
 }
 
 // x_rows (BF16 x only; may be null): the gathered rows of gemm_fp8_grouped_contiguous_gather.
+template <class Weight>
 void grouped_contiguous(const uint16_t* x, const float* xf, int64_t ldx, const int32_t* x_rows,
-                        const int64_t* offsets, const PackedFp8Weight* const* experts,
-                        int64_t n_experts, GemmOutput y, ThreadPool* pool, PanelFn fn) {
+                        const int64_t* offsets, const Weight* const* experts, int64_t n_experts,
+                        GemmOutput y, ThreadPool* pool, PanelFn fn) {
   CHECK(n_experts >= 0 && (n_experts == 0 || offsets[0] == 0), "grouped: offsets must start at 0");
   std::vector<GemmJob> jobs;
   for (int64_t e = 0; e < n_experts; ++e) {
@@ -255,7 +296,7 @@ void grouped_contiguous(const uint16_t* x, const float* xf, int64_t ldx, const i
     CHECK(experts[e]->n == experts[0]->n && experts[e]->k == experts[0]->k,
           "grouped: experts must share a shape");
     if (rows == 0) continue;
-    GemmJob job = make_job(x, xf, rows, ldx, *experts[e], y, offsets[e]);
+    GemmJob job = make_job(x, xf, rows, ldx, job_weight(*experts[e]), y, offsets[e]);
     if (x_rows) {  // the segment's rows are gathered from anywhere in x
       job.x = x;
       job.x_rows = x_rows + offsets[e];
@@ -265,8 +306,9 @@ void grouped_contiguous(const uint16_t* x, const float* xf, int64_t ldx, const i
   run_jobs(jobs, fn, pool);
 }
 
+template <class Weight>
 void grouped_masked(const uint16_t* x, const float* xf, int64_t ldx, int64_t capacity,
-                    const int32_t* counts, const PackedFp8Weight* const* experts, int64_t n_experts,
+                    const int32_t* counts, const Weight* const* experts, int64_t n_experts,
                     GemmOutput y, ThreadPool* pool, PanelFn fn) {
   std::vector<GemmJob> jobs;
   for (int64_t e = 0; e < n_experts; ++e) {
@@ -274,7 +316,7 @@ void grouped_masked(const uint16_t* x, const float* xf, int64_t ldx, int64_t cap
     CHECK(experts[e]->n == experts[0]->n && experts[e]->k == experts[0]->k,
           "masked: experts must share a shape");
     if (counts[e] > 0) {
-      jobs.push_back(make_job(x, xf, counts[e], ldx, *experts[e], y, e * capacity));
+      jobs.push_back(make_job(x, xf, counts[e], ldx, job_weight(*experts[e]), y, e * capacity));
     }
   }
   run_jobs(jobs, fn, pool);
@@ -348,6 +390,34 @@ void gemm_fp8_f32x_grouped_masked(const float* x, int64_t ldx, int64_t capacity,
                                   int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
   grouped_masked(nullptr, x, ldx, capacity, counts, experts, n_experts, y, pool,
                  panel_fn_f32x(isa));
+}
+
+void gemm_int8(const uint16_t* x, int64_t m, int64_t ldx, const PackedInt8Weight& w, GemmOutput y,
+               ThreadPool* pool, Isa isa) {
+  dense(x, nullptr, m, ldx, w, y, pool, panel_fn_int8(isa));
+}
+
+void gemm_int8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
+                                  const PackedInt8Weight* const* experts, int64_t n_experts,
+                                  GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_contiguous(x, nullptr, ldx, nullptr, offsets, experts, n_experts, y, pool,
+                     panel_fn_int8(isa));
+}
+
+void gemm_int8_grouped_contiguous_gather(const uint16_t* x, int64_t ldx, const int32_t* x_rows,
+                                         const int64_t* offsets,
+                                         const PackedInt8Weight* const* experts, int64_t n_experts,
+                                         GemmOutput y, ThreadPool* pool, Isa isa) {
+  CHECK(x_rows != nullptr, "grouped gather: x_rows is required");
+  grouped_contiguous(x, nullptr, ldx, x_rows, offsets, experts, n_experts, y, pool,
+                     panel_fn_int8(isa));
+}
+
+void gemm_int8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
+                              const int32_t* counts, const PackedInt8Weight* const* experts,
+                              int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_masked(x, nullptr, ldx, capacity, counts, experts, n_experts, y, pool,
+                 panel_fn_int8(isa));
 }
 
 }  // namespace moeserve

@@ -18,13 +18,13 @@
 namespace moeserve::gemm_detail {
 namespace {
 
-constexpr int kTileRows = 16;    // rows of an A or C tile
-constexpr int kGroupTiles = 4;   // row tiles a group runs a chunk of K blocks on (64 rows)
-constexpr int64_t kChunk = 16;   // most K blocks per chunk with several row groups (256 KB of tiles)
+constexpr int kTileRows = 16;   // rows of an A or C tile
+constexpr int kGroupTiles = 4;  // row tiles a group runs a chunk of K blocks on (64 rows)
+constexpr int64_t kChunk = 16;  // most K blocks per chunk with several row groups (256 KB of tiles)
 constexpr int64_t kXChunkBytes = 1 << 20;  // a chunk's X, kept in L2
 constexpr int64_t kSumBytes = 2 << 20;     // a sweep's F32 sums
 constexpr int kRing = 4;                   // staging blocks for the tile stores
-constexpr int64_t kAhead = 16;              // FP8 tiles prefetched ahead with one row group
+constexpr int64_t kAhead = 16;             // FP8 tiles prefetched ahead with one row group
 
 // Tile registers: two sets of sums, C 0-1 and C 2-3 (each 16 rows x 32 columns F32), A 4 and 5
 // (16 rows x 32 BF16 of X, one per set), B 6-7 (16 k-pairs x 16 columns each). All eight are
@@ -36,20 +36,6 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16];
   uint8_t rows[16];
 };
-
-void load_tile_config() {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = kTileRows;
-  }
-  // GCC 12 does not see that LDTILECFG reads all 64 bytes and may drop the stores to the
-  // fields (a miscompile we met in a test program): make them happen first.
-  __asm__ volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
 
 // tot[r][0..31] (row stride 64) = (first ? 0 : tot) + s * c[r][0..31], r < 16; c [16][32].
 inline void promote(const float* c, float s, float* tot, bool first) {
@@ -104,16 +90,16 @@ class BlockPipe {
  private:
   // The tile intrinsics name their registers by literal number: one body, instantiated per set
   // (sums c0, c1; X tile a).
-#define MOESERVE_AMX_BLOCK(c0, c1, a)                                 \
-  _tile_zero(c0);                                                     \
-  _tile_zero(c1);                                                     \
-  for (int q = 0; q < 4; ++q) { /* 32 K (16 k-pairs) per step */      \
-    const uint16_t* b = tile + q * 16 * 2 * kPanelCols + h * 64;      \
-    _tile_loadd(a, x + 32 * q, kBlockK * 2);                          \
-    _tile_loadd(6, b, 4 * kPanelCols);                                \
-    _tile_dpbf16ps(c0, a, 6);                                         \
-    _tile_loadd(7, b + 32, 4 * kPanelCols);                           \
-    _tile_dpbf16ps(c1, a, 7);                                         \
+#define MOESERVE_AMX_BLOCK(c0, c1, a)                            \
+  _tile_zero(c0);                                                \
+  _tile_zero(c1);                                                \
+  for (int q = 0; q < 4; ++q) { /* 32 K (16 k-pairs) per step */ \
+    const uint16_t* b = tile + q * 16 * 2 * kPanelCols + h * 64; \
+    _tile_loadd(a, x + 32 * q, kBlockK * 2);                     \
+    _tile_loadd(6, b, 4 * kPanelCols);                           \
+    _tile_dpbf16ps(c0, a, 6);                                    \
+    _tile_loadd(7, b + 32, 4 * kPanelCols);                      \
+    _tile_dpbf16ps(c1, a, 7);                                    \
   }
   static void compute0(const uint16_t* x, const uint16_t* tile, int h) {
     MOESERVE_AMX_BLOCK(0, 1, 4)
@@ -157,7 +143,7 @@ void panels(const GemmJob& job, int64_t p0, int64_t p1) {
   uint16_t* xp = static_cast<uint16_t*>(kept_scratch(kScratchX, mt_cap * kbn * xt_elems * 2));
   BlockPipe pipe(static_cast<float*>(kept_scratch(kScratchC, kRing * kTileRows * 32 * 4)));
 
-  load_tile_config();
+  load_tile_config_16x64();
   for (int64_t m0 = 0; m0 < job.m; m0 += mb_cap) {
     const int64_t mb = job.m - m0 < mb_cap ? job.m - m0 : mb_cap;
     const int64_t mt = (mb + kTileRows - 1) / kTileRows;
@@ -190,8 +176,8 @@ void panels(const GemmJob& job, int64_t p0, int64_t p1) {
     // Panels per sweep: their sums stay in L2/L3 between chunks (one sweep when K is one chunk).
     int64_t sweep = chunk == kbn ? 1 : kSumBytes / (rows_pad * kPanelCols * 4);
     sweep = sweep < 1 ? 1 : sweep > n_panels ? n_panels : sweep;
-    float* tot = static_cast<float*>(
-        kept_scratch(kScratchTot, size_t(sweep * rows_pad * kPanelCols * 4)));
+    float* tot =
+        static_cast<float*>(kept_scratch(kScratchTot, size_t(sweep * rows_pad * kPanelCols * 4)));
 
     for (int64_t s0 = p0; s0 < p1; s0 += sweep) {
       const int64_t s1 = s0 + sweep < p1 ? s0 + sweep : p1;
@@ -245,7 +231,8 @@ void panels(const GemmJob& job, int64_t p0, int64_t p1) {
                 // unit with the tile unit, ran decode at half the speed: the conversion's
                 // stores retire only after the tile instructions before them, and fill the
                 // store buffer; docs/kernels-amx.md.) With one group two slots take turns.
-                if (g == 0) convert_tile_bf16(reinterpret_cast<const uint8_t*>(src), ctile(kb), ahead);
+                if (g == 0)
+                  convert_tile_bf16(reinterpret_cast<const uint8_t*>(src), ctile(kb), ahead);
                 tile = ctile(kb);
                 scale = job.scales[(p / 2) * kbn + kb];
               }
@@ -271,6 +258,20 @@ void panels(const GemmJob& job, int64_t p0, int64_t p1) {
 }
 
 }  // namespace
+
+void load_tile_config_16x64() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = kTileRows;
+  }
+  // GCC 12 does not see that LDTILECFG reads all 64 bytes and may drop the stores to the
+  // fields (a miscompile we met in a test program): make them happen first.
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
 
 void panels_amx(const GemmJob& job, int64_t p0, int64_t p1) {
   panels(job, p0, p1);

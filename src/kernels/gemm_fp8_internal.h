@@ -26,6 +26,9 @@ struct GemmJob {
   int64_t ldy;
   const float* xf;  // F32 [m, k], row stride ldx (gemm_fp8_f32x); null for the BF16 variants
   bool bf16_tiles = false;  // tiles hold BF16 (PackedBf16Weight, 2 * kTileBytes each), no scales
+  // tiles hold INT8 (PackedInt8Weight: [32 k-quads][64 cols][4], kTileBytes each) and scales
+  // the per-column group scales [n_panels][k_blocks][64]; X is quantized by the level.
+  bool int8_tiles = false;
   // Gathered rows (BF16 x only): row i of the job is x + x_rows[i] * ldx. The ISA levels never
   // see it: gemm_fp8.cpp copies a job's rows together before handing the job on.
   const int32_t* x_rows = nullptr;
@@ -37,6 +40,25 @@ void panels_avx512(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1);  // also BF16 tiles
 void panels_amx(const GemmJob& job, int64_t p0, int64_t p1);         // also BF16 tiles
 
+// AMX (defined in gemm_fp8_amx.cpp): every tile register 16 rows x 64 bytes, palette 1.
+void load_tile_config_16x64();
+
+// The INT8 levels (gemm_int8.h): every one gives the same bits.
+void panels_int8_scalar(const GemmJob& job, int64_t p0, int64_t p1);
+void panels_int8_vnni(const GemmJob& job, int64_t p0, int64_t p1);  // AVX-512 VNNI
+void panels_int8_amx(const GemmJob& job, int64_t p0, int64_t p1);   // VNNI at few rows
+// Jobs of at most this many rows run the VNNI code at the AMX level.
+constexpr int64_t kInt8VnniMaxRows = 16;
+
+// Rows [0, rows) of x (BF16, row stride ldx, k columns) quantized per 128-wide K block as
+// gemm_int8.h says, into q [k_blocks][rows_pad][128] (rows_pad >= rows; rows past `rows` and
+// columns past k are zero), sx and sums (the sum of the block's q) [k_blocks][rows_pad].
+// Defined by the scalar level and by the VNNI level (which the AMX level shares); the same bits.
+void quantize_rows_int8_scalar(const uint16_t* x, int64_t ldx, int64_t rows, int64_t rows_pad,
+                               int64_t k, int8_t* q, float* sx, int32_t* sums);
+void quantize_rows_int8_avx512(const uint16_t* x, int64_t ldx, int64_t rows, int64_t rows_pad,
+                               int64_t k, int8_t* q, float* sx, int32_t* sums);
+
 // Shared by the AVX-512 BF16 and AMX levels (defined in gemm_fp8_avx512.cpp, which both levels'
 // CPUs run):
 // - a per-thread buffer of at least `bytes`, 64-byte aligned, kept between calls (slot < 8;
@@ -46,7 +68,14 @@ void panels_amx(const GemmJob& job, int64_t p0, int64_t p1);         // also BF1
 // - rows [0, rows) of a panel's F32 sums tot [rows][64] to Y's rows row0.. and columns col0..
 //   (only those below n), F32 or BF16 rounded to nearest even.
 constexpr int kScratchSlots = 8;
-enum ScratchSlot : int { kScratchTiles, kScratchTot, kScratchTail, kScratchX, kScratchC };
+enum ScratchSlot : int {
+  kScratchTiles,
+  kScratchTot,
+  kScratchTail,
+  kScratchX,
+  kScratchC,
+  kScratchXScale,  // INT8: the quantized X's scales and sums
+};
 void* kept_scratch(int slot, size_t bytes);
 void convert_tile_bf16(const uint8_t* src, uint16_t* dst, const uint8_t* prefetch);
 void store_panel_rows(const float* tot, int64_t rows, void* y, int64_t ldy, int64_t row0,
