@@ -21,12 +21,12 @@
 #include "ep/ep_group.h"
 #include "ep/expert_load_counter.h"
 #include "ep_flags.h"
-#include "spec_flags.h"
 #include "eplb/expert_loads.h"
 #include "model/checkpoint.h"
 #include "model/deepseek.h"
 #include "model/expert_store.h"
 #include "model/fingerprint.h"
+#include "spec_flags.h"
 #include "tokenizer/chat_messages_json.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -55,6 +55,7 @@ struct GenerateOptions {
   std::string kv_disk;  // the KV cache's disk tier (empty: none)
   double kv_disk_gb = 0;
   std::string compute = "fast";
+  GemmInt8Options int8;
   std::string trace;  // Chrome trace JSON output (per rank under EP: FILE.rank<r>.json)
   int64_t prefill_chunk = 0;
   // Expert parallelism and EPLB (under mpirun or with --ep): every rank runs the same prompts
@@ -233,12 +234,13 @@ int run_generate(const GenerateOptions& o) {
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
                       o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
                       path,
-                      /*overlap=*/!o.ep.no_overlap, /*progress=*/print);
+                      /*overlap=*/!o.ep.no_overlap, /*progress=*/print, o.int8);
   model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
   const SpeculativeConfig spec = o.spec.config();
   int32_t n_blocks = 0;
   for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
-  auto fingerprint = model_fingerprint(o.model, o.kv_dtype, path, o.spec.enabled());
+  auto fingerprint =
+      model_fingerprint(o.model, o.kv_dtype, path, o.spec.enabled(), o.int8.projections);
   if (!fingerprint.ok()) {
     fmt::print(stderr, "generate: {}\n", fingerprint.status().message());
     return 1;
@@ -367,18 +369,17 @@ int run_generate(const GenerateOptions& o) {
                per_pos, double(s.spec_verify_tokens) / steps, s.spec_off_steps, s.steps);
     if (o.json) {
       nlohmann::json j;
-      j["speculative"] = {{"num_draft_tokens", spec.num_draft_tokens},
-                          {"verified", std::vector<int64_t>(s.spec_verified.begin(),
-                                                            s.spec_verified.begin() +
-                                                                spec.num_draft_tokens)},
-                          {"accepted", std::vector<int64_t>(s.spec_accepted.begin(),
-                                                            s.spec_accepted.begin() +
-                                                                spec.num_draft_tokens)},
-                          {"verify_steps", s.spec_verify_steps},
-                          {"verify_tokens", s.spec_verify_tokens},
-                          {"steps", s.steps},
-                          {"off_steps", s.spec_off_steps},
-                          {"tokens_per_s", double(n_gen) / gen_s}};
+      j["speculative"] = {
+          {"num_draft_tokens", spec.num_draft_tokens},
+          {"verified", std::vector<int64_t>(s.spec_verified.begin(),
+                                            s.spec_verified.begin() + spec.num_draft_tokens)},
+          {"accepted", std::vector<int64_t>(s.spec_accepted.begin(),
+                                            s.spec_accepted.begin() + spec.num_draft_tokens)},
+          {"verify_steps", s.spec_verify_steps},
+          {"verify_tokens", s.spec_verify_tokens},
+          {"steps", s.steps},
+          {"off_steps", s.spec_off_steps},
+          {"tokens_per_s", double(n_gen) / gen_s}};
       fmt::print("{}\n", j.dump());
     }
   }
@@ -418,6 +419,7 @@ Subcommand add_generate_command(CLI::App& parent) {
   app->add_option("--kv-disk-gb", o->kv_disk_gb, "Size bound of --kv-disk (0: none)")
       ->check(CLI::NonNegativeNumber);
   add_kv_cache_dtype_option(*app, o->kv_dtype);
+  add_int8_flags(*app, o->int8.projections, o->int8.lm_head);
   app->add_option("--trace", o->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every layer's stages");
   app->add_option("--compute", o->compute,

@@ -19,13 +19,13 @@
 #include "core/trace.h"
 #include "engine/llm_engine.h"
 #include "ep/ep_group.h"
-#include "spec_flags.h"
 #include "ep_flags.h"
 #include "eplb/expert_loads.h"
 #include "model/config.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_service.h"
+#include "spec_flags.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -251,6 +251,7 @@ Subcommand add_serve_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   add_kv_cache_dtype_option(*app, e.kv_dtype);
+  add_int8_flags(*app, e.int8.projections, e.int8.lm_head);
   app->add_option("--max-num-seqs", e.max_num_seqs, "Sequences running at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

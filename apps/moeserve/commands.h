@@ -31,6 +31,18 @@ inline CLI::Option* add_kv_cache_dtype_option(CLI::App& app, DType& kv_dtype) {
       ->default_str(current);
 }
 
+// `--gemm-int8` and `--lm-head-int8` (the opt-in INT8 GEMMs: docs/kernels-int8.md), shared by
+// `generate` and `serve`.
+inline void add_int8_flags(CLI::App& app, bool& projections, bool& lm_head) {
+  app.add_flag("--gemm-int8", projections,
+               "Run every FP8 projection (attention, MLPs, experts) as INT8 GEMMs: weights "
+               "requantized per 1x128 at load, activations per call (AMX/VNNI INT8 dot products; "
+               "changes numerics, see docs/kernels-int8.md for the measured accuracy)");
+  app.add_flag("--lm-head-int8", lm_head,
+               "Requantize the BF16 lm_head to INT8 per 1x128 (half its bytes per decoded token; "
+               "changes numerics)");
+}
+
 struct Subcommand {
   CLI::App* app;
   std::function<int()> run;

@@ -14,6 +14,7 @@
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/gemm_fp8_f32x.h"
+#include "kernels/gemm_int8.h"
 #include "onednn_matmul.h"
 
 namespace moeserve::bench {
@@ -96,17 +97,24 @@ struct Case {
   const char* act;           // activations: "bf16" (gemm_fp8*) | "f32" (gemm_fp8_f32x*)
 };
 
-// t_bf16: for the F32-activation variants, the BF16 variant's time on the same case (0: none).
+bool is_int8(const Case& c) {
+  return std::string(c.kernel).rfind("gemm_int8", 0) == 0;
+}
+
+// t_bf16: for the F32-activation variants and gemm_int8, the time of the FP8 kernel with BF16
+// activations on the same case (0: none).
 void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, double t,
             double t_base, double t_bf16 = 0) {
   const int64_t e = std::max<int64_t>(1, c.experts);
   const bool bf16_weights = std::string(c.kernel) == "gemm_bf16";
-  const double wbytes =
-      bf16_weights ? 2.0 * double(c.n) * double(c.k)
-                   : double(e) * (double(c.n) * double(c.k) +
-                                  4.0 * double((c.n + 127) / 128) * double((c.k + 127) / 128));
+  // INT8: one byte per weight and an F32 scale per column and 128-wide K block.
+  const double scale_bytes = is_int8(c)
+                                 ? 4.0 * double((c.n + 63) / 64 * 64) * double((c.k + 127) / 128)
+                                 : 4.0 * double((c.n + 127) / 128) * double((c.k + 127) / 128);
+  const double wbytes = bf16_weights ? 2.0 * double(c.n) * double(c.k)
+                                     : double(e) * (double(c.n) * double(c.k) + scale_bytes);
   const double flops = 2.0 * double(c.m) * double(c.n) * double(c.k);
-  const double peak = ceil.gemm_peak_gflops();
+  const double peak = is_int8(c) ? ceil.int8_peak_gops() : ceil.gemm_peak_gflops();
   const double t_roof = std::max(wbytes / (ceil.dram_read_gbps * 1e9), flops / (peak * 1e9));
   const bool memory_bound = wbytes / (ceil.dram_read_gbps * 1e9) >= flops / (peak * 1e9);
   const double gbps = wbytes / t / 1e9, gflops = flops / t / 1e9;
@@ -144,12 +152,29 @@ void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, do
   std::fflush(stdout);
 }
 
+// Whether the cases of `kernel` run (--only is a prefix of the kernel names).
+bool wanted(const GemmBenchOptions& opt, const char* kernel) {
+  return std::string(kernel).rfind(opt.only, 0) == 0;
+}
+
+// The FP8 weights requantized for gemm_int8 (what --gemm-int8 does at load), when its cases run.
+std::vector<PackedInt8Weight> int8_copies(const GemmBenchOptions& opt,
+                                          const std::vector<PackedFp8Weight>& w, ThreadPool& pool) {
+  std::vector<PackedInt8Weight> out(w.size());
+  if (!wanted(opt, "gemm_int8")) return {};
+  pool.parallel_for(int64_t(w.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[size_t(i)] = pack_int8_weight(w[size_t(i)]);
+  });
+  return out;
+}
+
 void run_dense(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool, int64_t n,
                int64_t k, const std::vector<int64_t>& ms, Rng& rng) {
   const double min_s = opt.quick ? 0.15 : 0.4;
   const int copies = copies_for(double(n) * double(k));
   std::vector<PackedFp8Weight> w;
   for (int i = 0; i < copies; ++i) w.push_back(random_fp8(n, k, rng));
+  const std::vector<PackedInt8Weight> w8 = int8_copies(opt, w, pool);
   std::vector<uint16_t> wb = random_bf16(size_t(n * k), rng);  // baseline weights
   const int base_copies = copies_for(2.0 * double(n) * double(k));
   for (int64_t m : ms) {
@@ -165,8 +190,19 @@ void run_dense(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& po
     OneDnnMatmul base(m, n, k);
     for (int i = 0; i < base_copies; ++i) base.add_weight(wb.data());
     double tb = time_calls([&](int i) { base.run(i, x.data(), y.data()); }, base_copies, min_s);
-    report(opt, here, Case{"gemm_fp8", m, n, k, 0, "dense", "bf16"}, t, tb);
-    if (!f32x_case(m)) continue;
+    if (wanted(opt, "gemm_fp8"))
+      report(opt, here, Case{"gemm_fp8", m, n, k, 0, "dense", "bf16"}, t, tb);
+    if (!w8.empty()) {
+      const double dram8 = measure_dram_read_gbps(pool, 1, min_s);
+      const double t8 = time_calls(
+          [&](int i) {
+            gemm_int8(x.data(), m, k, w8[size_t(i)], GemmOutput{y.data(), DType::kF32, n}, &pool);
+          },
+          copies, min_s);
+      report(opt, local_ceilings(ceil, dram8, pool, min_s),
+             Case{"gemm_int8", m, n, k, 0, "dense", "bf16"}, t8, tb, t);
+    }
+    if (!f32x_case(m) || !wanted(opt, "gemm_fp8")) continue;
     std::vector<float> x32 = random_f32(size_t(m * k), rng);
     const double dram_before32 = measure_dram_read_gbps(pool, 1, min_s);
     double t32 = time_calls(
@@ -189,6 +225,9 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
   for (int i = 0; i < sets * experts; ++i) w.push_back(random_fp8(n, k, rng));
   std::vector<const PackedFp8Weight*> ptrs;
   for (auto& p : w) ptrs.push_back(&p);
+  const std::vector<PackedInt8Weight> w8 = int8_copies(opt, w, pool);
+  std::vector<const PackedInt8Weight*> ptrs8;
+  for (auto& p : w8) ptrs8.push_back(&p);
   std::vector<uint16_t> wb = random_bf16(size_t(n * k), rng);
   const int base_sets = copies_for(2.0 * double(experts) * double(n) * double(k));
   for (int64_t m : ms) {
@@ -222,7 +261,24 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
         },
         base_sets, min_s);
     const char* layout = masked ? "masked" : "contiguous";
-    report(opt, here, Case{"gemm_fp8_grouped", m, n, k, experts, layout, "bf16"}, t, tb);
+    if (wanted(opt, "gemm_fp8_grouped"))
+      report(opt, here, Case{"gemm_fp8_grouped", m, n, k, experts, layout, "bf16"}, t, tb);
+    if (!w8.empty()) {
+      const double dram8 = measure_dram_read_gbps(pool, 1, min_s);
+      const double t8 = time_calls(
+          [&](int i) {
+            const PackedInt8Weight* const* set = ptrs8.data() + i * experts;
+            if (masked) {
+              gemm_int8_grouped_masked(x.data(), k, rows, counts.data(), set, experts, out, &pool);
+            } else {
+              gemm_int8_grouped_contiguous(x.data(), k, off.data(), set, experts, out, &pool);
+            }
+          },
+          sets, min_s);
+      report(opt, local_ceilings(ceil, dram8, pool, min_s),
+             Case{"gemm_int8_grouped", m, n, k, experts, layout, "bf16"}, t8, tb, t);
+    }
+    if (!wanted(opt, "gemm_fp8_grouped")) continue;
     std::vector<float> x32 = random_f32(size_t(m * k), rng);
     const double dram_before32 = measure_dram_read_gbps(pool, 1, min_s);
     double t32 = time_calls(
@@ -274,8 +330,9 @@ void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
 void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool) {
   set_onednn_threads(pool.size());
   Rng rng{0x9e3779b97f4a7c15ull};
-  auto want = [&](const char* kernel) { return std::string(kernel).rfind(opt.only, 0) == 0; };
-  if (!want("gemm_bf16") && !want("gemm_fp8") && !want("gemm_fp8_grouped")) return;
+  auto want = [&](const char* kernel) { return wanted(opt, kernel); };
+  const bool int8 = want("gemm_int8") || want("gemm_int8_grouped");
+  if (!want("gemm_bf16") && !want("gemm_fp8") && !want("gemm_fp8_grouped") && !int8) return;
   if (!opt.json) {
     fmt::print(
         "{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  "
@@ -297,10 +354,12 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
   }
   // lm_head of the bench preset (vocab 129280, hidden 2048): batch-1 decode, 32-stream serving.
   if (want("gemm_bf16")) run_lm_head(opt, ceil, pool, 129280, 2048, {1, 4, 32}, rng);
-  if (want("gemm_fp8")) {
+  // The INT8 cases run beside the FP8 ones (their vs_bf16 column is the FP8 kernel's time over
+  // theirs, measured in the same case).
+  if (want("gemm_fp8") || want("gemm_int8")) {
     for (const Shape& s : shapes) run_dense(opt, ceil, pool, s.n, s.k, ms, rng);
   }
-  if (!want("gemm_fp8_grouped")) return;
+  if (!want("gemm_fp8_grouped") && !want("gemm_int8_grouped")) return;
   // Routed experts (moe_intermediate_size 2048): gate/up [2048, 7168] and down [7168, 2048].
   if (opt.quick) {
     run_grouped(opt, ceil, pool, 2048, 7168, 8, {8, 1024}, rng);

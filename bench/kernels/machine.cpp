@@ -57,7 +57,11 @@ double measure_dram_read_gbps(ThreadPool& pool, int passes, double min_s) {
 
 double Ceilings::gemm_peak_gflops() const {
   return active_isa() == Isa::kAmx && amx_bf16_peak_gflops > 0 ? amx_bf16_peak_gflops
-                                                                : bf16_peak_gflops;
+                                                               : bf16_peak_gflops;
+}
+
+double Ceilings::int8_peak_gops() const {
+  return active_isa() == Isa::kAmx && amx_int8_peak_gops > 0 ? amx_int8_peak_gops : vnni_peak_gops;
 }
 
 namespace {
@@ -87,6 +91,10 @@ double measure_amx_bf16_gflops(ThreadPool& pool) {
   return cpu_isa() == Isa::kAmx ? peak_of(pool, amx_bf16_loop, 500'000) : 0;
 }
 
+double measure_amx_int8_gops(ThreadPool& pool) {
+  return cpu_isa() == Isa::kAmx ? peak_of(pool, amx_int8_loop, 500'000) : 0;
+}
+
 Ceilings measure_ceilings(ThreadPool& pool) {
   Ceilings c;
   c.dram_read_gbps = measure_dram_read_gbps(pool, 3);
@@ -96,9 +104,10 @@ Ceilings measure_ceilings(ThreadPool& pool) {
   if (!fma) return c;
   c.bf16_peak_gflops = bf16 ? peak_of(pool, dpbf16_loop, 50'000'000 / 16)
                             : peak_of(pool, fma_f32_loop, 50'000'000 / 12);
-  if (cpu_isa() == Isa::kAmx) {  // 3 passes each: ~30 ms (BF16), ~0.4 s (INT8)
+  if (bf16) c.vnni_peak_gops = peak_of(pool, dpbusd_loop, 50'000'000 / 16);
+  if (cpu_isa() == Isa::kAmx) {  // 3 passes each: ~30 ms (BF16), ~0.1 s (INT8)
     c.amx_bf16_peak_gflops = measure_amx_bf16_gflops(pool);
-    c.amx_int8_peak_gops = peak_of(pool, amx_int8_loop, 2'000'000);
+    c.amx_int8_peak_gops = measure_amx_int8_gops(pool);
   }
   return c;
 }

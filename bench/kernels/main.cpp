@@ -24,9 +24,9 @@ int main(int argc, char** argv) {
   kernels->add_flag("--json", json, "one JSON object per line and case");
   kernels->add_flag("--quick", quick, "a short subset of the cases");
   std::string only;
-  kernels->add_option(
-      "--only", only,
-      "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, mla, small_ops)");
+  kernels->add_option("--only", only,
+                      "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, "
+                      "gemm_int8, mla, small_ops)");
   kernels->add_option("--threads", threads, "threads for kernels and baseline")
       ->check(CLI::Range(1, 1024));
   CLI::App* e2e = app.add_subcommand("e2e", "Batch-1 decode tokens/s against the roofline");
@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   if (!json) {
     fmt::print("isa {}  threads {}  DRAM read {:.1f} GB/s  BF16 peak {:.1f} GFLOP/s",
                isa_name(active_isa()), threads, ceil.dram_read_gbps, ceil.bf16_peak_gflops);
+    if (ceil.vnni_peak_gops > 0) fmt::print("  VNNI INT8 peak {:.1f} GOP/s", ceil.vnni_peak_gops);
     if (ceil.amx_bf16_peak_gflops > 0) {
       fmt::print("  AMX BF16 peak {:.1f} GFLOP/s  AMX INT8 peak {:.1f} GOP/s",
                  ceil.amx_bf16_peak_gflops, ceil.amx_int8_peak_gops);

@@ -42,10 +42,10 @@ class LlmEngine final : public Engine {
         local_dispatcher_(config_.n_routed_experts, /*bf16_rows=*/o.compute == ComputePath::kFast),
         model_(config_, ck_->weights(),
                par && par->dispatcher ? *par->dispatcher : local_dispatcher_, &pool_, o.attention,
-               o.compute, o.overlap, o.progress),
+               o.compute, o.overlap, o.progress, o.int8),
         disk_(std::move(disk)),
-        cache_(kv_cache_layout(config_, o.kv_dtype, o.speculative.num_draft_tokens > 0),
-               num_blocks, fingerprint),
+        cache_(kv_cache_layout(config_, o.kv_dtype, o.speculative.num_draft_tokens > 0), num_blocks,
+               fingerprint),
         core_(model_, cache_, {o.max_num_seqs, o.max_batch_tokens}, &pool_, o.tracer,
               o.speculative),
         dp_(par ? par->comm : nullptr, core_, o.tracer),
@@ -314,8 +314,8 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   const bool mtp = o.speculative.num_draft_tokens > 0;
   if (o.speculative.num_draft_tokens < 0 ||
       o.speculative.num_draft_tokens > EngineStats::kMaxDraftTokens) {
-    return InvalidArgument(fmt::format("num_draft_tokens must be in [0, {}]",
-                                       EngineStats::kMaxDraftTokens));
+    return InvalidArgument(
+        fmt::format("num_draft_tokens must be in [0, {}]", EngineStats::kMaxDraftTokens));
   }
   LoadOptions load;
   load.progress = o.progress;
@@ -341,7 +341,7 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
     return InvalidArgument("max_num_seqs and max_batch_tokens must be >= 1");
   }
   ASSIGN_OR_RETURN(uint64_t fingerprint,
-                   model_fingerprint(o.model_dir, o.kv_dtype, o.compute, mtp));
+                   model_fingerprint(o.model_dir, o.kv_dtype, o.compute, mtp, o.int8.projections));
   std::unique_ptr<DiskTier> disk;
   if (!o.kv_disk_dir.empty()) {
     ASSIGN_OR_RETURN(

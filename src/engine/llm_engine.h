@@ -55,6 +55,7 @@ struct EngineOptions {
   double kv_disk_gb = 0;
   AttentionMode attention = AttentionMode::kAbsorbed;
   ComputePath compute = ComputePath::kFast;
+  GemmInt8Options int8;             // the fast path's opt-in INT8 GEMMs
   bool progress = false;            // loading progress on stderr
   Tracer* tracer = nullptr;         // records each step's stages when set (borrowed)
   bool overlap = true;              // EP: dual micro-batch overlap (DeepseekModel::set_overlap)

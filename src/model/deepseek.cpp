@@ -103,7 +103,7 @@ float dot(const float* a, const float* b, int64_t n) {
 
 DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weights,
                              Dispatcher& dispatcher, ThreadPool* pool, AttentionMode mode,
-                             ComputePath path, bool overlap, bool progress)
+                             ComputePath path, bool overlap, bool progress, GemmInt8Options int8)
     : config_(config),
       weights_(weights),
       dispatcher_(dispatcher),
@@ -112,7 +112,8 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
       path_(path),
       overlap_(overlap),
       rope_(rope_params(config)),
-      experts_(config, weights, path == ComputePath::kFast ? &packed_ : nullptr) {
+      int8_(int8),
+      experts_(config, weights, path == ComputePath::kFast ? &packed_ : nullptr, int8.projections) {
   if (path_ == ComputePath::kFast) prepare_fast_path(progress);
 }
 
@@ -130,8 +131,7 @@ Status DeepseekModel::supports(const ModelConfig& c, ComputePath path) {
 void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
                            int64_t ldy) {
   if (m == 0) return;  // (linear_ref would still dequantize every row of w)
-  if (path_ == ComputePath::kReference ||
-      (w.dtype != DType::kF8E4M3 && w.dtype != DType::kBF16)) {
+  if (path_ == ComputePath::kReference || (w.dtype != DType::kF8E4M3 && w.dtype != DType::kBF16)) {
     linear_ref(x, m, ldx, w, y, ldy, pool_);
     return;
   }
@@ -139,7 +139,9 @@ void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightV
   x_bf16_.resize(size_t(m * k));  // [m, k] BF16
   for (int64_t i = 0; i < m; ++i) f32_to_bf16_row(x + i * ldx, k, &x_bf16_[size_t(i * k)]);
   if (w.dtype == DType::kF8E4M3) {
-    gemm_fp8(x_bf16_.data(), m, k, packed_.at(w.data), {y, DType::kF32, ldy}, pool_);
+    gemm_linear(x_bf16_.data(), m, k, packed_.at(w.data), {y, DType::kF32, ldy}, pool_);
+  } else if (&w == &weights_.lm_head && head_int8_.data) {
+    gemm_int8(x_bf16_.data(), m, k, head_int8_, {y, DType::kF32, ldy}, pool_);
   } else if (auto it = packed_bf16_.find(w.data); it != packed_bf16_.end()) {
     gemm_bf16_packed(x_bf16_.data(), m, k, it->second, y, ldy, pool_);
   } else {
@@ -285,7 +287,12 @@ void DeepseekModel::head(std::span<const StepSequence> batch, const float* x,
     x_bf16_.resize(size_t(n_logits * H));
     f32_to_bf16_row(head_in, n_logits * H, x_bf16_.data());
     std::vector<float> y(size_t(n_logits * n_live));  // [n_logits, live rows]
-    gemm_bf16_packed(x_bf16_.data(), n_logits, H, compact_head_.packed, y.data(), n_live, pool_);
+    if (compact_head_.int8.data) {
+      gemm_int8(x_bf16_.data(), n_logits, H, compact_head_.int8, {y.data(), DType::kF32, n_live},
+                pool_);
+    } else {
+      gemm_bf16_packed(x_bf16_.data(), n_logits, H, compact_head_.packed, y.data(), n_live, pool_);
+    }
     for (int64_t i = 0; i < n_logits; ++i) {
       float* l = &out->logits[size_t(i * c.vocab_size)];
       for (int64_t j = 0; j < n_live; ++j) l[live[size_t(j)]] = y[size_t(i * n_live + j)];
@@ -636,7 +643,7 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, u
   if (rows == 0) return;
   const int64_t I = held_expert(w, b.experts[0])->gate.rows;
   const size_t segs = static_cast<size_t>(n_seg);
-  std::vector<const PackedFp8Weight*> gate(segs), up(segs), down(segs);
+  std::vector<const PackedLinear*> gate(segs), up(segs), down(segs);
   for (int64_t s = 0; s < n_seg; ++s) {
     const MlpWeights& ex = *held_expert(w, b.experts[size_t(s)]);
     gate[size_t(s)] = &packed_.at(ex.gate.data);
@@ -658,19 +665,18 @@ void DeepseekModel::experts_grouped(const MoeWeights& w, const ExpertBatch& b, u
     // Each token's BF16 row once; the GEMMs gather a segment's rows by index.
     const uint16_t* tok = b.tokens_bf16.data();
     const int32_t* src = b.row_source.data();
-    gemm_fp8_grouped_contiguous_gather(tok, H, src, off, gate.data(), n_seg, g_out, pool_);
-    gemm_fp8_grouped_contiguous_gather(tok, H, src, off, up.data(), n_seg, u_out, pool_);
+    gemm_linear_grouped(tok, H, src, off, gate, g_out, pool_);
+    gemm_linear_grouped(tok, H, src, off, up, u_out, pool_);
   } else {
     xb.resize(size_t(rows * H));
     f32_to_bf16_row(b.x.data(), rows * H, xb.data());
-    gemm_fp8_grouped_contiguous(xb.data(), H, off, gate.data(), n_seg, g_out, pool_);
-    gemm_fp8_grouped_contiguous(xb.data(), H, off, up.data(), n_seg, u_out, pool_);
+    gemm_linear_grouped(xb.data(), H, nullptr, off, gate, g_out, pool_);
+    gemm_linear_grouped(xb.data(), H, nullptr, off, up, u_out, pool_);
   }
   elementwise(pool_, rows * I, [&](int64_t i0, int64_t i1) {
     silu_mul_bf16(&g[size_t(i0)], &u[size_t(i0)], i1 - i0, &act[size_t(i0)]);  // [rows, I]
   });
-  gemm_fp8_grouped_contiguous(act.data(), I, off, down.data(), n_seg, {out, DType::kBF16, H},
-                              pool_);
+  gemm_linear_grouped(act.data(), I, nullptr, off, down, {out, DType::kBF16, H}, pool_);
 }
 
 void DeepseekModel::mlp(const MlpWeights& w, const float* x, int64_t n, float* out) {

@@ -31,6 +31,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/expert_store.h"
+#include "model/packed_linear.h"
 
 namespace moeserve {
 
@@ -46,6 +47,14 @@ enum class AttentionMode { kNaive, kAbsorbed };
 //              once at construction for gemm_fp8, BF16 weights through gemm_bf16 (the served
 //              path, held to 5e-2).
 enum class ComputePath { kReference, kFast };
+
+// The fast path's opt-in 8-bit GEMMs (docs/kernels-int8.md): they change numerics, so
+// `projections` is part of the model fingerprint (it changes the latent cache's bits; the
+// lm_head changes only the logits).
+struct GemmInt8Options {
+  bool projections = false;  // --gemm-int8: every FP8 projection (attention, MLPs, experts)
+  bool lm_head = false;      // --lm-head-int8: the BF16 lm_head requantized per 1x128
+};
 
 struct StepSequence {
   std::span<const int32_t> tokens;       // new tokens this step
@@ -94,7 +103,7 @@ class DeepseekModel {
   DeepseekModel(const ModelConfig& config, const ModelWeights& weights, Dispatcher& dispatcher,
                 ThreadPool* pool, AttentionMode mode = AttentionMode::kAbsorbed,
                 ComputePath path = ComputePath::kReference, bool overlap = true,
-                bool progress = false);
+                bool progress = false, GemmInt8Options int8 = {});
 
   const ModelConfig& config() const { return config_; }
 
@@ -220,14 +229,18 @@ class DeepseekModel {
   bool overlap_ = true;
   int64_t overlap_min_tokens_ = -1;
   RopeTable rope_;
-  // Fast path: FP8 weights repacked for gemm_fp8, keyed by the checkpoint bytes they came from.
-  std::unordered_map<const uint8_t*, PackedFp8Weight> packed_;
+  GemmInt8Options int8_;
+  // Fast path: FP8 weights repacked for gemm_fp8 (or requantized for gemm_int8), keyed by the
+  // checkpoint bytes they came from.
+  PackedLinears packed_;
   std::unordered_map<const uint8_t*, PackedBf16Weight> packed_bf16_;  // the lm_head
+  PackedInt8Weight head_int8_;  // the lm_head with int8_.lm_head (then packed_bf16_ has none)
   // Fast path, a BF16 lm_head with at least a quarter of its rows +0.0: only the other rows,
   // packed (fast_path.cpp); then packed_bf16_ does not hold the head.
   struct CompactHead {
     std::vector<int32_t> rows;  // vocabulary ids of the packed rows, ascending
     PackedBf16Weight packed;
+    PackedInt8Weight int8;  // instead of packed, with int8_.lm_head
   } compact_head_;
   std::vector<uint16_t> x_bf16_;  // scratch: the GEMM input in BF16
   // Scratch of the routed experts (moe, experts_grouped) and of mlp() (shared experts, dense

@@ -130,8 +130,8 @@ Result<std::shared_ptr<const RuntimeExpert>> decode_expert(std::vector<uint8_t> 
 // ---- ExpertStore ----
 
 ExpertStore::ExpertStore(const ModelConfig& config, const ModelWeights& weights,
-                         std::unordered_map<const uint8_t*, PackedFp8Weight>* packed)
-    : config_(config), weights_(weights), packed_(packed) {}
+                         PackedLinears* packed, bool int8)
+    : config_(config), weights_(weights), packed_(packed), int8_(int8) {}
 
 const MoeWeights* ExpertStore::moe_layer_weights(int64_t moe_layer) const {
   int64_t m = 0;
@@ -207,14 +207,14 @@ Status ExpertStore::install_expert(int64_t moe_layer, int32_t expert, std::vecto
         fmt::format("MoE layer {} expert {}: its dtype differs from the layer's other experts",
                     moe_layer, expert));
   }
-  std::vector<std::pair<const uint8_t*, PackedFp8Weight>> packed;
+  std::vector<std::pair<const uint8_t*, PackedLinear>> packed;
   if (packed_) {
     for (const WeightView* v : {&m.gate, &m.up, &m.down}) {
       if (v->dtype != DType::kF8E4M3) continue;
       if (v->block_rows != 128 || v->block_cols != 128) {
         return InvalidArgument("gemm_fp8 needs 128x128 scale blocks");
       }
-      packed.emplace_back(v->data, pack_fp8_weight(v->data, v->scale_inv, v->rows, v->cols));
+      packed.emplace_back(v->data, pack_linear(v->data, v->scale_inv, v->rows, v->cols, int8_));
     }
   }
   drop_expert(moe_layer, expert);

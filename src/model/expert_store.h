@@ -26,9 +26,9 @@
 
 #include "core/status.h"
 #include "ep/expert_migration.h"
-#include "kernels/gemm_fp8.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/packed_linear.h"
 
 namespace moeserve {
 
@@ -52,8 +52,9 @@ Result<std::shared_ptr<const RuntimeExpert>> decode_expert(std::vector<uint8_t> 
 // and drop keep in step.
 class ExpertStore {
  public:
-  ExpertStore(const ModelConfig& config, const ModelWeights& weights,
-              std::unordered_map<const uint8_t*, PackedFp8Weight>* packed);
+  // int8: installed experts are requantized for gemm_int8 (the model's --gemm-int8).
+  ExpertStore(const ModelConfig& config, const ModelWeights& weights, PackedLinears* packed,
+              bool int8 = false);
 
   // The weights of expert e of the layer whose MoE weights are w, or null when not held.
   const MlpWeights* held(const MoeWeights& w, int32_t expert) const;
@@ -73,7 +74,8 @@ class ExpertStore {
 
   const ModelConfig& config_;
   const ModelWeights& weights_;
-  std::unordered_map<const uint8_t*, PackedFp8Weight>* packed_;
+  PackedLinears* packed_;
+  bool int8_;
   // Installed experts (null: dropped), over the checkpoint's.
   std::map<std::pair<const MoeWeights*, int32_t>, std::shared_ptr<const RuntimeExpert>> runtime_;
 };

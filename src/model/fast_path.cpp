@@ -1,8 +1,8 @@
 // The fast path's weights, prepared once at construction (DeepseekModel::prepare_fast_path):
-// FP8 projections repacked into gemm_fp8's tiles, kv_b_proj split per head for absorbed
-// attention (kept FP8 where its slices are whole scale blocks), the router in F32 and the BF16
-// lm_head in the tiled layout. The packing runs over the thread pool, with an in-place progress
-// line on stderr when asked (minutes for a 671B checkpoint).
+// FP8 projections repacked into gemm_fp8's tiles (or requantized for gemm_int8), kv_b_proj split
+// per head for absorbed attention (kept FP8 where its slices are whole scale blocks), the router in
+// F32 and the BF16 lm_head in the tiled layout. The packing runs over the thread pool, with an
+// in-place progress line on stderr when asked (minutes for a 671B checkpoint).
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,7 +51,7 @@ void DeepseekModel::pack_absorbed_fp8(const WeightView& kv_b, AbsorbedWeights& W
 
 void DeepseekModel::prepare_fast_path(bool progress) {
   // Collect the FP8 projections first (map slots created here), then pack them in parallel.
-  std::vector<std::pair<const WeightView*, PackedFp8Weight*>> jobs;
+  std::vector<std::pair<const WeightView*, PackedLinear*>> jobs;
   auto pack = [&](const WeightView& w) {
     if (w.dtype != DType::kF8E4M3 || packed_.count(w.data)) return;
     CHECK(w.block_rows == 128 && w.block_cols == 128, "gemm_fp8 needs 128x128 scale blocks");
@@ -100,7 +100,8 @@ void DeepseekModel::prepare_fast_path(bool progress) {
     if (L.mlp) pack_mlp(*L.mlp);
     if (L.moe) pack_moe(*L.moe);
   }
-  // The BF16 lm_head in the tiled layout (docs/kernels-gemm.md: no horizontal sums at M >= 8).
+  // The BF16 lm_head in the tiled layout (docs/kernels-gemm.md: no horizontal sums at M >= 8),
+  // or requantized to INT8 (int8_.lm_head: half the bytes per decoded token).
   const WeightView& head = weights_.lm_head;
   if (head.dtype == DType::kBF16 && head.rows > 0) {
     // A head whose vocabulary is mostly unused (rows of +0.0: a model trained on a subset of
@@ -120,8 +121,14 @@ void DeepseekModel::prepare_fast_path(bool progress) {
         std::copy_n(w + live[i] * head.cols, head.cols, &rows[i * size_t(head.cols)]);
       }
       compact_head_.rows = std::move(live);
-      compact_head_.packed = pack_bf16_weight(rows.data(), int64_t(compact_head_.rows.size()),
-                                              head.cols, head.cols, pool_);
+      const int64_t n = int64_t(compact_head_.rows.size());
+      if (int8_.lm_head) {
+        compact_head_.int8 = pack_int8_weight_bf16(rows.data(), n, head.cols, head.cols, pool_);
+      } else {
+        compact_head_.packed = pack_bf16_weight(rows.data(), n, head.cols, head.cols, pool_);
+      }
+    } else if (int8_.lm_head) {
+      head_int8_ = pack_int8_weight_bf16(w, head.rows, head.cols, head.cols, pool_);
     } else {
       packed_bf16_[head.data] = pack_bf16_weight(w, head.rows, head.cols, head.cols, pool_);
     }
@@ -129,7 +136,7 @@ void DeepseekModel::prepare_fast_path(bool progress) {
   auto run = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const WeightView& w = *jobs[size_t(i)].first;
-      *jobs[size_t(i)].second = pack_fp8_weight(w.data, w.scale_inv, w.rows, w.cols);
+      *jobs[size_t(i)].second = pack_linear(w.data, w.scale_inv, w.rows, w.cols, int8_.projections);
     }
   };
   auto run_all = [&](int64_t b, int64_t e) {

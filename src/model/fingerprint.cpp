@@ -69,7 +69,7 @@ Result<std::string> weight_samples(const std::filesystem::path& p, uint64_t head
 }  // namespace
 
 Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
-                                   ComputePath compute, bool mtp) {
+                                   ComputePath compute, bool mtp, bool gemm_int8) {
   namespace fs = std::filesystem;
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
@@ -114,7 +114,8 @@ Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
   }
   add(fmt::format("kv_dtype={} compute={} layout={}", int(kv_dtype), int(compute),
                   kKvLayoutVersion));
-  if (mtp) add("mtp");  // blocks then carry the MTP layer too (docs/mtp.md)
+  if (mtp) add("mtp");              // blocks then carry the MTP layer too (docs/mtp.md)
+  if (gemm_int8) add("gemm_int8");  // the projections' numerics (docs/kernels-int8.md)
   const uint64_t digest = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   RETURN_IF_ERROR(status);

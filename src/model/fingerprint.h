@@ -6,7 +6,8 @@
 // .safetensors file in the directory (names, dtypes, shapes, byte ranges) and four 16 KB
 // samples of its tensor data (checkpoints with identical headers, such as DeepSeek-V3 and R1,
 // differ there), the KV dtype, the compute path (it changes how the latent is rounded),
-// kKvLayoutVersion and whether blocks hold the MTP module's layer.
+// kKvLayoutVersion, whether blocks hold the MTP module's layer and whether the projections run
+// as INT8 GEMMs (--gemm-int8: the latent's bits change).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,6 @@ namespace moeserve {
 
 // Errors name the file that could not be read.
 Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
-                                   ComputePath compute, bool mtp = false);
+                                   ComputePath compute, bool mtp = false, bool gemm_int8 = false);
 
 }  // namespace moeserve

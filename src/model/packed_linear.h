@@ -1,0 +1,40 @@
+// A projection prepared for the fast path's GEMMs: the FP8 weight repacked for gemm_fp8, or, with
+// the opt-in INT8 path (--gemm-int8, docs/kernels-int8.md), requantized for gemm_int8 instead
+// (one or the other is held, never both: the same bytes per weight plus 3% of scales).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+
+#include "core/thread_pool.h"
+#include "kernels/gemm_fp8.h"
+#include "kernels/gemm_int8.h"
+
+namespace moeserve {
+
+struct PackedLinear {
+  PackedFp8Weight fp8;
+  PackedInt8Weight int8;  // held instead of fp8 on the INT8 path
+
+  bool is_int8() const { return int8.data != nullptr; }
+  size_t bytes() const { return is_int8() ? int8.bytes() : fp8.bytes(); }
+};
+
+// From the checkpoint's FP8 bytes [n, k] and 128x128 block scales.
+PackedLinear pack_linear(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k, bool int8);
+
+// Keyed by the checkpoint bytes a projection came from.
+using PackedLinears = std::unordered_map<const uint8_t*, PackedLinear>;
+
+// gemm_fp8 / gemm_int8 on whichever the projection holds; x: BF16 [m, k], row stride ldx.
+void gemm_linear(const uint16_t* x, int64_t m, int64_t ldx, const PackedLinear& w, GemmOutput y,
+                 ThreadPool* pool);
+
+// The grouped-contiguous GEMMs (x_rows null: rows in place; else gathered, as
+// gemm_fp8_grouped_contiguous_gather) over experts that all hold the same format.
+void gemm_linear_grouped(const uint16_t* x, int64_t ldx, const int32_t* x_rows,
+                         const int64_t* offsets, std::span<const PackedLinear* const> experts,
+                         GemmOutput y, ThreadPool* pool);
+
+}  // namespace moeserve
