@@ -16,7 +16,8 @@ Usage:
   tools/kv_cache_accuracy.py BIN MODEL --ref f32:fast --configs bf16:fast fp8:fast
       [--steps 16] [--lengths 64 256 1000] [--threads 2]
   tools/kv_cache_accuracy.py BIN tests/data/hf/v3 --hf --configs bf16:fast f32:reference
-A configuration is KV_DTYPE:COMPUTE (--kv-cache-dtype, --compute).
+A configuration is KV_DTYPE:COMPUTE[:FLAG...] (--kv-cache-dtype, --compute, then flags without
+their dashes: bf16:fast:gemm-int8:lm-head-int8 adds --gemm-int8 --lm-head-int8).
 """
 
 import argparse
@@ -26,10 +27,10 @@ import sys
 
 
 def generate(bin_, model, config, prompts, max_tokens, logprobs, threads):
-    kv, compute = config.split(":")
+    kv, compute, *flags = config.split(":")
     cmd = [bin_, "generate", "--model", model, "--kv-cache-dtype", kv, "--compute", compute,
            "--threads", str(threads), "--max-tokens", str(max_tokens),
-           "--logprobs", str(logprobs), "--json", "--ignore-eos"]
+           "--logprobs", str(logprobs), "--json", "--ignore-eos"] + ["--" + f for f in flags]
     for p in prompts:
         cmd += ["--prompt-ids", ",".join(map(str, p))]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

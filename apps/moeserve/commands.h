@@ -55,6 +55,7 @@ Subcommand add_eplb_command(CLI::App& parent);
 Subcommand add_serve_command(CLI::App& parent);
 Subcommand add_tokenize_command(CLI::App& parent);
 Subcommand add_detokenize_command(CLI::App& parent);
+Subcommand add_perplexity_command(CLI::App& parent);
 Subcommand add_render_chat_command(CLI::App& parent);
 
 }  // namespace moeserve::cli

@@ -22,26 +22,39 @@ double view_bytes(const WeightView& w) {
   }
   return b;
 }
-double mlp_bytes(const MlpWeights& m) {
-  return view_bytes(m.gate) + view_bytes(m.up) + view_bytes(m.down);
+// As gemm_int8 stores it: a byte per weight, an F32 scale per column and 128-wide K block.
+double int8_bytes(const WeightView& w) {
+  return double(w.rows) * double(w.cols) +
+         4.0 * double((w.rows + 63) / 64 * 64) * double((w.cols + 127) / 128);
+}
+// A projection as the fast path holds it.
+double proj_bytes(const WeightView& w, const GemmInt8Options& int8) {
+  return int8.projections && w.dtype == DType::kF8E4M3 ? int8_bytes(w) : view_bytes(w);
+}
+double mlp_bytes(const MlpWeights& m, const GemmInt8Options& int8) {
+  return proj_bytes(m.gate, int8) + proj_bytes(m.up, int8) + proj_bytes(m.down, int8);
 }
 
 // Bytes one decode step at batch 1 must read: every non-expert weight, top-k experts per MoE
 // layer (taking the average expert size), one embedding row, and the KV of `context` tokens.
-double bytes_per_token(const ModelConfig& c, const ModelWeights& w, int64_t context) {
-  double b = double(w.embed.cols) * double(dtype_size(w.embed.dtype)) + view_bytes(w.lm_head);
+double bytes_per_token(const ModelConfig& c, const ModelWeights& w, int64_t context,
+                       const GemmInt8Options& int8) {
+  double b = double(w.embed.cols) * double(dtype_size(w.embed.dtype)) +
+             (int8.lm_head ? int8_bytes(w.lm_head) : view_bytes(w.lm_head));
   for (const LayerWeights& L : w.layers) {
     const AttentionWeights& A = L.attn;
-    if (A.q_a) b += view_bytes(*A.q_a);
-    b += view_bytes(A.q_b) + view_bytes(A.kv_a) + view_bytes(A.kv_b) + view_bytes(A.o);
-    if (L.mlp) b += mlp_bytes(*L.mlp);
+    if (A.q_a) b += proj_bytes(*A.q_a, int8);
+    // (kv_b_proj stays FP8 for the absorbed attention's F32 GEMMs.)
+    b += proj_bytes(A.q_b, int8) + proj_bytes(A.kv_a, int8) + view_bytes(A.kv_b) +
+         proj_bytes(A.o, int8);
+    if (L.mlp) b += mlp_bytes(*L.mlp, int8);
     if (L.moe) {
       b += view_bytes(L.moe->gate);
-      if (L.moe->shared) b += mlp_bytes(*L.moe->shared);
+      if (L.moe->shared) b += mlp_bytes(*L.moe->shared, int8);
       double experts = 0;
       int n = 0;
       for (const auto& e : L.moe->experts) {
-        if (e) experts += mlp_bytes(*e), ++n;
+        if (e) experts += mlp_bytes(*e, int8), ++n;
       }
       if (n > 0) b += experts / n * double(c.num_experts_per_tok);
     }
@@ -61,7 +74,7 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
   const ModelConfig& c = (*ck)->config();
   LocalDispatcher dispatcher(c.n_routed_experts, /*bf16_rows=*/true);
   DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool, AttentionMode::kAbsorbed,
-                      ComputePath::kFast);
+                      ComputePath::kFast, /*overlap=*/true, /*progress=*/false, o.int8);
   const int64_t total = o.prompt_tokens + o.decode_tokens;
   std::vector<int32_t> table;
   for (int32_t b = 0; int64_t(b) * kKvBlockSize < total; ++b) table.push_back(b);
@@ -89,7 +102,8 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double tps = o.decode_tokens / secs;
-  double bytes = bytes_per_token(c, (*ck)->weights(), o.prompt_tokens + o.decode_tokens / 2);
+  double bytes =
+      bytes_per_token(c, (*ck)->weights(), o.prompt_tokens + o.decode_tokens / 2, o.int8);
   double roofline = ceil.dram_read_gbps * 1e9 / bytes;
   if (o.json) {
     nlohmann::ordered_json j = {{"kernel", "e2e"},
@@ -99,6 +113,8 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
                                 {"roofline_tokens_per_s", roofline},
                                 {"roofline_ratio", tps / roofline},
                                 {"bytes_per_token", bytes},
+                                {"gemm_int8", o.int8.projections},
+                                {"lm_head_int8", o.int8.lm_head},
                                 {"dram_read_gbps", ceil.dram_read_gbps}};
     fmt::print("{}\n", j.dump());
   } else {

@@ -6,6 +6,7 @@
 
 #include "core/thread_pool.h"
 #include "machine.h"
+#include "model/deepseek.h"
 
 namespace moeserve::bench {
 
@@ -14,6 +15,7 @@ struct E2eOptions {
   bool json = false;
   int prompt_tokens = 32;
   int decode_tokens = 32;
+  GemmInt8Options int8;  // --gemm-int8, --lm-head-int8 (the bytes per token counted as stored)
 };
 
 // Returns a process exit code.

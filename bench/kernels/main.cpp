@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
   e2e->add_option("--model", e2e_options.model_dir, "checkpoint directory")->required();
   e2e->add_flag("--json", e2e_options.json, "one JSON object");
   e2e->add_option("--decode-tokens", e2e_options.decode_tokens, "tokens to time");
+  e2e->add_flag("--gemm-int8", e2e_options.int8.projections, "projections as INT8 GEMMs");
+  e2e->add_flag("--lm-head-int8", e2e_options.int8.lm_head, "the lm_head as an INT8 GEMM");
   e2e->add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024));
   try {
     app.parse(argc, argv);

@@ -51,9 +51,8 @@ static Isa detect() {
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   // The BF16 level also byte-shuffles (VBMI: the FP8 -> BF16 lookups) and runs INT8 dot products
   // (VNNI: gemm_int8); every CPU with BF16 dot products except Cooper Lake has both.
-  bool bf16 =
-      avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi") &&
-      __builtin_cpu_supports("avx512vnni");
+  bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") &&
+              __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vnni");
   const bool amx = bf16 && __builtin_cpu_supports("amx-tile") &&
                    __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-int8");
   if (amx && os_grants_amx()) return Isa::kAmx;
@@ -78,7 +77,8 @@ static Isa pick_active() {
   if (!env || !*env) return dflt;
   std::optional<Isa> want = isa_from_name(env);
   if (!want) {
-    std::fprintf(stderr, "moeserve: ignoring MOESERVE_ISA=%s (use scalar|avx2|avx512|avx512bf16|amx)\n",
+    std::fprintf(stderr,
+                 "moeserve: ignoring MOESERVE_ISA=%s (use scalar|avx2|avx512|avx512bf16|amx)\n",
                  env);
     return dflt;
   }
@@ -87,6 +87,14 @@ static Isa pick_active() {
 
 Isa active_isa() {
   static const Isa isa = pick_active();
+  return isa;
+}
+
+Isa active_int8_isa() {
+  static const Isa isa = [] {
+    const char* env = std::getenv("MOESERVE_ISA");
+    return env && *env ? active_isa() : cpu_isa();
+  }();
   return isa;
 }
 

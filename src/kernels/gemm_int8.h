@@ -19,7 +19,7 @@
 // has VNNI); AMX (`TDPBSSD`) for jobs (a call, or one expert's rows) of more than 16 rows, the
 // VNNI code for fewer.
 // The AVX2 and AVX-512F levels run the scalar code (correct, slow): the path is meant for CPUs
-// with INT8 dot products.
+// with INT8 dot products. The default level is active_int8_isa(): AMX wherever the CPU has it.
 //
 // Layouts as gemm_fp8 (dense, grouped contiguous with or without gathered rows, grouped masked),
 // with the same contracts on offsets, counts and strides.
@@ -72,18 +72,18 @@ PackedInt8Weight pack_int8_weight_bf16(const uint16_t* w, int64_t n, int64_t k, 
 
 // x: BF16 bits [m, w.k], row stride ldx.
 void gemm_int8(const uint16_t* x, int64_t m, int64_t ldx, const PackedInt8Weight& w, GemmOutput y,
-               ThreadPool* pool, Isa isa = active_isa());
+               ThreadPool* pool, Isa isa = active_int8_isa());
 void gemm_int8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
                                   const PackedInt8Weight* const* experts, int64_t n_experts,
-                                  GemmOutput y, ThreadPool* pool, Isa isa = active_isa());
+                                  GemmOutput y, ThreadPool* pool, Isa isa = active_int8_isa());
 void gemm_int8_grouped_contiguous_gather(const uint16_t* x, int64_t ldx, const int32_t* x_rows,
                                          const int64_t* offsets,
                                          const PackedInt8Weight* const* experts, int64_t n_experts,
-                                         GemmOutput y, ThreadPool* pool, Isa isa = active_isa());
+                                         GemmOutput y, ThreadPool* pool, Isa isa = active_int8_isa());
 void gemm_int8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
                               const int32_t* counts, const PackedInt8Weight* const* experts,
                               int64_t n_experts, GemmOutput y, ThreadPool* pool,
-                              Isa isa = active_isa());
+                              Isa isa = active_int8_isa());
 
 // One row's activation quantization, as every level does it (for tests and references): x [k]
 // BF16 bits -> q [k_blocks * 128] (zero past k), sx [k_blocks].
