@@ -29,6 +29,14 @@ int64_t quad_offset(int64_t c, int64_t kk) {
   return (kk / 4) * (kCols * 4) + c * 4 + kk % 4;
 }
 
+// v rounded to the nearest integer, ties to even, for |v| < 2^22: adding and subtracting 1.5 * 2^23
+// rounds in the default rounding mode exactly as nearbyint does, without the libm call the
+// baseline ISA (no ROUNDSS) makes per value (packing V3's weights is billions of them).
+float round_even(float v) {
+  constexpr float kMagic = 12582912.0f;
+  return (v + kMagic) - kMagic;
+}
+
 // One group of `n` values quantized symmetrically: q = round-to-nearest-even(v * (127 / max|v|)),
 // returning the scale max|v| / 127 (0 for all zeros, NaN when a value is not finite; q = 0 then).
 // The activations' quantizer below and the SIMD levels' use exactly these operations.
@@ -45,7 +53,7 @@ float quantize_group(const float* v, int64_t n, int8_t* q) {
     return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }
   const float inv = 127.0f / amax;
-  for (int64_t i = 0; i < n; ++i) q[i] = int8_t(std::nearbyint(v[i] * inv));
+  for (int64_t i = 0; i < n; ++i) q[i] = int8_t(round_even(v[i] * inv));
   return amax / 127.0f;
 }
 
