@@ -97,6 +97,11 @@ int run_perplexity(const PerplexityArgs& a) {
     fmt::print(stderr, "perplexity: {}: {}\n", a.model, st.message());
     return 1;
   }
+  if (a.window > c.max_position_embeddings) {
+    fmt::print(stderr, "perplexity: --window {} is longer than the model's context ({} tokens)\n",
+               a.window, c.max_position_embeddings);
+    return 2;
+  }
   int64_t windows = (int64_t(ids->size()) - 1) / a.window;
   if (a.max_windows > 0 && windows > a.max_windows) windows = a.max_windows;
   if (windows <= 0) {

@@ -57,6 +57,7 @@ echo '[1, 2, 99999999]' > "$tmp/bad.json"
 expect_error 1 "outside the vocabulary" --tokens "$tmp/bad.json" --window 2
 echo '[1, 2, 3]' > "$tmp/short.json"
 expect_error 1 "fewer than one window" --tokens "$tmp/short.json" --window 8
+expect_error 2 "longer than the model's context" --tokens "$tmp/short.json" --window 100000000
 echo '{"a": 1}' > "$tmp/obj.json"
 expect_error 1 "expected a JSON array" --tokens "$tmp/obj.json"
 expect_error 1 "cannot open" --text "$tmp/missing.txt"
