@@ -1,0 +1,64 @@
+// The INT8 path (--gemm-int8) through the model's other ways in: an expert exported, dropped and
+// installed again (EPLB's online migration, docs/eplb.md) is requantized for gemm_int8 like the
+// ones packed at load, so the logits keep their bits; and the INT8 path changes them (it runs).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "cache/kv_cache.h"
+#include "core/thread_pool.h"
+#include "ep/dispatcher.h"
+#include "model/checkpoint.h"
+#include "model/deepseek.h"
+
+namespace moeserve {
+namespace {
+
+std::vector<float> logits_of(DeepseekModel& model, const std::vector<int32_t>& seq) {
+  std::vector<int32_t> table;
+  for (int32_t b = 0; b * kKvBlockSize < int64_t(seq.size()); ++b) table.push_back(b);
+  KvCache cache(kv_cache_layout(model.config(), DType::kBF16), int32_t(table.size()));
+  StepSequence step{seq, 0, table, int64_t(seq.size())};
+  StepOutput out;
+  EXPECT_TRUE(model.forward({&step, 1}, cache, &out).ok());
+  return out.logits;
+}
+
+TEST(Int8Path, ReinstalledExpertsKeepTheLogitsBits) {
+  auto ck = Checkpoint::open("tests/data/hf/v3");
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const ModelConfig& c = (*ck)->config();
+  ThreadPool pool(2);
+  LocalDispatcher dispatcher(c.n_routed_experts);
+  DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool, AttentionMode::kAbsorbed,
+                      ComputePath::kFast, /*overlap=*/true, /*progress=*/false,
+                      GemmInt8Options{true, true});
+  DeepseekModel fp8(c, (*ck)->weights(), dispatcher, &pool, AttentionMode::kAbsorbed,
+                    ComputePath::kFast);
+  std::vector<int32_t> seq;
+  for (int i = 0; i < 40; ++i) seq.push_back(int32_t((i * 37 + 5) % c.vocab_size));
+  const std::vector<float> before = logits_of(model, seq);
+  const std::vector<float> other = logits_of(fp8, seq);
+  ASSERT_EQ(before.size(), other.size());
+  EXPECT_NE(std::memcmp(before.data(), other.data(), before.size() * 4), 0)
+      << "--gemm-int8 gave the FP8 path's bits: it did not run";
+  int moved = 0;
+  for (int32_t e = 0; e < int32_t(c.n_routed_experts); ++e) {
+    if (!model.experts().has_expert(0, e)) continue;
+    auto blob = model.experts().export_expert(0, e);
+    ASSERT_TRUE(blob.ok()) << blob.status().to_string();
+    std::vector<uint8_t> bytes(blob->size());
+    blob->copy(0, bytes.size(), bytes.data());
+    model.experts().drop_expert(0, e);
+    ASSERT_TRUE(model.experts().install_expert(0, e, std::move(bytes)).ok());
+    ++moved;
+  }
+  ASSERT_GT(moved, 0);
+  const std::vector<float> after = logits_of(model, seq);
+  ASSERT_EQ(after.size(), before.size());
+  EXPECT_EQ(std::memcmp(after.data(), before.data(), before.size() * 4), 0);
+}
+
+}  // namespace
+}  // namespace moeserve
