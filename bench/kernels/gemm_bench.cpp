@@ -160,8 +160,8 @@ bool wanted(const GemmBenchOptions& opt, const char* kernel) {
 // The FP8 weights requantized for gemm_int8 (what --gemm-int8 does at load), when its cases run.
 std::vector<PackedInt8Weight> int8_copies(const GemmBenchOptions& opt,
                                           const std::vector<PackedFp8Weight>& w, ThreadPool& pool) {
-  std::vector<PackedInt8Weight> out(w.size());
   if (!wanted(opt, "gemm_int8")) return {};
+  std::vector<PackedInt8Weight> out(w.size());
   pool.parallel_for(int64_t(w.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) out[size_t(i)] = pack_int8_weight(w[size_t(i)]);
   });

@@ -42,7 +42,7 @@ double measure_amx_bf16_gflops(ThreadPool& pool);
 double measure_amx_int8_gops(ThreadPool& pool);
 
 // `start` with the DRAM reading replaced by the better of `before` and one taken now, each the
-// best over `min_s`, and the AMX peak by one taken now.
+// best over `min_s`, and the AMX BF16 and INT8 peaks by readings taken now.
 inline Ceilings local_ceilings(const Ceilings& start, double before, ThreadPool& pool,
                                double min_s) {
   Ceilings c = start;

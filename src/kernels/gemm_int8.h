@@ -4,14 +4,14 @@
 //   Y[m, n] = sum_kb sx[m][kb] * sw[n][kb] * (sum_{k in block kb} qx[m, k] * qw[n, k])
 //
 // qw, sw: the weight requantized at load, per row and 128-wide K block, symmetric: sw = max|w| /
-// 127, qw = round(w / sw) in [-127, 127], where w is the checkpoint's value (FP8 times its 128x128
-// block scale, or BF16). qx, sx: the BF16 activations quantized the same way per call, per row
-// and K block (sx = max|x| / 127, qx = round-to-nearest-even(x * (127 / max|x|)); a block of
-// zeros has sx = 0, and a block with an infinite or NaN value has sx = NaN, so its outputs are
-// NaN, never silently finite). The inner sums are exact in INT32 (|sum| <= 127 * 127 * 128 <
-// 2^24, so also exact in F32); the promotion per K block is F32: s = sx * sw, then tot = f * s
-// for the first block and fma(f, s, tot) after. Every ISA level computes exactly this, so the
-// levels agree bit for bit, a row's result never depends on M or on the thread split, and a
+// 127, qw = round-to-nearest-even(w * (127 / max|w|)) in [-127, 127], where w is the checkpoint's
+// value (FP8 times its 128x128 block scale, or BF16). qx, sx: the BF16 activations quantized the
+// same way per call, per row and K block (sx = max|x| / 127, qx = round-to-nearest-even(x * (127 /
+// max|x|)); a block of zeros has sx = 0, and a block with an infinite or NaN value has sx = NaN, so
+// its outputs are NaN, never silently finite). The inner sums are exact in INT32 (|sum| <= 127 *
+// 127 * 128 < 2^24, so also exact in F32); the promotion per K block is F32: s = sx * sw, then tot
+// = f * s for the first block and fma(f, s, tot) after. Every ISA level computes exactly this, so
+// the levels agree bit for bit, a row's result never depends on M or on the thread split, and a
 // process may pick the level per call (the AMX tile unit for many rows, VNNI dot products for
 // decode) without changing any output.
 //
@@ -79,7 +79,8 @@ void gemm_int8_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t*
 void gemm_int8_grouped_contiguous_gather(const uint16_t* x, int64_t ldx, const int32_t* x_rows,
                                          const int64_t* offsets,
                                          const PackedInt8Weight* const* experts, int64_t n_experts,
-                                         GemmOutput y, ThreadPool* pool, Isa isa = active_int8_isa());
+                                         GemmOutput y, ThreadPool* pool,
+                                         Isa isa = active_int8_isa());
 void gemm_int8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
                               const int32_t* counts, const PackedInt8Weight* const* experts,
                               int64_t n_experts, GemmOutput y, ThreadPool* pool,
