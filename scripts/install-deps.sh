@@ -5,6 +5,7 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache python3 python3-pip
       libgtest-dev libgmock-dev libbenchmark-dev
       nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev libxxhash-dev libcpp-httplib-dev
       libdnnl-dev  # oneDNN, the baseline in moeserve-bench only
+      libucx-dev  # UCX: KV transfer between units (src/transfer)
       libopenmpi-dev openmpi-bin  # Open MPI: expert parallelism across processes (src/ep)
       chromium chromium-driver fonts-liberation)  # headless Chromium: tests/cli/web_page.sh
 missing=()

@@ -265,11 +265,15 @@ KvBlock KvCache::export_block(int32_t block) const {
 }
 
 bool KvCache::import_block(const KvBlock& b, std::vector<int32_t>* table) {
-  CHECK(b.bytes.size() == layout_.block_bytes(), "imported KV block of the wrong size");
+  if (!import_bytes(b.bytes, table)) return false;
+  if (b.hash) add_to_index(table->back(), *b.hash, b.parent, b.tokens);  // (the tier has it)
+  return true;
+}
+
+bool KvCache::import_bytes(std::span<const uint8_t> bytes, std::vector<int32_t>* table) {
+  CHECK(bytes.size() == layout_.block_bytes(), "imported KV block of the wrong size");
   if (!allocate(1, table)) return false;
-  const int32_t block = table->back();
-  std::memcpy(block_ptr(block), b.bytes.data(), b.bytes.size());
-  if (b.hash) add_to_index(block, *b.hash, b.parent, b.tokens);  // (the tier has it)
+  std::memcpy(block_ptr(table->back()), bytes.data(), bytes.size());
   return true;
 }
 

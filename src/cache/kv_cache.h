@@ -205,6 +205,8 @@ class KvCache {
   // b.hash when it has one; false (nothing taken) when no block is available. The caller has
   // checked b.bytes.size() == layout().block_bytes() (CHECKed).
   bool import_block(const KvBlock& b, std::vector<int32_t>* table);
+  // import_block of bytes alone: the block is not registered.
+  bool import_bytes(std::span<const uint8_t> bytes, std::vector<int32_t>* table);
 
  private:
   struct BlockInfo {

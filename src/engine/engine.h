@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/handoff.h"
 #include "kernels/sampling.h"
 
 namespace moeserve {
@@ -34,10 +35,18 @@ struct EngineRequest {
   // on the bench model); GeneratedToken::logprob is then 0 and top empty.
   bool logprobs = true;
   int64_t top_logprobs = 0;  // >= 0, 0 unless logprobs; 0: only the chosen token's logprob
+  // Prefill/decode disaggregation (docs/pd.md). hand_off (a prefill unit): once the first token
+  // is sampled and the request goes on, it ends with FinishReason::kHandedOff and its state in
+  // RequestOutput::handoff instead of decoding here. resume (a decode unit): the request goes on
+  // from a prefill unit's hand-off; prompt must equal its prompt, and the callbacks bring the
+  // tokens after those it already has.
+  bool hand_off = false;
+  std::shared_ptr<const KvHandoff> resume;
   friend bool operator==(const EngineRequest&, const EngineRequest&) = default;
 };
 
-enum class FinishReason { kLength, kStop, kCancelled, kError };
+// kHandedOff: the request goes on at another unit (EngineRequest::hand_off).
+enum class FinishReason { kLength, kStop, kCancelled, kError, kHandedOff };
 
 struct GeneratedToken {
   int32_t id = 0;
@@ -58,6 +67,7 @@ struct RequestOutput {
   // MTP speculative decoding (docs/mtp.md), so far: draft tokens verified, and of those accepted.
   int64_t draft_tokens = 0;
   int64_t accepted_draft_tokens = 0;
+  std::shared_ptr<const KvHandoff> handoff;  // with FinishReason::kHandedOff
   friend bool operator==(const RequestOutput&, const RequestOutput&) = default;
 };
 

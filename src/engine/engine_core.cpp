@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -74,6 +75,13 @@ void EngineCore::add(EngineRequest r, OutputCallback callback) {
   s->tokens = r.prompt;
   s->n_prompt = int64_t(r.prompt.size());
   s->rng.seed(*r.seed);
+  if (r.resume) {  // (validated by the caller: its prompt is r.prompt, its rng state parses)
+    s->tokens = r.resume->tokens;
+    s->n_cached_prompt = r.resume->n_cached_prompt;
+    s->admitted_before = true;  // (its prefix lookup was counted where it was prefilled)
+    std::istringstream(r.resume->rng_state) >> s->rng;
+    s->import = std::move(r.resume);
+  }
   s->req = std::move(r);
   s->callback = std::move(callback);
   live_[s->req.id] = s.get();
@@ -305,6 +313,10 @@ void EngineCore::emit(const StepPlan& plan, StepResult& r) {
       }
     }
     if (finished || out.tokens.empty()) continue;
+    if (s.req.hand_off && s.state() == SeqState::kDecode) {
+      hand_off(&s, std::move(out.tokens));
+      continue;
+    }
     out.prompt_tokens = s.n_prompt;
     out.cached_prompt_tokens = s.n_cached_prompt;
     out.draft_tokens = s.n_drafts_verified;
@@ -313,9 +325,30 @@ void EngineCore::emit(const StepPlan& plan, StepResult& r) {
   }
 }
 
+// The KV of the computed tokens (the last token sampled has none yet), the tokens and the
+// sampler go to RequestOutput::handoff; the blocks are released here (full ones stay cached).
+void EngineCore::hand_off(Sequence* s, std::vector<GeneratedToken> last) {
+  auto h = std::make_shared<KvHandoff>();
+  h->fingerprint = cache_.fingerprint();
+  h->block_bytes = cache_.layout().block_bytes();
+  h->tokens = s->tokens;
+  h->n_prompt = s->n_prompt;
+  h->n_computed = s->n_computed;
+  h->n_cached_prompt = s->n_cached_prompt;
+  for (int32_t b = 0; b < blocks_for(s->n_computed); ++b) {
+    h->blocks.push_back(cache_.export_block(s->block_table[size_t(b)]).bytes);
+  }
+  std::ostringstream rng;
+  rng << s->rng;
+  h->rng_state = rng.str();
+  s->set_state(SeqState::kHandedOff);
+  finish(s, FinishReason::kHandedOff, std::move(last), Status::Ok(), std::move(h));
+}
+
 void EngineCore::finish(Sequence* s, FinishReason reason, std::vector<GeneratedToken> last,
-                        Status error) {
+                        Status error, std::shared_ptr<const KvHandoff> handoff) {
   RequestOutput out;
+  out.handoff = std::move(handoff);
   out.tokens = std::move(last);
   out.finished = true;
   out.finish_reason = reason;

@@ -112,7 +112,9 @@ class EngineCore {
   // How many drafts a decoding sequence gets next step under the load policy.
   int64_t drafts_per_sequence();
   void emit(const StepPlan& plan, StepResult& r);
-  void finish(Sequence* s, FinishReason reason, std::vector<GeneratedToken> last, Status error);
+  void finish(Sequence* s, FinishReason reason, std::vector<GeneratedToken> last, Status error,
+              std::shared_ptr<const KvHandoff> handoff = nullptr);
+  void hand_off(Sequence* s, std::vector<GeneratedToken> last);
 
   DeepseekModel& model_;
   KvCache& cache_;

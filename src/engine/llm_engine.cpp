@@ -4,6 +4,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <random>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 
@@ -122,6 +124,52 @@ class LlmEngine final : public Engine {
     if (r.sampling.top_k < 0) return InvalidArgument("top_k must be >= 0");
     if (r.top_logprobs < 0) return InvalidArgument("top_logprobs must be >= 0");
     if (r.top_logprobs > 0 && !r.logprobs) return InvalidArgument("top_logprobs needs logprobs");
+    if ((r.hand_off || r.resume) && dp_.multi_rank()) {
+      return Unimplemented("prefill/decode hand-off inside an EP unit of several ranks");
+    }
+    if (r.resume) RETURN_IF_ERROR(validate_resume(r));
+    return Status::Ok();
+  }
+
+  // A hand-off from a prefill unit (docs/pd.md): the same model and KV format, and a state
+  // this engine can continue.
+  Status validate_resume(const EngineRequest& r) const {
+    const KvHandoff& h = *r.resume;
+    if (r.hand_off) return InvalidArgument("a resumed request cannot be handed off again");
+    if (h.fingerprint != cache_.fingerprint()) {
+      return InvalidArgument(fmt::format(
+          "the hand-off's KV comes from another model or KV format (fingerprint {:016x}, this "
+          "unit's {:016x})",
+          h.fingerprint, cache_.fingerprint()));
+    }
+    if (h.block_bytes != cache_.layout().block_bytes()) {
+      return InvalidArgument(fmt::format("the hand-off's KV blocks are {} bytes, this unit's {}",
+                                            h.block_bytes, cache_.layout().block_bytes()));
+    }
+    if (h.n_prompt != int64_t(r.prompt.size()) ||
+        !std::equal(r.prompt.begin(), r.prompt.end(), h.tokens.begin())) {
+      return InvalidArgument("the hand-off is of another prompt");
+    }
+    if (h.n_generated() < 1 || h.n_computed < 0 || h.n_computed >= int64_t(h.tokens.size())) {
+      return InvalidArgument(fmt::format(
+          "the hand-off's counts are inconsistent ({} tokens, {} of the prompt, {} computed)",
+          h.tokens.size(), h.n_prompt, h.n_computed));
+    }
+    RETURN_IF_ERROR(validate_prompt(config_, h.tokens, r.max_tokens - h.n_generated(), max_context_));
+    if (h.n_generated() >= r.max_tokens) {
+      return InvalidArgument(fmt::format("the hand-off already has max_tokens ({}) tokens",
+                                         r.max_tokens));
+    }
+    if (int64_t(h.blocks.size()) != blocks_for(h.n_computed)) {
+      return InvalidArgument(fmt::format("the hand-off has {} KV blocks for {} tokens",
+                                         h.blocks.size(), h.n_computed));
+    }
+    for (const auto& b : h.blocks) {
+      if (b.size() != h.block_bytes) return InvalidArgument("a hand-off KV block of the wrong size");
+    }
+    std::mt19937_64 rng;
+    std::istringstream in(h.rng_state);
+    if (!(in >> rng)) return InvalidArgument("the hand-off's sampler state does not parse");
     return Status::Ok();
   }
 

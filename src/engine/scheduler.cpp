@@ -69,6 +69,27 @@ void Scheduler::count_admission(Sequence& s, int64_t lower_tokens) {
   s.admitted_before = true;
 }
 
+// A resumed request's KV (docs/pd.md): the full blocks RAM already holds are shared, the rest
+// copied into fresh blocks, and the full ones registered under this cache's own chain hashes
+// (the sender's are not trusted). False, nothing taken, when the blocks are not available.
+bool Scheduler::import_kv(Sequence& s) {
+  const KvHandoff& h = *s.import;
+  const int32_t n = int32_t(h.blocks.size());
+  const int32_t hit =
+      cache_.acquire_prefix(s.tokens, int32_t(h.n_computed / kKvBlockSize), &s.block_table,
+                            &s.block_hashes);
+  if (cache_.num_available() < n - hit) {
+    drop_blocks(s);
+    return false;
+  }
+  for (int32_t b = hit; b < n; ++b) {
+    CHECK(cache_.import_bytes(h.blocks[size_t(b)], &s.block_table), "blocks counted as available");
+  }
+  s.n_computed = h.n_computed;
+  register_final_blocks(s);
+  return true;
+}
+
 // Sequences whose load finished: the loaded blocks are theirs (registered), the rest of the
 // reserved blocks are fresh ones for the prefill; they run from the next plan on.
 void Scheduler::take_loaded() {
@@ -138,6 +159,21 @@ void Scheduler::admit(StepPlan& plan, int64_t& budget) {
   while (i < waiting_.size() && budget > 0 &&
          int64_t(running_.size() + loading_.size()) < config_.max_num_seqs) {
     Sequence* s = waiting_[i].get();
+    if (s->import) {
+      if (!import_kv(*s)) break;
+      int64_t n = chunk(*s, budget);
+      if (!ensure_blocks(*s, n)) {
+        drop_blocks(*s);
+        break;
+      }
+      s->import.reset();
+      s->set_state(SeqState::kPrefill);
+      running_.push_back(std::move(waiting_[i]));
+      waiting_.erase(waiting_.begin() + std::ptrdiff_t(i));
+      add_to_plan(plan, s, n);
+      budget -= n;
+      continue;
+    }
     // Cached full blocks of the prefix, always leaving at least one token to compute (its
     // logits are needed).
     int32_t max_blocks = int32_t((int64_t(s->tokens.size()) - 1) / kKvBlockSize);

@@ -79,6 +79,7 @@ class Scheduler {
   void plan_running(SeqState pass, StepPlan& plan, int64_t& budget);
   void admit(StepPlan& plan, int64_t& budget);
   void count_admission(Sequence& s, int64_t lower_tokens);
+  bool import_kv(Sequence& s);
   bool ensure_blocks(Sequence& s, int64_t n_tokens);
   void preempt(Sequence* victim);
   void drop_blocks(Sequence& s);

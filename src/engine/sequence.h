@@ -40,6 +40,9 @@ struct Sequence {
   // While loading KV: the tier's job; its destinations are block_table[n_computed / 64 ...].
   std::shared_ptr<KvLoadJob> load;
   bool admitted_before = false;
+  // A request resumed from a prefill unit's hand-off (docs/pd.md): its KV, copied into blocks at
+  // admission (then dropped: a preempted sequence recomputes like any other).
+  std::shared_ptr<const KvHandoff> import;
   std::mt19937_64 rng;
   // MTP speculative decoding (docs/mtp.md): the tokens the module proposed to follow
   // tokens.back(), verified by the next step (not part of tokens until accepted), and this

@@ -10,40 +10,12 @@
 #include <fmt/format.h>
 
 #include "../model/test_models.h"
+#include "collector.h"
 
 namespace moeserve {
 namespace {
 
-// Collects one request's outputs and lets a test wait for the end.
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  bool finished = false;
-  FinishReason reason = FinishReason::kLength;
-  int64_t cached = 0;
-
-  OutputCallback callback() {
-    return [this](const RequestOutput& o) {
-      std::lock_guard<std::mutex> lock(mu);
-      for (const auto& t : o.tokens) {
-        tokens.push_back(t.id);
-        logprobs.push_back(t.logprob);
-      }
-      cached = o.cached_prompt_tokens;
-      if (o.finished) {
-        finished = true;
-        reason = o.finish_reason;
-        cv.notify_all();
-      }
-    };
-  }
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return finished; }));
-  }
-};
+using testing::Collector;
 
 EngineOptions options(double kv_gb = 0.05) {
   EngineOptions o;

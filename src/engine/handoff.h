@@ -1,0 +1,33 @@
+// KvHandoff: a request's state as a prefill unit hands it to a decode unit (prefill/decode
+// disaggregation, docs/pd.md): its tokens, the KV of the computed ones, and the sampler's state.
+// The prefill engine makes one when a request with EngineRequest::hand_off has sampled its first
+// token; the decode engine continues a request from one (EngineRequest::resume) and gives it the
+// tokens and logprobs co-located serving would have given.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moeserve {
+
+struct KvHandoff {
+  // Everything that decides the KV's bits (model, KV dtype, compute path, layout version: the
+  // KvCache's fingerprint) and the size of one block: the decode engine refuses other values.
+  uint64_t fingerprint = 0;
+  uint64_t block_bytes = 0;
+  std::vector<int32_t> tokens;  // the prompt, then the tokens generated so far (>= 1)
+  int64_t n_prompt = 0;
+  int64_t n_computed = 0;       // leading tokens whose KV `blocks` hold (< tokens.size())
+  int64_t n_cached_prompt = 0;  // prompt tokens the prefill unit found in its prefix cache
+  // blocks_for(n_computed) blocks of block_bytes each: the KvCache's block objects, in order
+  // (the last one partly filled unless n_computed is a multiple of 64).
+  std::vector<std::vector<uint8_t>> blocks;
+  // The request's sampler (std::mt19937_64 written with operator<<) after its last sample.
+  std::string rng_state;
+
+  int64_t n_generated() const { return int64_t(tokens.size()) - n_prompt; }
+  friend bool operator==(const KvHandoff&, const KvHandoff&) = default;
+};
+
+}  // namespace moeserve
