@@ -22,6 +22,7 @@
 #include "ep_flags.h"
 #include "eplb/expert_loads.h"
 #include "model/config.h"
+#include "router/pd_unit.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_service.h"
@@ -47,6 +48,13 @@ struct ServeOptions {
   std::string trace;  // Chrome trace JSON, written at exit (FILE.rank<r>.json under EP)
   EpFlags ep;         // expert parallelism (under mpirun or with --ep) and EPLB
   SpecFlags spec;     // MTP speculative decoding
+  // Prefill/decode disaggregation (docs/pd.md): this process as a unit behind `moeserve router`.
+  std::string role;            // prefill, decode, both; empty: a server of its own
+  std::string router_url;      // http://host:port of the router to register with
+  std::string advertise_host;  // how the router reaches this unit (default: --host)
+  std::string transfer_host;   // where the KV transfer server listens (default: advertise)
+  int transfer_port = 0;       // 0: any free port
+  double kv_lease_s = 30;      // a hand-off nobody pulls is dropped after this
 };
 
 // Ranks other than 0 serve the requests rank 0 hands them until rank 0 stops the group, the
@@ -87,6 +95,21 @@ int run_serve(ServeOptions o) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  std::optional<UnitRole> role;
+  if (!o.role.empty() || !o.router_url.empty()) {
+    auto r = parse_unit_role(o.role.empty() ? "both" : o.role);
+    if (!r.ok()) {
+      fmt::print(stderr, "serve: --role: {}\n", r.status().message());
+      return 2;
+    }
+    role = *r;
+    if (o.ep.enabled()) {
+      fmt::print(stderr,
+                 "serve: --role/--router with expert parallelism is not supported yet "
+                 "(units of one rank only)\n");
+      return 2;
+    }
+  }
   if (o.tokenizer_dir.empty()) o.tokenizer_dir = o.engine.model_dir;
   Result<Tokenizer> tok = Tokenizer::load(o.tokenizer_dir);
   if (!tok.ok()) {
@@ -184,6 +207,25 @@ int run_serve(ServeOptions o) {
   o.http.max_body_bytes = size_t(o.max_body_mb * 1024 * 1024);
 
   {
+    std::unique_ptr<PdUnit> unit;
+    if (role) {
+      PdUnitOptions uo;
+      uo.role = *role;
+      uo.router_url = o.router_url;
+      uo.api_key = o.api_key;
+      if (o.advertise_host.empty()) o.advertise_host = o.http.host;
+      uo.transfer.host = o.transfer_host.empty() ? o.advertise_host : o.transfer_host;
+      uo.transfer.port = uint16_t(o.transfer_port);
+      uo.transfer.lease = std::chrono::milliseconds(int64_t(o.kv_lease_s * 1000));
+      auto u = PdUnit::start(**engine, uo);
+      if (!u.ok()) {
+        fmt::print(stderr, "serve: {}\n", u.status().message());
+        return 1;
+      }
+      unit = std::move(*u);
+      for (HttpRoute& r : unit->routes()) o.http.routes.push_back(std::move(r));
+      o.http.extra_metrics = [u = unit.get()] { return u->metrics_text(); };
+    }
     ServerMetrics metrics;
     OpenAiService service(**engine, std::move(*tok), std::move(*tmpl), so, metrics);
     HttpServer http(service, **engine, metrics, o.http);
@@ -198,6 +240,12 @@ int run_serve(ServeOptions o) {
                    ? fmt::format(", {} ranks: attention data-parallel, experts {}-way parallel",
                                  ep->comm->size(), ep->comm->size())
                    : "");
+    if (unit) {
+      unit->join(fmt::format("http://{}:{}", o.advertise_host, http.port()));
+      fmt::print(stderr, "serve: {} unit{}{}\n", to_string(*role),
+                 unit->info().transfer.empty() ? "" : ", KV transfer on " + unit->info().transfer,
+                 o.router_url.empty() ? "" : ", router " + o.router_url);
+    }
 
     // Until a signal, or until the engine dies (e.g. an EP peer went silent): then the API
     // answers 503 for a few seconds (clients see why) and the process exits non-zero so a
@@ -210,6 +258,7 @@ int run_serve(ServeOptions o) {
       if (Status f = (*engine)->failure(); !f.ok()) {
         fmt::print(stderr, "serve: {}; answering 503 for {} s, then exiting\n", f.message(),
                    kDeadEngineGraceS);
+        if (unit) unit->drain();
         std::this_thread::sleep_for(std::chrono::seconds(kDeadEngineGraceS));
         http.shutdown();
         return 1;
@@ -217,6 +266,7 @@ int run_serve(ServeOptions o) {
     }
     fmt::print(stderr, "serve: {} received; finishing requests in flight (up to {} s)\n",
                sig == SIGTERM ? "SIGTERM" : "SIGINT", o.http.shutdown_timeout_s);
+    if (unit) unit->drain();  // the router sends nothing new; what runs here finishes
     http.shutdown();
   }                 // the HTTP side is gone before the engine
   engine->reset();  // under EP this also stops the other ranks
@@ -286,6 +336,24 @@ Subcommand add_serve_command(CLI::App& parent) {
       "--trace", o->trace,
       "Write a Chrome trace (Perfetto, chrome://tracing) of every step's stages at exit "
       "(FILE.rank<r>.json per rank under EP)");
+  app->add_option("--role", o->role,
+                  "Run as a unit of a disaggregated deployment: prefill, decode or both "
+                  "(docs/pd.md; default with --router: both)")
+      ->check(CLI::IsMember({"prefill", "decode", "both"}));
+  app->add_option("--router", o->router_url,
+                  "Register with the router at this URL (http://host:port) and heartbeat to it");
+  app->add_option("--advertise-host", o->advertise_host,
+                  "The address the router and other units reach this unit at (default: --host)");
+  app->add_option("--kv-transfer-host", o->transfer_host,
+                  "Where the KV transfer server of a prefill unit listens (default: "
+                  "--advertise-host)");
+  app->add_option("--kv-transfer-port", o->transfer_port, "Its port (0: any free one)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app->add_option("--kv-lease", o->kv_lease_s,
+                  "Seconds a prefill unit keeps a hand-off's KV for the decode unit to pull")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   add_ep_flags(*app, o->ep);
   add_spec_flags(*app, o->spec);
   return {app, [o] { return run_serve(*o); }};

@@ -53,6 +53,7 @@ Subcommand add_generate_command(CLI::App& parent);
 Subcommand add_sim_command(CLI::App& parent);
 Subcommand add_eplb_command(CLI::App& parent);
 Subcommand add_serve_command(CLI::App& parent);
+Subcommand add_router_command(CLI::App& parent);
 Subcommand add_tokenize_command(CLI::App& parent);
 Subcommand add_detokenize_command(CLI::App& parent);
 Subcommand add_perplexity_command(CLI::App& parent);

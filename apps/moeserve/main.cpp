@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
       add_make_model_command(app), add_generate_command(app),    add_sim_command(app),
       add_eplb_command(app),       add_serve_command(app),       add_tokenize_command(app),
       add_detokenize_command(app), add_render_chat_command(app), add_perplexity_command(app),
+      add_router_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -128,6 +128,9 @@ class Engine {
   virtual Status failure() const { return Status::Ok(); }
   virtual int64_t vocab_size() const = 0;
   virtual int64_t max_context() const = 0;
+  // The KV cache's fingerprint (docs/engine.md "The block owner"): engines whose KV may move
+  // between them (prefill/decode hand-off, a shared disk tier) have equal ones.
+  virtual uint64_t kv_fingerprint() const { return 0; }
 };
 
 }  // namespace moeserve

@@ -54,7 +54,10 @@ class LlmEngine final : public Engine {
         max_context_(o.max_model_len > 0
                          ? std::min(o.max_model_len, config_.max_position_embeddings)
                          : config_.max_position_embeddings),
-        thread_([this] { loop(); }) {}
+        thread_([this] { loop(); }) {
+    std::lock_guard<std::mutex> lock(mu_);  // (until the first step publishes them)
+    if (stats_.steps == 0) stats_.kv_blocks_total = cache_.num_blocks();
+  }
 
   ~LlmEngine() override {
     {
@@ -105,6 +108,7 @@ class LlmEngine final : public Engine {
   }
   int64_t vocab_size() const override { return config_.vocab_size; }
   int64_t max_context() const override { return max_context_; }
+  uint64_t kv_fingerprint() const override { return cache_.fingerprint(); }
 
  private:
   // The engine's boundary: a request is checked here once (the step loop trusts it).
@@ -144,7 +148,7 @@ class LlmEngine final : public Engine {
     }
     if (h.block_bytes != cache_.layout().block_bytes()) {
       return InvalidArgument(fmt::format("the hand-off's KV blocks are {} bytes, this unit's {}",
-                                            h.block_bytes, cache_.layout().block_bytes()));
+                                         h.block_bytes, cache_.layout().block_bytes()));
     }
     if (h.n_prompt != int64_t(r.prompt.size()) ||
         !std::equal(r.prompt.begin(), r.prompt.end(), h.tokens.begin())) {
@@ -155,17 +159,19 @@ class LlmEngine final : public Engine {
           "the hand-off's counts are inconsistent ({} tokens, {} of the prompt, {} computed)",
           h.tokens.size(), h.n_prompt, h.n_computed));
     }
-    RETURN_IF_ERROR(validate_prompt(config_, h.tokens, r.max_tokens - h.n_generated(), max_context_));
+    RETURN_IF_ERROR(
+        validate_prompt(config_, h.tokens, r.max_tokens - h.n_generated(), max_context_));
     if (h.n_generated() >= r.max_tokens) {
-      return InvalidArgument(fmt::format("the hand-off already has max_tokens ({}) tokens",
-                                         r.max_tokens));
+      return InvalidArgument(
+          fmt::format("the hand-off already has max_tokens ({}) tokens", r.max_tokens));
     }
     if (int64_t(h.blocks.size()) != blocks_for(h.n_computed)) {
       return InvalidArgument(fmt::format("the hand-off has {} KV blocks for {} tokens",
                                          h.blocks.size(), h.n_computed));
     }
     for (const auto& b : h.blocks) {
-      if (b.size() != h.block_bytes) return InvalidArgument("a hand-off KV block of the wrong size");
+      if (b.size() != h.block_bytes)
+        return InvalidArgument("a hand-off KV block of the wrong size");
     }
     std::mt19937_64 rng;
     std::istringstream in(h.rng_state);

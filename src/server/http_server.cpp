@@ -52,7 +52,8 @@ struct HttpServer::Impl {
   bool stopped = false;  // only the controlling thread touches it
 
   // The checks every route shares; false when `res` already holds the refusal.
-  bool admit(const httplib::Request& req, httplib::Response& res, bool v1) {
+  bool admit(const httplib::Request& req, httplib::Response& res, bool v1,
+             bool while_draining = false) {
     if (header_bytes(req) > options.max_header_bytes) {
       send_error(
           res,
@@ -66,7 +67,7 @@ struct HttpServer::Impl {
                                  "authentication_error", "invalid_api_key"));
       return false;
     }
-    if (v1 && draining.load()) {
+    if (v1 && !while_draining && draining.load()) {
       send_error(res, make_error(503, "the server is shutting down", "service_unavailable",
                                  "shutting_down"));
       return false;
@@ -156,8 +157,20 @@ struct HttpServer::Impl {
     });
     svr.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       if (!admit(req, res, false)) return;
-      res.set_content(metrics.render(engine.stats()), "text/plain; version=0.0.4");
+      std::string text = metrics.render(engine.stats());
+      if (options.extra_metrics) text += options.extra_metrics();
+      res.set_content(std::move(text), "text/plain; version=0.0.4");
     });
+    for (const HttpRoute& r : options.routes) {
+      auto handler = [this, &r](const httplib::Request& req, httplib::Response& res) {
+        if (admit(req, res, true, r.while_draining)) send(res, r.handler(req.body));
+      };
+      if (r.method == "GET") {
+        svr.Get(r.path, handler);
+      } else {
+        svr.Post(r.path, handler);
+      }
+    }
     // Replies that httplib itself produced (404 for unknown routes, 413, bad request lines) get
     // an OpenAI-style body too. Replies with a body already are left alone.
     svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {

@@ -14,9 +14,12 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "core/status.h"
 #include "engine/engine.h"
@@ -24,6 +27,15 @@
 #include "server/openai_service.h"
 
 namespace moeserve {
+
+// A route besides the API's (the PD routes of a unit or the router, docs/pd.md): the same
+// checks as /v1 (header size, API key, draining), a body in, a Reply out.
+struct HttpRoute {
+  std::string method;  // "GET" or "POST"
+  std::string path;    // exact
+  std::function<Reply(std::string_view body)> handler;
+  bool while_draining = false;  // still served while the server drains (deregistration)
+};
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
@@ -34,6 +46,8 @@ struct HttpServerOptions {
   int http_threads = 64;                       // connections served at once (each stream holds one)
   double shutdown_timeout_s = 30;              // in-flight requests may finish for this long
   std::chrono::milliseconds stream_poll{50};   // how often an idle stream checks its client
+  std::vector<HttpRoute> routes;               // more routes
+  std::function<std::string()> extra_metrics;  // appended to GET /metrics
 };
 
 class HttpServer {

@@ -1,0 +1,542 @@
+#include "router/pd_router.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <xxhash.h>
+#include <nlohmann/json.hpp>
+
+#include "cache/kv_cache.h"
+#include "server/api_error.h"
+
+namespace moeserve {
+
+using nlohmann::json;
+
+namespace {
+
+Reply json_reply(int status, const json& j) {
+  return Reply{status, "application/json", j.dump(), nullptr};
+}
+
+Reply error_reply(const Status& st) {
+  const ApiError e = error_from_status(st);
+  return Reply{e.http_status, "application/json", e.to_json(), nullptr};
+}
+
+Status split_url(const std::string& url, std::string* host, int* port) {
+  std::string rest = url.rfind("http://", 0) == 0 ? url.substr(7) : url;
+  rest = rest.substr(0, rest.find('/'));
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos) return InvalidArgument(fmt::format("'{}' has no port", url));
+  *host = rest.substr(0, colon);
+  *port = std::atoi(rest.c_str() + colon + 1);
+  if (*port <= 0 || *port > 65535)
+    return InvalidArgument(fmt::format("'{}' has no valid port", url));
+  return Status::Ok();
+}
+
+// A unit's error reply as a Status (its body is an OpenAI-style error).
+Status status_of_reply(int http_status, const std::string& body, const std::string& unit) {
+  std::string msg = body;
+  json j = json::parse(body, nullptr, false);
+  if (!j.is_discarded() && j.contains("error") && j["error"].contains("message") &&
+      j["error"]["message"].is_string()) {
+    msg = j["error"]["message"].get<std::string>();
+  }
+  msg = fmt::format("unit {}: {}", unit, msg);
+  switch (http_status) {
+    case 400:
+      return InvalidArgument(msg);
+    case 429:
+      return ResourceExhausted(msg);
+    case 503:
+      return Unavailable(msg);
+    default:
+      return Internal(fmt::format("{} (HTTP {})", msg, http_status));
+  }
+}
+
+RequestOutput error_output(const Status& st) {
+  RequestOutput o;
+  o.finished = true;
+  o.finish_reason = st.code() == StatusCode::kOk ? FinishReason::kCancelled : FinishReason::kError;
+  o.error = st;
+  return o;
+}
+
+}  // namespace
+
+PdRouter::PdRouter(RouterOptions options) : options_(std::move(options)) {}
+
+PdRouter::~PdRouter() {
+  std::list<Flow> flows;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (Flow& f : flows_) f.cancelled.store(true);
+    flows.splice(flows.end(), flows_);
+  }
+  for (Flow& f : flows) f.thread.join();
+}
+
+bool PdRouter::alive(const Unit& u, Clock::time_point now) const {
+  return !u.draining && !u.load.draining && now - u.last_seen <= options_.unit_timeout;
+}
+
+std::vector<uint64_t> PdRouter::block_hashes(const std::vector<int32_t>& prompt) const {
+  std::vector<uint64_t> out;
+  uint64_t h = 0;
+  for (size_t b = 0; (b + 1) * kKvBlockSize <= prompt.size(); ++b) {
+    h = XXH3_64bits_withSeed(prompt.data() + b * kKvBlockSize, kKvBlockSize * sizeof(int32_t), h);
+    out.push_back(h);
+  }
+  return out;
+}
+
+void PdRouter::reap_locked() {
+  for (auto it = flows_.begin(); it != flows_.end();) {
+    if (it->done.load()) {
+      it->thread.join();
+      it = flows_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Status PdRouter::submit(EngineRequest r, OutputCallback cb) {
+  if (r.prompt.empty()) return InvalidArgument("the prompt is empty");
+  if (int64_t(r.prompt.size()) + r.max_tokens > options_.max_context) {
+    return InvalidArgument(
+        fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds the context "
+                    "length ({})",
+                    r.prompt.size(), r.max_tokens, options_.max_context));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return Unavailable("the router is stopping");
+  const auto now = Clock::now();
+  bool prefill = false, decode = false;
+  for (const auto& [name, u] : units_) {
+    if (!alive(u, now)) continue;
+    prefill |= u.info.role != UnitRole::kDecode;
+    decode |= u.info.role != UnitRole::kPrefill;
+  }
+  if (!prefill || !decode) {
+    return Unavailable(
+        fmt::format("no {} unit is registered and alive", !prefill ? "prefill" : "decode"));
+  }
+  reap_locked();
+  Flow& f = flows_.emplace_back();
+  f.request = std::move(r);
+  f.callback = std::move(cb);
+  ++stats_.requests;
+  f.thread = std::thread([this, &f] {
+    run(f);
+    f.done.store(true);
+  });
+  return Status::Ok();
+}
+
+void PdRouter::cancel(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Flow& f : flows_) {
+    if (f.request.id == id) f.cancelled.store(true);
+  }
+}
+
+void PdRouter::run(Flow& f) {
+  PrefillReply reply;
+  std::string unit;
+  Status st = run_prefill(f, &reply, &unit);
+  if (!st.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.failed;
+    }
+    f.callback(error_output(st));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prompt_tokens_ += reply.output.prompt_tokens;
+    generated_tokens_ += int64_t(reply.output.tokens.size());
+  }
+  const bool handed_off =
+      reply.output.finished && reply.output.finish_reason == FinishReason::kHandedOff;
+  if (!handed_off) {
+    f.callback(reply.output);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.handed_off;
+  }
+  RequestOutput first = reply.output;
+  first.finished = false;
+  first.handoff.reset();
+  if (!first.tokens.empty()) f.callback(first);
+  if (f.cancelled.load()) {
+    f.callback(error_output(Status::Ok()));  // (the lease at the prefill unit runs out)
+    return;
+  }
+  st = run_decode(f, reply);
+  if (!st.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.failed;
+    }
+    f.callback(error_output(f.cancelled.load() ? Status::Ok() : st));
+  }
+}
+
+Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_name) {
+  const std::vector<uint64_t> hashes = block_hashes(f.request.prompt);
+  const int64_t n = int64_t(f.request.prompt.size());
+  std::vector<std::string> tried;
+  Status last;
+  for (int attempt = 0; attempt < options_.prefill_attempts; ++attempt) {
+    std::string name, url;
+    double attn = 0;
+    int64_t added = 0;  // the load this call puts on the unit until it answers
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto now = Clock::now();
+      std::vector<std::string> names;
+      std::vector<RankLoad> loads;
+      std::vector<int64_t> cached;
+      for (auto& [nm, u] : units_) {
+        if (u.info.role == UnitRole::kDecode) continue;
+        if (std::find(tried.begin(), tried.end(), nm) != tried.end()) continue;
+        names.push_back(nm);
+        RankLoad l;
+        l.accepting = alive(u, now);
+        l.input_tokens = u.input_tokens;
+        l.attention = u.attention;
+        loads.push_back(l);
+        int64_t hit = 0;
+        while (hit < int64_t(hashes.size()) && u.prefix.count(hashes[size_t(hit)])) ++hit;
+        cached.push_back(hit * kKvBlockSize);
+      }
+      auto pick = choose_prefill(loads, cached, n, options_.cache_slack);
+      if (!pick) break;
+      name = names[pick->rank];
+      Unit& u = units_[name];
+      url = u.info.url;
+      const int64_t hit = std::min(cached[pick->rank], n - 1);
+      added = n - hit;
+      attn = attention_work(added, hit);
+      u.input_tokens += added;
+      u.attention += attn;
+      ++u.prefills_total;
+      if (pick->by_cache) ++stats_.by_cache;
+      if (attempt > 0) ++stats_.prefill_retries;
+      for (uint64_t h : hashes) {
+        if (u.prefix.insert(h).second) u.prefix_order.push_back(h);
+      }
+      while (int64_t(u.prefix_order.size()) > options_.prefix_blocks_per_unit) {
+        u.prefix.erase(u.prefix_order.front());
+        u.prefix_order.pop_front();
+      }
+      *unit_name = name;
+      tried.push_back(name);
+    }
+    std::string host;
+    int port = 0;
+    Status st = split_url(url, &host, &port);
+    httplib::Result res{nullptr, httplib::Error::Connection};
+    if (st.ok()) {
+      httplib::Client c(host, port);
+      c.set_connection_timeout(2, 0);
+      c.set_read_timeout(
+          std::chrono::duration_cast<std::chrono::seconds>(options_.prefill_timeout).count(), 0);
+      c.set_write_timeout(10, 0);
+      if (!options_.api_key.empty()) c.set_bearer_token_auth(options_.api_key);
+      res = c.Post("/pd/v1/prefill", to_json(PdRequest{f.request, "", ""}).dump(),
+                   "application/json");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = units_.find(name);
+      if (it != units_.end()) {
+        it->second.input_tokens = std::max<int64_t>(0, it->second.input_tokens - added);
+        it->second.attention = std::max(0.0, it->second.attention - attn);
+        if (!res) ++it->second.failures;
+      }
+    }
+    if (!st.ok()) return st;
+    if (!res) {  // the unit is gone or unreachable: nothing was handed off; try another
+      last = Unavailable(fmt::format("prefill unit {} did not answer ({})", name,
+                                     httplib::to_string(res.error())));
+      continue;
+    }
+    if (res->status != 200) return status_of_reply(res->status, res->body, name);
+    auto j = parse_json(res->body, "prefill reply");
+    if (!j.ok()) return j.status();
+    auto r = prefill_reply_from_json(*j);
+    if (!r.ok()) return r.status().with_context("unit " + name);
+    *reply = std::move(*r);
+    return Status::Ok();
+  }
+  return last.ok() ? Unavailable("no prefill unit is registered and alive") : last;
+}
+
+Status PdRouter::run_decode(Flow& f, const PrefillReply& reply) {
+  std::string name, url;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    std::vector<std::string> names;
+    std::vector<RankLoad> loads;
+    for (auto& [nm, u] : units_) {
+      if (u.info.role == UnitRole::kPrefill) continue;
+      names.push_back(nm);
+      RankLoad l;
+      l.accepting = alive(u, now);
+      l.requests = std::max(u.decodes, u.load.running + u.load.waiting);
+      l.kv_used = u.load.kv_blocks_used;
+      l.kv_total = u.load.kv_blocks_total > 0 ? u.load.kv_blocks_total : u.info.kv_blocks_total;
+      loads.push_back(l);
+    }
+    const int64_t blocks = blocks_for(int64_t(f.request.prompt.size()) + f.request.max_tokens);
+    auto pick = choose_decode(loads, blocks);
+    if (!pick) return Unavailable("no decode unit is registered and alive");
+    name = names[*pick];
+    Unit& u = units_[name];
+    url = u.info.url;
+    ++u.decodes;
+    ++u.decodes_total;
+  }
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = units_.find(name);
+    if (it != units_.end()) it->second.decodes = std::max<int64_t>(0, it->second.decodes - 1);
+  };
+  std::string host;
+  int port = 0;
+  Status st = split_url(url, &host, &port);
+  if (!st.ok()) {
+    release();
+    return st;
+  }
+  httplib::Client c(host, port);
+  c.set_connection_timeout(2, 0);
+  c.set_read_timeout(
+      std::chrono::duration_cast<std::chrono::seconds>(options_.decode_idle_timeout).count(), 0);
+  if (!options_.api_key.empty()) c.set_bearer_token_auth(options_.api_key);
+  std::string pending;  // a partial line
+  bool finished = false;
+  Status line_error;
+  std::string error_body;
+  int status = 0;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/pd/v1/decode";
+  req.body = to_json(PdRequest{f.request, reply.transfer, reply.handle}).dump();
+  req.set_header("Content-Type", "application/json");
+  req.response_handler = [&](const httplib::Response& r) {
+    status = r.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    if (status != 200) {
+      error_body.append(data, len);
+      return true;
+    }
+    pending.append(data, len);
+    size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      std::string line = pending.substr(0, nl);
+      pending.erase(0, nl + 1);
+      auto j = parse_json(line, "decode output");
+      auto o = j.ok() ? request_output_from_json(*j) : Result<RequestOutput>(j.status());
+      if (!o.ok()) {
+        line_error = o.status().with_context("decode unit " + name);
+        return false;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        generated_tokens_ += int64_t(o->tokens.size());
+      }
+      if (o->finished) finished = true;
+      f.callback(*o);
+      if (finished) return true;
+    }
+    return !f.cancelled.load();
+  };
+  auto res = c.send(req);
+  release();
+  if (finished) return Status::Ok();
+  if (!line_error.ok()) return line_error;
+  if (status != 0 && status != 200) return status_of_reply(status, error_body, name);
+  if (f.cancelled.load()) return Status::Ok();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = units_.find(name);
+    if (it != units_.end()) ++it->second.failures;
+  }
+  return Unavailable(
+      fmt::format("decode unit {} went away mid-stream ({})", name,
+                  res ? std::string("the stream ended early") : httplib::to_string(res.error())));
+}
+
+EngineStats PdRouter::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s;
+  for (const auto& [name, u] : units_) {
+    s.running += u.load.running;
+    s.waiting += u.load.waiting;
+    s.kv_blocks_used += u.load.kv_blocks_used;
+    s.kv_blocks_total += u.load.kv_blocks_total;
+  }
+  s.prompt_tokens = prompt_tokens_;
+  s.generated_tokens = generated_tokens_;
+  return s;
+}
+
+RouterStats PdRouter::router_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+Reply PdRouter::register_unit(std::string_view body) {
+  auto j = parse_json(body, "unit registration");
+  if (!j.ok()) return error_reply(j.status());
+  auto info = unit_info_from_json(*j);
+  if (!info.ok()) return error_reply(info.status());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, u] : units_) {
+    if (name != info->name && alive(u, Clock::now()) && u.info.fingerprint != info->fingerprint) {
+      return error_reply(InvalidArgument(fmt::format(
+          "unit {} serves KV of fingerprint {:016x}, unit {} already here {:016x}: another model "
+          "or KV format",
+          info->name, info->fingerprint, name, u.info.fingerprint)));
+    }
+  }
+  Unit& u = units_[info->name];
+  const bool rejoin = !u.info.name.empty();
+  u.info = *info;
+  u.load = UnitLoad{};
+  u.load.name = info->name;
+  u.load.kv_blocks_total = info->kv_blocks_total;
+  u.draining = false;
+  u.last_seen = Clock::now();
+  fmt::print(stderr, "router: {} {} unit {} ({})\n", rejoin ? "re-registered" : "registered",
+             to_string(info->role), info->name, info->url);
+  return json_reply(200, {{"status", "registered"}});
+}
+
+Reply PdRouter::heartbeat(std::string_view body) {
+  auto j = parse_json(body, "unit heartbeat");
+  if (!j.ok()) return error_reply(j.status());
+  auto l = unit_load_from_json(*j);
+  if (!l.ok()) return error_reply(l.status());
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = units_.find(l->name);
+  if (it == units_.end()) {
+    return Reply{404, "application/json",
+                 ApiError{404, fmt::format("unit {} is not registered", l->name),
+                          "invalid_request_error", std::nullopt, "unknown_unit"}
+                     .to_json(),
+                 nullptr};
+  }
+  it->second.load = *l;
+  it->second.last_seen = Clock::now();
+  return json_reply(200, {{"status", "ok"}});
+}
+
+Reply PdRouter::deregister(std::string_view body) {
+  auto j = parse_json(body, "unit deregistration");
+  if (!j.ok()) return error_reply(j.status());
+  std::string name = j->value("name", "");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (units_.erase(name) == 0) return error_reply(InvalidArgument("unknown unit '" + name + "'"));
+  fmt::print(stderr, "router: unit {} deregistered\n", name);
+  return json_reply(200, {{"status", "deregistered"}});
+}
+
+std::string PdRouter::units_json() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  json out = json::array();
+  for (const auto& [name, u] : units_) {
+    json j = to_json(u.info);
+    j["state"] = u.draining || u.load.draining ? "draining" : alive(u, now) ? "active" : "lost";
+    j["load"] = to_json(u.load);
+    j["last_seen_ms"] =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - u.last_seen).count();
+    j["router"] = {{"input_tokens", u.input_tokens},
+                   {"attention", u.attention},
+                   {"decodes", u.decodes},
+                   {"prefills_total", u.prefills_total},
+                   {"decodes_total", u.decodes_total},
+                   {"failures", u.failures}};
+    out.push_back(std::move(j));
+  }
+  return json{{"units", std::move(out)}}.dump();
+}
+
+std::vector<HttpRoute> PdRouter::routes() {
+  return {
+      {"POST", "/pd/v1/register", [this](std::string_view b) { return register_unit(b); }},
+      {"POST", "/pd/v1/heartbeat", [this](std::string_view b) { return heartbeat(b); }, true},
+      {"POST", "/pd/v1/deregister", [this](std::string_view b) { return deregister(b); }, true},
+      {"GET", "/admin/units",
+       [this](std::string_view) {
+         return Reply{200, "application/json", units_json(), nullptr};
+       }},
+  };
+}
+
+std::string PdRouter::metrics_text() const {
+  std::string out;
+  const RouterStats s = router_stats();
+  auto line = [&](const std::string& name, const char* help, double v, const char* type,
+                  const std::string& labels = "") {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{} {}\n", name, help, name, type, name,
+                       labels, v);
+  };
+  line("moeserve_router_requests_total", "Requests the router accepted", double(s.requests),
+       "counter");
+  line("moeserve_router_handoffs_total", "Requests handed from prefill to decode",
+       double(s.handed_off), "counter");
+  line("moeserve_router_prefill_retries_total",
+       "Prefill units that did not answer, tried elsewhere", double(s.prefill_retries), "counter");
+  line("moeserve_router_failed_total", "Requests that ended in an error", double(s.failed),
+       "counter");
+  line("moeserve_router_cache_aware_choices_total", "Prefill choices decided by a cached prefix",
+       double(s.by_cache), "counter");
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  out +=
+      "# HELP moeserve_router_unit_up Whether the unit heartbeats and takes work\n# TYPE "
+      "moeserve_router_unit_up gauge\n";
+  for (const auto& [name, u] : units_) {
+    out += fmt::format("moeserve_router_unit_up{{unit=\"{}\",role=\"{}\"}} {}\n", name,
+                       to_string(u.info.role), alive(u, now) ? 1 : 0);
+  }
+  out +=
+      "# HELP moeserve_router_unit_running Requests running at the unit (its heartbeat)\n# TYPE "
+      "moeserve_router_unit_running gauge\n";
+  for (const auto& [name, u] : units_)
+    out += fmt::format("moeserve_router_unit_running{{unit=\"{}\"}} {}\n", name, u.load.running);
+  out +=
+      "# HELP moeserve_router_unit_kv_blocks_used KV blocks in use at the unit\n# TYPE "
+      "moeserve_router_unit_kv_blocks_used gauge\n";
+  for (const auto& [name, u] : units_)
+    out += fmt::format("moeserve_router_unit_kv_blocks_used{{unit=\"{}\"}} {}\n", name,
+                       u.load.kv_blocks_used);
+  out +=
+      "# HELP moeserve_router_unit_input_tokens Prompt tokens sent to the unit and not answered "
+      "yet\n# TYPE moeserve_router_unit_input_tokens gauge\n";
+  for (const auto& [name, u] : units_)
+    out +=
+        fmt::format("moeserve_router_unit_input_tokens{{unit=\"{}\"}} {}\n", name, u.input_tokens);
+  out +=
+      "# HELP moeserve_router_unit_failures_total Calls to the unit that failed\n# TYPE "
+      "moeserve_router_unit_failures_total counter\n";
+  for (const auto& [name, u] : units_)
+    out += fmt::format("moeserve_router_unit_failures_total{{unit=\"{}\"}} {}\n", name, u.failures);
+  return out;
+}
+
+}  // namespace moeserve

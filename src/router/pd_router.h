@@ -1,0 +1,115 @@
+// PdRouter: the Engine behind `moeserve router` (docs/pd.md). The OpenAI front door (the same
+// OpenAiService and HttpServer as `serve`) submits requests to it as to a local engine; it
+// sends each to a prefill unit chosen by the prefill balancer (balancers.h), and when the
+// prefill unit hands the request off, to a decode unit chosen by the decode balancer, which
+// pulls the KV from the prefill unit and streams the tokens back through here.
+//
+// Units register, heartbeat and deregister on the routes of routes(); a unit silent for
+// unit_timeout is taken out of the choice. GET /admin/units lists them.
+//
+// Threading: the Engine methods from any thread; each request's flow runs on its own thread,
+// which makes its callbacks (in order).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/engine.h"
+#include "router/balancers.h"
+#include "router/pd_protocol.h"
+#include "server/http_server.h"
+
+namespace moeserve {
+
+using Clock = std::chrono::steady_clock;
+
+struct RouterOptions {
+  int64_t vocab_size = 0;  // of the model the units serve
+  int64_t max_context = 0;
+  std::chrono::milliseconds unit_timeout{2500};  // no heartbeat for this long: out of the choice
+  std::chrono::milliseconds prefill_timeout{std::chrono::minutes(10)};       // one prefill call
+  std::chrono::milliseconds decode_idle_timeout{std::chrono::seconds(120)};  // between outputs
+  double cache_slack = 0.25;                 // choose_prefill's slack for cache awareness
+  int prefill_attempts = 3;                  // prefill units tried when one cannot be reached
+  int64_t prefix_blocks_per_unit = 1 << 16;  // block hashes remembered per prefill unit
+  std::string api_key;  // sent to the units (one key for the deployment); empty: none
+};
+
+struct RouterStats {
+  int64_t requests = 0;
+  int64_t handed_off = 0;
+  int64_t prefill_retries = 0;  // prefill units that could not be reached, tried elsewhere
+  int64_t failed = 0;
+  int64_t by_cache = 0;  // prefill choices decided by the cached prefix
+};
+
+class PdRouter final : public Engine {
+ public:
+  explicit PdRouter(RouterOptions options);
+  ~PdRouter() override;  // cancels the flows in flight and waits for them
+
+  Status submit(EngineRequest request, OutputCallback callback) override;
+  void cancel(const std::string& id) override;
+  EngineStats stats() const override;
+  bool healthy() const override { return true; }
+  int64_t vocab_size() const override { return options_.vocab_size; }
+  int64_t max_context() const override { return options_.max_context; }
+
+  std::vector<HttpRoute> routes();
+  std::string metrics_text() const;
+  std::string units_json() const;
+  RouterStats router_stats() const;
+
+  Reply register_unit(std::string_view body);
+  Reply heartbeat(std::string_view body);
+  Reply deregister(std::string_view body);
+
+ private:
+  struct Unit {
+    UnitInfo info;
+    UnitLoad load;
+    Clock::time_point last_seen;
+    bool draining = false;
+    // The router's own view, exact and immediate (heartbeats lag behind).
+    int64_t input_tokens = 0;  // prompt tokens sent to prefill, not answered yet
+    double attention = 0;
+    int64_t decodes = 0;  // decode streams open
+    int64_t prefills_total = 0, decodes_total = 0, failures = 0;
+    std::unordered_set<uint64_t> prefix;  // block chain hashes of prompts it prefilled
+    std::deque<uint64_t> prefix_order;    // oldest first (to bound prefix)
+  };
+  struct Flow {
+    EngineRequest request;
+    OutputCallback callback;
+    std::atomic<bool> cancelled{false};
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+
+  void run(Flow& f);
+  Status run_prefill(Flow& f, PrefillReply* reply, std::string* unit);
+  Status run_decode(Flow& f, const PrefillReply& reply);
+  bool alive(const Unit& u, Clock::time_point now) const;
+  std::vector<uint64_t> block_hashes(const std::vector<int32_t>& prompt) const;
+  void reap_locked();
+
+  RouterOptions options_;
+  mutable std::mutex mu_;
+  std::map<std::string, Unit> units_;  // by name
+  std::list<Flow> flows_;
+  RouterStats stats_;
+  int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace moeserve

@@ -1,0 +1,336 @@
+#include "router/pd_unit.h"
+
+#include <deque>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+
+namespace moeserve {
+
+using nlohmann::json;
+
+namespace {
+
+Reply error_reply(const Status& st) {
+  const ApiError e = error_from_status(st);
+  return Reply{e.http_status, "application/json", e.to_json(), nullptr};
+}
+
+// Splits "http://host:port" (a path after it is ignored).
+Status split_url(const std::string& url, std::string* host, int* port) {
+  std::string rest = url;
+  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  rest = rest.substr(0, rest.find('/'));
+  uint16_t p = 0;
+  RETURN_IF_ERROR(split_address(rest, host, &p));
+  *port = p;
+  return Status::Ok();
+}
+
+// A request's outputs as they come from the engine, for one waiting thread.
+struct OutputQueue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<RequestOutput> outputs;
+  bool finished = false;
+
+  OutputCallback callback() {
+    return [this](const RequestOutput& o) {
+      std::lock_guard<std::mutex> lock(mu);
+      outputs.push_back(o);
+      if (o.finished) finished = true;
+      cv.notify_all();
+    };
+  }
+};
+
+// The decode side's reply: pulls the KV on the first next(), then submits the resumed request
+// and streams its outputs, one JSON line each.
+class DecodeStream final : public ReplyStream {
+ public:
+  DecodeStream(Engine& engine, std::shared_ptr<UcxContext> ucx, PullOptions pull, PdRequest p,
+               std::atomic<int64_t>* ok, std::atomic<int64_t>* failed, std::atomic<int64_t>* bytes,
+               std::atomic<int64_t>* us)
+      : engine_(engine),
+        ucx_(std::move(ucx)),
+        pull_(pull),
+        p_(std::move(p)),
+        ok_(ok),
+        failed_(failed),
+        bytes_(bytes),
+        us_(us),
+        queue_(std::make_shared<OutputQueue>()) {}
+  ~DecodeStream() override { abandon(); }
+
+  bool next(std::string& out, std::chrono::milliseconds wait) override {
+    if (done_) return false;
+    if (!started_) {
+      started_ = true;
+      Status st = start();
+      if (!st.ok()) {
+        RequestOutput o;
+        o.finished = true;
+        o.finish_reason = FinishReason::kError;
+        o.error = st;
+        out += to_json(o).dump() + "\n";
+        done_ = true;
+        return false;
+      }
+    }
+    std::unique_lock<std::mutex> lock(queue_->mu);
+    queue_->cv.wait_for(lock, wait, [&] { return !queue_->outputs.empty(); });
+    while (!queue_->outputs.empty()) {
+      const RequestOutput o = std::move(queue_->outputs.front());
+      queue_->outputs.pop_front();
+      out += to_json(o).dump() + "\n";
+      if (o.finished) done_ = true;
+    }
+    return !done_;
+  }
+
+  void abandon() override {
+    if (submitted_ && !done_) engine_.cancel(p_.request.id);
+    done_ = true;
+  }
+
+ private:
+  Status start() {
+    const auto t0 = Clock::now();
+    PullStats ps;
+    auto h = pull_kv(ucx_, p_.transfer, p_.handle, engine_.kv_fingerprint(), pull_, &ps);
+    if (!h.ok()) {
+      failed_->fetch_add(1);
+      return h.status();
+    }
+    ok_->fetch_add(1);
+    bytes_->fetch_add(ps.bytes);
+    us_->fetch_add(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
+    EngineRequest r = p_.request;
+    r.resume = std::move(*h);
+    RETURN_IF_ERROR(engine_.submit(std::move(r), queue_->callback()));
+    submitted_ = true;
+    return Status::Ok();
+  }
+
+  Engine& engine_;
+  std::shared_ptr<UcxContext> ucx_;
+  PullOptions pull_;
+  PdRequest p_;
+  std::atomic<int64_t>*ok_, *failed_, *bytes_, *us_;
+  std::shared_ptr<OutputQueue> queue_;  // (shared: a callback may outlive an abandoned stream)
+  bool started_ = false, submitted_ = false, done_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<PdUnit>> PdUnit::start(Engine& engine, const PdUnitOptions& o) {
+  std::unique_ptr<PdUnit> u(new PdUnit(engine, o));
+  auto ctx = UcxContext::create();
+  if (!ctx.ok()) return ctx.status();
+  u->ucx_ = *ctx;
+  u->info_.role = o.role;
+  u->info_.fingerprint = engine.kv_fingerprint();
+  u->info_.kv_blocks_total = engine.stats().kv_blocks_total;
+  if (o.role != UnitRole::kDecode) {
+    auto t = KvTransferServer::start(u->ucx_, o.transfer);
+    if (!t.ok()) return t.status();
+    u->transfer_ = std::move(*t);
+    u->info_.transfer = u->transfer_->address();
+  }
+  if (!o.router_url.empty()) {
+    std::string host;
+    int port = 0;
+    RETURN_IF_ERROR(split_url(o.router_url, &host, &port).with_context("--router"));
+  }
+  return u;
+}
+
+void PdUnit::join(const std::string& url) {
+  info_.url = url;
+  info_.name = url.rfind("http://", 0) == 0 ? url.substr(7) : url;
+  if (!options_.router_url.empty() && !heartbeat_.joinable()) {
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  }
+}
+
+PdUnit::~PdUnit() {
+  drain();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+std::vector<HttpRoute> PdUnit::routes() {
+  std::vector<HttpRoute> r;
+  if (options_.role != UnitRole::kDecode) {
+    r.push_back({"POST", "/pd/v1/prefill", [this](std::string_view b) { return prefill(b); }});
+  }
+  if (options_.role != UnitRole::kPrefill) {
+    r.push_back({"POST", "/pd/v1/decode", [this](std::string_view b) { return decode(b); }});
+  }
+  return r;
+}
+
+Reply PdUnit::prefill(std::string_view body) {
+  auto j = parse_json(body, "prefill request");
+  if (!j.ok()) return error_reply(j.status());
+  auto p = pd_request_from_json(*j);
+  if (!p.ok()) return error_reply(p.status());
+  if (draining_.load()) return error_reply(Unavailable("the unit is draining"));
+  EngineRequest r = std::move(p->request);
+  const std::string id = r.id;
+  r.hand_off = true;
+  auto q = std::make_shared<OutputQueue>();
+  if (Status st = engine_.submit(std::move(r), q->callback()); !st.ok()) return error_reply(st);
+  PrefillReply reply;
+  {
+    std::unique_lock<std::mutex> lock(q->mu);
+    if (!q->cv.wait_for(lock, options_.prefill_timeout, [&] { return q->finished; })) {
+      lock.unlock();
+      engine_.cancel(id);
+      return error_reply(Unavailable(fmt::format("prefill of '{}' took longer than {} ms", id,
+                                                 options_.prefill_timeout.count())));
+    }
+    for (RequestOutput& o : q->outputs) {
+      for (GeneratedToken& t : o.tokens) reply.output.tokens.push_back(std::move(t));
+      reply.output.prompt_tokens = o.prompt_tokens;
+      reply.output.cached_prompt_tokens = o.cached_prompt_tokens;
+      if (o.finished) {
+        reply.output.finished = true;
+        reply.output.finish_reason = o.finish_reason;
+        reply.output.error = o.error;
+        reply.output.handoff = o.handoff;
+      }
+    }
+  }
+  if (reply.output.finish_reason == FinishReason::kHandedOff) {
+    if (Status st = transfer_->offer(id, reply.output.handoff); !st.ok()) return error_reply(st);
+    reply.transfer = transfer_->address();
+    reply.handle = id;
+  }
+  return Reply{200, "application/json", to_json(reply).dump(), nullptr};
+}
+
+Reply PdUnit::decode(std::string_view body) {
+  auto j = parse_json(body, "decode request");
+  if (!j.ok()) return error_reply(j.status());
+  auto p = pd_request_from_json(*j);
+  if (!p.ok()) return error_reply(p.status());
+  if (p->transfer.empty() || p->handle.empty()) {
+    return error_reply(InvalidArgument("decode request: needs 'transfer' and 'handle'"));
+  }
+  if (draining_.load()) return error_reply(Unavailable("the unit is draining"));
+  Reply r;
+  r.content_type = "application/x-ndjson";
+  r.stream = std::make_shared<DecodeStream>(engine_, ucx_, options_.pull, std::move(*p), &pulls_ok_,
+                                            &pulls_failed_, &pull_bytes_, &pull_us_);
+  return r;
+}
+
+Status PdUnit::post(const std::string& path, const std::string& body, int* status,
+                    std::string* reply) {
+  std::string host;
+  int port = 0;
+  RETURN_IF_ERROR(split_url(options_.router_url, &host, &port));
+  httplib::Client c(host, port);
+  c.set_connection_timeout(1, 0);
+  c.set_read_timeout(2, 0);
+  c.set_write_timeout(2, 0);
+  if (!options_.api_key.empty()) c.set_bearer_token_auth(options_.api_key);
+  auto res = c.Post(path, body, "application/json");
+  if (!res) {
+    return Unavailable(fmt::format("the router at {} does not answer ({})", options_.router_url,
+                                   httplib::to_string(res.error())));
+  }
+  *status = res->status;
+  if (reply) *reply = res->body;
+  return Status::Ok();
+}
+
+void PdUnit::heartbeat_loop() {
+  bool registered = false;
+  bool said_unreachable = false;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (!deregistered_) {
+      lock.unlock();
+      int status = 0;
+      Status st;
+      if (!registered) {
+        std::string reply;
+        st = post("/pd/v1/register", to_json(info_).dump(), &status, &reply);
+        registered = st.ok() && status == 200;
+        if (st.ok() && status != 200 && !said_unreachable) {
+          fmt::print(stderr, "serve: the router at {} refuses this unit (HTTP {}: {}); retrying\n",
+                     options_.router_url, status, reply);
+          said_unreachable = true;
+        }
+        if (registered) {
+          fmt::print(stderr, "serve: registered with the router at {} as a {} unit\n",
+                     options_.router_url, to_string(options_.role));
+          said_unreachable = false;
+        }
+      } else {
+        const EngineStats s = engine_.stats();
+        UnitLoad l{info_.name,       s.running,         s.waiting,
+                   s.kv_blocks_used, s.kv_blocks_total, transfer_ ? transfer_->stats().leases : 0,
+                   draining_.load()};
+        st = post("/pd/v1/heartbeat", to_json(l).dump(), &status);
+        if (st.ok() && status == 404) registered = false;  // a restarted router: register again
+        if (!st.ok()) registered = false;
+      }
+      if (!st.ok() && !said_unreachable) {
+        fmt::print(stderr, "serve: {}; retrying every {} ms\n", st.message(),
+                   options_.heartbeat.count());
+        said_unreachable = true;
+      }
+      lock.lock();
+    }
+    cv_.wait_for(lock, options_.heartbeat, [&] { return stop_; });
+  }
+}
+
+void PdUnit::drain() {
+  if (draining_.exchange(true)) return;
+  if (options_.router_url.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    deregistered_ = true;
+  }
+  int status = 0;
+  (void)post("/pd/v1/deregister", json{{"name", info_.name}}.dump(), &status);
+}
+
+std::string PdUnit::metrics_text() {
+  std::string out;
+  auto line = [&](const char* name, const char* help, int64_t v, const char* type = "counter") {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+  };
+  if (transfer_) {
+    const KvTransferStats s = transfer_->stats();
+    line("moeserve_pd_handoffs_offered_total", "Hand-offs put under lease for decode units",
+         s.offered);
+    line("moeserve_pd_handoffs_completed_total", "Hand-offs pulled and acknowledged", s.completed);
+    line("moeserve_pd_handoffs_expired_total", "Leases that ran out untaken", s.expired);
+    line("moeserve_pd_transfer_bytes_sent_total", "KV bytes sent to decode units", s.bytes_sent);
+    line("moeserve_pd_transfer_frames_rejected_total", "Malformed or corrupt frames received",
+         s.frames_rejected);
+    line("moeserve_pd_leases", "Hand-offs held now", s.leases, "gauge");
+  }
+  if (options_.role != UnitRole::kPrefill) {
+    line("moeserve_pd_pulls_total", "KV pulls that arrived whole", pulls_ok_.load());
+    line("moeserve_pd_pull_failures_total", "KV pulls that failed", pulls_failed_.load());
+    line("moeserve_pd_pull_bytes_total", "KV bytes pulled", pull_bytes_.load());
+    line("moeserve_pd_pull_microseconds_total", "Time spent pulling KV", pull_us_.load());
+  }
+  return out;
+}
+
+}  // namespace moeserve
