@@ -103,12 +103,6 @@ int run_serve(ServeOptions o) {
       return 2;
     }
     role = *r;
-    if (o.ep.enabled()) {
-      fmt::print(stderr,
-                 "serve: --role/--router with expert parallelism is not supported yet "
-                 "(units of one rank only)\n");
-      return 2;
-    }
   }
   if (o.tokenizer_dir.empty()) o.tokenizer_dir = o.engine.model_dir;
   Result<Tokenizer> tok = Tokenizer::load(o.tokenizer_dir);
@@ -175,12 +169,30 @@ int run_serve(ServeOptions o) {
     }
     return 0;
   };
+  // A unit's KV transfer (docs/pd.md): every rank has its own, for the requests it runs.
+  std::unique_ptr<PdTransport> transport;
+  if (role) {
+    if (o.advertise_host.empty()) o.advertise_host = o.http.host;
+    KvTransferOptions to;
+    to.host = o.transfer_host.empty() ? o.advertise_host : o.transfer_host;
+    to.port = rank == 0 ? uint16_t(o.transfer_port) : 0;  // (ranks > 0: any free port)
+    to.lease = std::chrono::milliseconds(int64_t(o.kv_lease_s * 1000));
+    auto t = PdTransport::start(*role, to, PullOptions{});
+    if (!t.ok()) {
+      fmt::print(stderr, "serve{}: {}\n", ep ? fmt::format(" (rank {})", rank) : "",
+                 t.status().message());
+      return 1;
+    }
+    transport = std::move(*t);
+    o.engine.pd = transport->hooks();
+  }
   Result<std::unique_ptr<Engine>> engine = make_engine(o.engine, ep ? &parallel : nullptr);
   if (!engine.ok()) {
     fmt::print(stderr, "serve{}: {}\n", ep ? fmt::format(" (rank {})", rank) : "",
                engine.status().message());
     return 1;
   }
+  if (transport) transport->set_fingerprint((*engine)->kv_fingerprint());
   if (rank != 0) {
     fmt::print(stderr,
                "serve (rank {} of {}): {} of {} routed experts here; serving rank 0's requests\n",
@@ -213,11 +225,7 @@ int run_serve(ServeOptions o) {
       uo.role = *role;
       uo.router_url = o.router_url;
       uo.api_key = o.api_key;
-      if (o.advertise_host.empty()) o.advertise_host = o.http.host;
-      uo.transfer.host = o.transfer_host.empty() ? o.advertise_host : o.transfer_host;
-      uo.transfer.port = uint16_t(o.transfer_port);
-      uo.transfer.lease = std::chrono::milliseconds(int64_t(o.kv_lease_s * 1000));
-      auto u = PdUnit::start(**engine, uo);
+      auto u = PdUnit::start(**engine, *transport, uo);
       if (!u.ok()) {
         fmt::print(stderr, "serve: {}\n", u.status().message());
         return 1;

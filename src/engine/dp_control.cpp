@@ -15,13 +15,107 @@ DpControl::DpControl(Communicator* comm, EngineCore& core, Tracer* tracer)
       outstanding_(size_t(n_ranks_), 0),
       rank_stats_(size_t(n_ranks_)) {}
 
-void DpControl::start_local(EngineRequest r,
-                            std::function<void(const std::string&, const RequestOutput&)> route) {
+void DpControl::set_pd(PdHooks hooks, std::function<Status(const EngineRequest&)> validate,
+                       std::function<void()> wake) {
+  pd_ = std::move(hooks);
+  validate_resume_ = std::move(validate);
+  wake_ = std::move(wake);
+}
+
+void DpControl::start_local(EngineRequest r, Route route) {
+  if (!r.resume_from.empty() && !r.resume) {  // its KV first: pulled on a thread of its own
+    Pull& p = pulls_.emplace_back();
+    p.request = std::move(r);
+    p.route = std::move(route);
+    p.thread = std::thread([this, &p] {
+      p.result = pd_.pull ? pd_.pull(p.request.resume_from, p.request.resume_handle, &stop_pulls_)
+                          : Result<std::shared_ptr<KvHandoff>>(
+                                Unimplemented("this engine cannot pull hand-offs"));
+      p.done.store(true);
+      finished_pulls_.fetch_add(1);
+      if (wake_) wake_();
+    });
+    return;
+  }
+  add_to_core(std::move(r), std::move(route));
+}
+
+void DpControl::add_to_core(EngineRequest r, Route route) {
   std::string id = r.id;
   core_.add(std::move(r), [this, id, route = std::move(route)](const RequestOutput& o) {
     if (o.finished && before_finish_) before_finish_();
+    if (o.handoff && pd_.offer) {  // the hand-off stays on this rank; the address travels
+      RequestOutput out = o;
+      out.handoff.reset();
+      Result<std::string> at = pd_.offer(id, o.handoff);
+      if (at.ok()) {
+        out.handoff_at = *at;
+      } else {
+        out.finish_reason = FinishReason::kError;
+        out.error = at.status();
+      }
+      route(id, out);
+      return;
+    }
     route(id, o);
   });
+}
+
+// Pulls that ended: their requests join the core, or end (cancelled while pulling, the pull
+// failed, or the hand-off does not fit this engine).
+void DpControl::take_pulls() {
+  for (auto it = pulls_.begin(); it != pulls_.end();) {
+    Pull& p = *it;
+    if (!p.done.load()) {
+      ++it;
+      continue;
+    }
+    p.thread.join();
+    finished_pulls_.fetch_sub(1);
+    RequestOutput end;
+    end.finished = true;
+    end.prompt_tokens = int64_t(p.request.prompt.size());
+    Status st = p.result.ok() ? Status::Ok() : p.result.status();
+    if (p.result.ok()) {
+      p.request.resume = std::move(*p.result);
+      if (validate_resume_) st = validate_resume_(p.request);
+    }
+    if (p.cancelled) {
+      end.finish_reason = FinishReason::kCancelled;
+      if (before_finish_) before_finish_();
+      p.route(p.request.id, end);
+    } else if (!st.ok()) {
+      end.finish_reason = FinishReason::kError;
+      end.error = st;
+      if (before_finish_) before_finish_();
+      p.route(p.request.id, end);
+    } else {
+      add_to_core(std::move(p.request), std::move(p.route));
+    }
+    it = pulls_.erase(it);
+  }
+}
+
+void DpControl::cancel_local(const std::string& id) {
+  for (Pull& p : pulls_) {
+    if (p.request.id == id) p.cancelled = true;
+  }
+  core_.cancel(id);
+}
+
+void DpControl::end_pulls(FinishReason reason, const Status& error) {
+  stop_pulls_.store(true);
+  for (Pull& p : pulls_) p.thread.join();
+  for (Pull& p : pulls_) {
+    RequestOutput end;
+    end.finished = true;
+    end.finish_reason = reason;
+    end.error = error;
+    end.prompt_tokens = int64_t(p.request.prompt.size());
+    p.route(p.request.id, end);
+  }
+  pulls_.clear();
+  finished_pulls_.store(0);
 }
 
 // Rank 0: hands one output of request `id` to its caller and keeps the load count.
@@ -82,7 +176,7 @@ bool DpControl::front_intake(Intake in, std::vector<FrontMessage>* to_rank) {
     auto it = front_.find(id);
     if (it == front_.end()) continue;
     if (it->second.rank == 0) {
-      core_.cancel(id);
+      cancel_local(id);
     } else {
       (*to_rank)[size_t(it->second.rank)].cancels.push_back(id);
     }
@@ -94,7 +188,11 @@ bool DpControl::front_intake(Intake in, std::vector<FrontMessage>* to_rank) {
 // stop flag; the others send their outputs and statistics.
 Result<bool> DpControl::sync(Intake intake) {
   std::vector<FrontMessage> to_rank(static_cast<size_t>(n_ranks_));
-  if (!comm_) return front_intake(std::move(intake), &to_rank);
+  if (!comm_) {
+    const bool go_on = front_intake(std::move(intake), &to_rank);
+    take_pulls();
+    return go_on;
+  }
   TraceSpan span(tracer_, "control", -1, TraceLane::kComm);
   std::vector<std::vector<uint8_t>> out(static_cast<size_t>(n_ranks_));
   bool go_on = true;
@@ -117,6 +215,7 @@ Result<bool> DpControl::sync(Intake intake) {
       rank_stats_[size_t(p)] = m.stats;
       for (auto& [id, o] : m.outputs) deliver(id, o);
     }
+    take_pulls();
     return go_on;
   }
   ASSIGN_OR_RETURN(FrontMessage m, decode_front(in[0]));
@@ -128,12 +227,13 @@ Result<bool> DpControl::sync(Intake intake) {
       outbox_.emplace_back(id, o);
     });
   }
-  for (const std::string& id : m.cancels) core_.cancel(id);
+  for (const std::string& id : m.cancels) cancel_local(id);
+  take_pulls();
   return !m.stop;
 }
 
 Result<bool> DpControl::agree(bool have_work) {
-  const bool loading = !core_.scheduler().loading().empty();
+  const bool loading = !core_.scheduler().loading().empty() || !pulls_.empty();
   if (!comm_) {  // e.g. nothing to run: waiting for blocks that cannot be freed, or for KV loads
     group_loading_ = loading;
     return have_work;

@@ -11,10 +11,14 @@
 // Used by the engine's step thread only.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <list>
+#include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -51,6 +55,18 @@ class DpControl {
   // Called (on any rank) just before a local request's final callback: whoever it wakes then
   // sees the request gone from the published statistics.
   void set_before_finish(std::function<void()> f) { before_finish_ = std::move(f); }
+  // Prefill/decode hand-offs (docs/pd.md), on the rank that runs the request: a hand-off is
+  // offered with hooks.offer (its output then carries the address); a request to resume from a
+  // prefill unit is pulled with hooks.pull on a thread of its own, checked with `validate`, and
+  // joins the core when it has arrived. `wake` is called (from the pulling thread) when a pull
+  // ends.
+  void set_pd(PdHooks hooks, std::function<Status(const EngineRequest&)> validate,
+              std::function<void()> wake);
+  // Pulls that ended and wait for the next sync() (which starts them or ends them).
+  bool has_finished_pull() const { return finished_pulls_.load() > 0; }
+  int64_t pulls_in_flight() const { return int64_t(pulls_.size()); }
+  // Ends every pull in flight (stopping): their requests end with `reason`.
+  void end_pulls(FinishReason reason, const Status& error);
 
   // Before scheduling a step. Rank 0 gives its intake (workers: Intake{} or {stop = true}); the
   // requests and cancellations reach the rank that runs them, outputs of other ranks reach
@@ -78,8 +94,20 @@ class DpControl {
     int64_t outstanding = 0;  // tokens still counted against its rank
   };
 
-  void start_local(EngineRequest r,
-                   std::function<void(const std::string&, const RequestOutput&)> route);
+  using Route = std::function<void(const std::string&, const RequestOutput&)>;
+  struct Pull {
+    EngineRequest request;
+    Route route;
+    bool cancelled = false;
+    std::atomic<bool> done{false};
+    Result<std::shared_ptr<KvHandoff>> result{Internal("pending")};
+    std::thread thread;
+  };
+
+  void start_local(EngineRequest r, Route route);
+  void add_to_core(EngineRequest r, Route route);
+  void take_pulls();
+  void cancel_local(const std::string& id);
   bool front_intake(Intake intake, std::vector<FrontMessage>* to_rank);
   void deliver(const std::string& id, const RequestOutput& out);
   int assign(const EngineRequest& r);
@@ -97,6 +125,13 @@ class DpControl {
   std::vector<EngineStats> rank_stats_;                  // rank 0: [rank] last reported
   std::vector<std::pair<std::string, RequestOutput>> outbox_;  // ranks > 0: for rank 0
   EngineStats local_stats_;                                    // ranks > 0
+
+  PdHooks pd_;
+  std::function<Status(const EngineRequest&)> validate_resume_;
+  std::function<void()> wake_;
+  std::list<Pull> pulls_;  // requests whose KV is on its way from a prefill unit
+  std::atomic<int> finished_pulls_{0};
+  std::atomic<bool> stop_pulls_{false};
 };
 
 }  // namespace moeserve

@@ -42,6 +42,11 @@ struct EngineRequest {
   // tokens after those it already has.
   bool hand_off = false;
   std::shared_ptr<const KvHandoff> resume;
+  // Resume by pulling (with the engine's PdHooks::pull, on the rank that runs the request): the
+  // hand-off `resume_handle` at the prefill unit's `resume_from` ("host:port"). While it
+  // arrives the request counts as loading; a failed pull ends it with the error.
+  std::string resume_from;
+  std::string resume_handle;
   friend bool operator==(const EngineRequest&, const EngineRequest&) = default;
 };
 
@@ -67,7 +72,10 @@ struct RequestOutput {
   // MTP speculative decoding (docs/mtp.md), so far: draft tokens verified, and of those accepted.
   int64_t draft_tokens = 0;
   int64_t accepted_draft_tokens = 0;
-  std::shared_ptr<const KvHandoff> handoff;  // with FinishReason::kHandedOff
+  // With FinishReason::kHandedOff: the hand-off itself, or, when the engine has PdHooks::offer,
+  // the address it was offered at (under the request's id) instead.
+  std::shared_ptr<const KvHandoff> handoff;
+  std::string handoff_at;
   friend bool operator==(const RequestOutput&, const RequestOutput&) = default;
 };
 

@@ -5,9 +5,14 @@
 // tokens and logprobs co-located serving would have given.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "core/status.h"
 
 namespace moeserve {
 
@@ -28,6 +33,21 @@ struct KvHandoff {
 
   int64_t n_generated() const { return int64_t(tokens.size()) - n_prompt; }
   friend bool operator==(const KvHandoff&, const KvHandoff&) = default;
+};
+
+// How a unit's engine moves hand-offs, on the rank that runs the request (a unit of several
+// DP-attention ranks included: the KV goes to and from that rank, never through rank 0). Set by
+// the unit (src/router/pd_transport.h); empty functions: none.
+struct PdHooks {
+  // Prefill: holds a finished request's hand-off where decode units can pull it under `handle`;
+  // returns the address they pull from ("host:port"). Called on the engine's step thread: quick.
+  std::function<Result<std::string>(const std::string& handle, std::shared_ptr<const KvHandoff>)>
+      offer;
+  // Decode: pulls the hand-off `handle` from `address`. Called on a thread of its own (it
+  // blocks); gives up soon once *stop is true.
+  std::function<Result<std::shared_ptr<KvHandoff>>(
+      const std::string& address, const std::string& handle, const std::atomic<bool>* stop)>
+      pull;
 };
 
 }  // namespace moeserve

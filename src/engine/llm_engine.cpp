@@ -128,8 +128,17 @@ class LlmEngine final : public Engine {
     if (r.sampling.top_k < 0) return InvalidArgument("top_k must be >= 0");
     if (r.top_logprobs < 0) return InvalidArgument("top_logprobs must be >= 0");
     if (r.top_logprobs > 0 && !r.logprobs) return InvalidArgument("top_logprobs needs logprobs");
-    if ((r.hand_off || r.resume) && dp_.multi_rank()) {
-      return Unimplemented("prefill/decode hand-off inside an EP unit of several ranks");
+    if (r.resume && dp_.multi_rank()) {  // (it cannot travel to another rank: pull instead)
+      return Unimplemented("a hand-off given inline to an EP unit of several ranks");
+    }
+    if (r.hand_off && dp_.multi_rank() && !options_.pd.offer) {
+      return Unimplemented("hand-offs from an EP unit of several ranks need PdHooks::offer");
+    }
+    if (!r.resume_from.empty()) {
+      if (r.resume) return InvalidArgument("a request resumes from one hand-off, not two");
+      if (r.hand_off) return InvalidArgument("a resumed request cannot be handed off again");
+      if (r.resume_handle.empty()) return InvalidArgument("resume_from without resume_handle");
+      if (!options_.pd.pull) return Unimplemented("this engine cannot pull hand-offs");
     }
     if (r.resume) RETURN_IF_ERROR(validate_resume(r));
     return Status::Ok();
@@ -186,6 +195,12 @@ class LlmEngine final : public Engine {
     Status failed;
     if (balancer_) balancer_->set_expert_host(std::make_unique<ModelExpertHost>(model_.experts()));
     dp_.set_before_finish([this] { publish_stats(); });
+    dp_.set_pd(
+        options_.pd, [this](const EngineRequest& r) { return validate_resume(r); },
+        [this] {
+          { std::lock_guard<std::mutex> lock(mu_); }
+          cv_.notify_all();
+        });
     try {
       failed = run();
     } catch (const std::exception& e) {
@@ -231,6 +246,7 @@ class LlmEngine final : public Engine {
     if (on_clean_stop_) RETURN_IF_ERROR(on_clean_stop_());
     // Stopping: whatever is still live ends as cancelled (rank 0 also ends the requests it had
     // handed to other ranks: they stop with it).
+    dp_.end_pulls(FinishReason::kCancelled, Status::Ok());
     core_.finish_all(FinishReason::kCancelled, Status::Ok());
     dp_.end_front_requests(FinishReason::kCancelled, Status::Ok());
     return Status::Ok();
@@ -254,7 +270,7 @@ class LlmEngine final : public Engine {
     // finished load is seen that soon.
     const Scheduler& sch = core_.scheduler();
     auto ready = [&] {
-      return stop_ || !incoming_.empty() || !cancels_.empty() ||
+      return stop_ || !incoming_.empty() || !cancels_.empty() || dp_.has_finished_pull() ||
              (dp_.multi_rank() ? dp_.group_busy()
                                : (stalled_ ? sch.has_finished_load() : sch.has_work()));
     };
@@ -277,6 +293,7 @@ class LlmEngine final : public Engine {
       healthy_ = false;
       failure_ = st;
     }
+    dp_.end_pulls(FinishReason::kError, st);
     core_.finish_all(FinishReason::kError, st);
     dp_.end_front_requests(FinishReason::kError, st);
   }
@@ -286,7 +303,7 @@ class LlmEngine final : public Engine {
     EngineStats s;
     s.running = int64_t(sch.running().size());
     s.waiting = int64_t(sch.waiting().size());
-    s.loading = int64_t(sch.loading().size());
+    s.loading = int64_t(sch.loading().size()) + dp_.pulls_in_flight();
     s.kv_blocks_used = cache_.num_used();
     s.kv_blocks_total = cache_.num_blocks();
     s.prefix_queries = sch.prefix_queries();

@@ -63,6 +63,8 @@ struct EngineOptions {
   // MTP speculative decoding (docs/mtp.md; one process only, for now): loads the checkpoint's
   // MTP module and gives its layer a place in every KV block.
   SpeculativeConfig speculative;
+  // Prefill/decode disaggregation (docs/pd.md): how hand-offs leave and arrive (every rank).
+  PdHooks pd;
 };
 
 struct EngineParallel {

@@ -8,8 +8,8 @@ namespace moeserve {
 
 namespace {
 
-constexpr uint32_t kFrontMagic = 0x4d534631;  // "MSF1"
-constexpr uint32_t kRankMagic = 0x4d535231;   // "MSR1"
+constexpr uint32_t kFrontMagic = 0x4d534632;  // "MSF2" (2: hand-off fields)
+constexpr uint32_t kRankMagic = 0x4d535232;   // "MSR2"
 
 class Writer {
  public:
@@ -98,6 +98,9 @@ void put_request(Writer& w, const EngineRequest& r) {
   w.vec(r.stop_token_ids);
   w.put<uint8_t>(r.logprobs);
   w.put<int64_t>(r.top_logprobs);
+  w.put<uint8_t>(r.hand_off);
+  w.str(r.resume_from);
+  w.str(r.resume_handle);
 }
 
 EngineRequest get_request(Reader& rd) {
@@ -115,6 +118,9 @@ EngineRequest get_request(Reader& rd) {
   r.stop_token_ids = rd.vec<int32_t>();
   r.logprobs = rd.get<uint8_t>() != 0;
   r.top_logprobs = rd.get<int64_t>();
+  r.hand_off = rd.get<uint8_t>() != 0;
+  r.resume_from = rd.str();
+  r.resume_handle = rd.str();
   return r;
 }
 
@@ -133,6 +139,7 @@ void put_output(Writer& w, const RequestOutput& o) {
   w.put<int64_t>(o.cached_prompt_tokens);
   w.put<int64_t>(o.draft_tokens);
   w.put<int64_t>(o.accepted_draft_tokens);
+  w.str(o.handoff_at);
 }
 
 RequestOutput get_output(Reader& rd) {
@@ -147,7 +154,9 @@ RequestOutput get_output(Reader& rd) {
   }
   o.finished = rd.get<uint8_t>() != 0;
   int32_t reason = rd.get<int32_t>();
-  if (reason < 0 || reason > int32_t(FinishReason::kError)) reason = int32_t(FinishReason::kError);
+  if (reason < 0 || reason > int32_t(FinishReason::kHandedOff)) {
+    reason = int32_t(FinishReason::kError);
+  }
   o.finish_reason = FinishReason(reason);
   int32_t code = rd.get<int32_t>();
   std::string message = rd.str();
@@ -157,6 +166,7 @@ RequestOutput get_output(Reader& rd) {
   o.cached_prompt_tokens = rd.get<int64_t>();
   o.draft_tokens = rd.get<int64_t>();
   o.accepted_draft_tokens = rd.get<int64_t>();
+  o.handoff_at = rd.str();
   return o;
 }
 

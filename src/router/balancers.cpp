@@ -1,6 +1,7 @@
 #include "router/balancers.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace moeserve {
@@ -41,7 +42,8 @@ std::optional<PrefillPick> choose_prefill(std::span<const RankLoad> ranks,
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (!ranks[r].accepting) continue;
     const double s = score(r);
-    if (s < best_score) {
+    const bool tie = best < ranks.size() && std::abs(s - best_score) <= 1e-9 * (1 + best_score);
+    if ((!tie && s < best_score) || (tie && ranks[r].assigned_total < ranks[best].assigned_total)) {
       best_score = s;
       best = r;
     }

@@ -18,11 +18,13 @@
 namespace moeserve {
 
 struct RankLoad {
-  bool accepting = true;     // registered, heartbeating, not draining
-  int64_t input_tokens = 0;  // prefill: prompt tokens to compute, queued or in progress
-  double attention = 0;      // prefill: their core-attention work (attention_work units)
-  int64_t requests = 0;      // decode: requests running or queued
-  int64_t kv_used = 0;       // decode: KV blocks in use
+  bool accepting = true;       // registered, heartbeating, not draining
+  int64_t input_tokens = 0;    // prefill: prompt tokens to compute, queued or in progress
+  double attention = 0;        // prefill: their core-attention work (attention_work units)
+  int64_t assigned_total = 0;  // prefill: input tokens ever given to it (breaks ties: idle ranks
+                               // share work evenly instead of the first one taking it all)
+  int64_t requests = 0;        // decode: requests running or queued
+  int64_t kv_used = 0;         // decode: KV blocks in use
   int64_t kv_total = 0;
 };
 

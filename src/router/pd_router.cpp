@@ -212,6 +212,7 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
         l.accepting = alive(u, now);
         l.input_tokens = u.input_tokens;
         l.attention = u.attention;
+        l.assigned_total = u.assigned_total;
         loads.push_back(l);
         int64_t hit = 0;
         while (hit < int64_t(hashes.size()) && u.prefix.count(hashes[size_t(hit)])) ++hit;
@@ -227,6 +228,7 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
       attn = attention_work(added, hit);
       u.input_tokens += added;
       u.attention += attn;
+      u.assigned_total += added;
       ++u.prefills_total;
       if (pick->by_cache) ++stats_.by_cache;
       if (attempt > 0) ++stats_.prefill_retries;

@@ -83,7 +83,8 @@ class PdRouter final : public Engine {
     // The router's own view, exact and immediate (heartbeats lag behind).
     int64_t input_tokens = 0;  // prompt tokens sent to prefill, not answered yet
     double attention = 0;
-    int64_t decodes = 0;  // decode streams open
+    int64_t assigned_total = 0;  // prompt tokens ever sent to it
+    int64_t decodes = 0;         // decode streams open
     int64_t prefills_total = 0, decodes_total = 0, failures = 0;
     std::unordered_set<uint64_t> prefix;  // block chain hashes of prompts it prefilled
     std::deque<uint64_t> prefix_order;    // oldest first (to bound prefix)

@@ -47,39 +47,15 @@ struct OutputQueue {
   }
 };
 
-// The decode side's reply: pulls the KV on the first next(), then submits the resumed request
-// and streams its outputs, one JSON line each.
+// The decode side's reply: the resumed request's outputs, one JSON line each.
 class DecodeStream final : public ReplyStream {
  public:
-  DecodeStream(Engine& engine, std::shared_ptr<UcxContext> ucx, PullOptions pull, PdRequest p,
-               std::atomic<int64_t>* ok, std::atomic<int64_t>* failed, std::atomic<int64_t>* bytes,
-               std::atomic<int64_t>* us)
-      : engine_(engine),
-        ucx_(std::move(ucx)),
-        pull_(pull),
-        p_(std::move(p)),
-        ok_(ok),
-        failed_(failed),
-        bytes_(bytes),
-        us_(us),
-        queue_(std::make_shared<OutputQueue>()) {}
+  DecodeStream(Engine& engine, std::string id, std::shared_ptr<OutputQueue> q)
+      : engine_(engine), id_(std::move(id)), queue_(std::move(q)) {}
   ~DecodeStream() override { abandon(); }
 
   bool next(std::string& out, std::chrono::milliseconds wait) override {
     if (done_) return false;
-    if (!started_) {
-      started_ = true;
-      Status st = start();
-      if (!st.ok()) {
-        RequestOutput o;
-        o.finished = true;
-        o.finish_reason = FinishReason::kError;
-        o.error = st;
-        out += to_json(o).dump() + "\n";
-        done_ = true;
-        return false;
-      }
-    }
     std::unique_lock<std::mutex> lock(queue_->mu);
     queue_->cv.wait_for(lock, wait, [&] { return !queue_->outputs.empty(); });
     while (!queue_->outputs.empty()) {
@@ -92,55 +68,26 @@ class DecodeStream final : public ReplyStream {
   }
 
   void abandon() override {
-    if (submitted_ && !done_) engine_.cancel(p_.request.id);
+    if (!done_) engine_.cancel(id_);
     done_ = true;
   }
 
  private:
-  Status start() {
-    const auto t0 = Clock::now();
-    PullStats ps;
-    auto h = pull_kv(ucx_, p_.transfer, p_.handle, engine_.kv_fingerprint(), pull_, &ps);
-    if (!h.ok()) {
-      failed_->fetch_add(1);
-      return h.status();
-    }
-    ok_->fetch_add(1);
-    bytes_->fetch_add(ps.bytes);
-    us_->fetch_add(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count());
-    EngineRequest r = p_.request;
-    r.resume = std::move(*h);
-    RETURN_IF_ERROR(engine_.submit(std::move(r), queue_->callback()));
-    submitted_ = true;
-    return Status::Ok();
-  }
-
   Engine& engine_;
-  std::shared_ptr<UcxContext> ucx_;
-  PullOptions pull_;
-  PdRequest p_;
-  std::atomic<int64_t>*ok_, *failed_, *bytes_, *us_;
+  std::string id_;
   std::shared_ptr<OutputQueue> queue_;  // (shared: a callback may outlive an abandoned stream)
-  bool started_ = false, submitted_ = false, done_ = false;
+  bool done_ = false;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<PdUnit>> PdUnit::start(Engine& engine, const PdUnitOptions& o) {
-  std::unique_ptr<PdUnit> u(new PdUnit(engine, o));
-  auto ctx = UcxContext::create();
-  if (!ctx.ok()) return ctx.status();
-  u->ucx_ = *ctx;
+Result<std::unique_ptr<PdUnit>> PdUnit::start(Engine& engine, PdTransport& transport,
+                                              const PdUnitOptions& o) {
+  std::unique_ptr<PdUnit> u(new PdUnit(engine, transport, o));
   u->info_.role = o.role;
   u->info_.fingerprint = engine.kv_fingerprint();
   u->info_.kv_blocks_total = engine.stats().kv_blocks_total;
-  if (o.role != UnitRole::kDecode) {
-    auto t = KvTransferServer::start(u->ucx_, o.transfer);
-    if (!t.ok()) return t.status();
-    u->transfer_ = std::move(*t);
-    u->info_.transfer = u->transfer_->address();
-  }
+  u->info_.transfer = transport.address();
   if (!o.router_url.empty()) {
     std::string host;
     int port = 0;
@@ -206,13 +153,15 @@ Reply PdUnit::prefill(std::string_view body) {
         reply.output.finished = true;
         reply.output.finish_reason = o.finish_reason;
         reply.output.error = o.error;
-        reply.output.handoff = o.handoff;
+        reply.output.handoff_at = o.handoff_at;
       }
     }
   }
   if (reply.output.finish_reason == FinishReason::kHandedOff) {
-    if (Status st = transfer_->offer(id, reply.output.handoff); !st.ok()) return error_reply(st);
-    reply.transfer = transfer_->address();
+    if (reply.output.handoff_at.empty()) {
+      return error_reply(Internal("the engine handed a request off without offering its KV"));
+    }
+    reply.transfer = reply.output.handoff_at;
     reply.handle = id;
   }
   return Reply{200, "application/json", to_json(reply).dump(), nullptr};
@@ -227,11 +176,16 @@ Reply PdUnit::decode(std::string_view body) {
     return error_reply(InvalidArgument("decode request: needs 'transfer' and 'handle'"));
   }
   if (draining_.load()) return error_reply(Unavailable("the unit is draining"));
-  Reply r;
-  r.content_type = "application/x-ndjson";
-  r.stream = std::make_shared<DecodeStream>(engine_, ucx_, options_.pull, std::move(*p), &pulls_ok_,
-                                            &pulls_failed_, &pull_bytes_, &pull_us_);
-  return r;
+  EngineRequest r = std::move(p->request);
+  r.resume_from = p->transfer;
+  r.resume_handle = p->handle;
+  const std::string id = r.id;
+  auto q = std::make_shared<OutputQueue>();
+  if (Status st = engine_.submit(std::move(r), q->callback()); !st.ok()) return error_reply(st);
+  Reply reply;
+  reply.content_type = "application/x-ndjson";
+  reply.stream = std::make_shared<DecodeStream>(engine_, id, std::move(q));
+  return reply;
 }
 
 Status PdUnit::post(const std::string& path, const std::string& body, int* status,
@@ -280,7 +234,7 @@ void PdUnit::heartbeat_loop() {
       } else {
         const EngineStats s = engine_.stats();
         UnitLoad l{info_.name,       s.running,         s.waiting,
-                   s.kv_blocks_used, s.kv_blocks_total, transfer_ ? transfer_->stats().leases : 0,
+                   s.kv_blocks_used, s.kv_blocks_total, transport_.server_stats().leases,
                    draining_.load()};
         st = post("/pd/v1/heartbeat", to_json(l).dump(), &status);
         if (st.ok() && status == 404) registered = false;  // a restarted router: register again
@@ -309,28 +263,7 @@ void PdUnit::drain() {
 }
 
 std::string PdUnit::metrics_text() {
-  std::string out;
-  auto line = [&](const char* name, const char* help, int64_t v, const char* type = "counter") {
-    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
-  };
-  if (transfer_) {
-    const KvTransferStats s = transfer_->stats();
-    line("moeserve_pd_handoffs_offered_total", "Hand-offs put under lease for decode units",
-         s.offered);
-    line("moeserve_pd_handoffs_completed_total", "Hand-offs pulled and acknowledged", s.completed);
-    line("moeserve_pd_handoffs_expired_total", "Leases that ran out untaken", s.expired);
-    line("moeserve_pd_transfer_bytes_sent_total", "KV bytes sent to decode units", s.bytes_sent);
-    line("moeserve_pd_transfer_frames_rejected_total", "Malformed or corrupt frames received",
-         s.frames_rejected);
-    line("moeserve_pd_leases", "Hand-offs held now", s.leases, "gauge");
-  }
-  if (options_.role != UnitRole::kPrefill) {
-    line("moeserve_pd_pulls_total", "KV pulls that arrived whole", pulls_ok_.load());
-    line("moeserve_pd_pull_failures_total", "KV pulls that failed", pulls_failed_.load());
-    line("moeserve_pd_pull_bytes_total", "KV bytes pulled", pull_bytes_.load());
-    line("moeserve_pd_pull_microseconds_total", "Time spent pulling KV", pull_us_.load());
-  }
-  return out;
+  return transport_.metrics_text();
 }
 
 }  // namespace moeserve

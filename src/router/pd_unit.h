@@ -1,11 +1,12 @@
-// PdUnit: what makes a `serve` process a unit of a disaggregated deployment (docs/pd.md): the
-// internal routes the router calls, the KV transfer server (prefill side) or puller (decode
-// side), and the registration with the router and its heartbeats.
+// PdUnit: what makes a `serve` process (rank 0 of a unit) a unit of a disaggregated deployment
+// (docs/pd.md): the internal routes the router calls, and the registration with the router and
+// its heartbeats. The KV itself moves through the engine's PdHooks (pd_transport.h), on the
+// rank that runs each request.
 //
-//   prefill: POST /pd/v1/prefill runs the request with hand_off, offers the hand-off under a
-//            lease on the transfer server and answers the first token and where the KV is.
-//   decode:  POST /pd/v1/decode pulls the KV from that prefill unit, resumes the request and
-//            streams its outputs (NDJSON, one RequestOutput per line) until it ends.
+//   prefill: POST /pd/v1/prefill runs the request with hand_off; the serving rank offers the
+//            hand-off under a lease; the reply is the first token and where the KV is.
+//   decode:  POST /pd/v1/decode submits the request to resume from there (the serving rank
+//            pulls the KV) and streams its outputs (NDJSON, one RequestOutput per line).
 //   both:    either.
 //
 // Registration runs on a thread of its own: register, then a heartbeat every interval with the
@@ -24,18 +25,16 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "router/pd_protocol.h"
+#include "router/pd_transport.h"
 #include "server/http_server.h"
 #include "server/openai_service.h"
-#include "transfer/kv_transfer.h"
 
 namespace moeserve {
 
 struct PdUnitOptions {
   UnitRole role = UnitRole::kBoth;
-  std::string router_url;      // http://host:port; empty: no registration (routes only)
-  std::string api_key;         // sent to the router (one key for the deployment); empty: none
-  KvTransferOptions transfer;  // prefill side: where the transfer server listens
-  PullOptions pull;            // decode side
+  std::string router_url;  // http://host:port; empty: no registration (routes only)
+  std::string api_key;     // sent to the router (one key for the deployment); empty: none
   std::chrono::milliseconds heartbeat{500};
   // How long POST /pd/v1/prefill waits for the engine (queue and prefill) before it cancels.
   std::chrono::milliseconds prefill_timeout{std::chrono::minutes(10)};
@@ -43,8 +42,10 @@ struct PdUnitOptions {
 
 class PdUnit {
  public:
-  // Starts the transfer server (prefill side); nothing is registered yet.
-  static Result<std::unique_ptr<PdUnit>> start(Engine& engine, const PdUnitOptions& options);
+  // transport: rank 0's (its address is what the unit registers; borrowed, outlives the unit).
+  // Nothing is registered yet.
+  static Result<std::unique_ptr<PdUnit>> start(Engine& engine, PdTransport& transport,
+                                               const PdUnitOptions& options);
   ~PdUnit();
   // The unit's HTTP side listens at `url` (http://host:port as the router reaches it): starts
   // registering and heartbeating (when there is a router).
@@ -61,18 +62,17 @@ class PdUnit {
   const UnitInfo& info() const { return info_; }
 
  private:
-  PdUnit(Engine& engine, const PdUnitOptions& o) : engine_(engine), options_(o) {}
+  PdUnit(Engine& engine, PdTransport& t, const PdUnitOptions& o)
+      : engine_(engine), transport_(t), options_(o) {}
   void heartbeat_loop();
   Status post(const std::string& path, const std::string& body, int* status,
               std::string* reply = nullptr);
 
   Engine& engine_;
+  PdTransport& transport_;
   PdUnitOptions options_;
   UnitInfo info_;
-  std::shared_ptr<UcxContext> ucx_;
-  std::unique_ptr<KvTransferServer> transfer_;
   std::atomic<bool> draining_{false};
-  std::atomic<int64_t> pulls_ok_{0}, pulls_failed_{0}, pull_bytes_{0}, pull_us_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -337,8 +337,11 @@ Result<std::shared_ptr<KvHandoff>> pull_kv(std::shared_ptr<UcxContext> ctx,
   Status last;
   for (int attempt = 0; attempt < o.max_attempts && Clock::now() < end; ++attempt) {
     if (stats) stats->attempts = attempt + 1;
+    if (o.stop && o.stop->load())
+      return Unavailable(fmt::format("pulling hand-off '{}': stopping", handle));
     auto s = UcxStream::connect(ctx, host, port);
     if (!s.ok()) return s.status();
+    (*s)->set_stop_flag(o.stop);
     last = pull_once(**s, handle, fingerprint, o, end, &have_header, out.get(), stats);
     if (last.ok()) return out;
     if (!retriable(last)) return last;

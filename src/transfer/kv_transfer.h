@@ -100,6 +100,7 @@ struct PullOptions {
   std::chrono::milliseconds timeout{60000};     // the whole pull, retries included
   std::chrono::milliseconds io_timeout{10000};  // one frame
   int max_attempts = 4;                         // connections tried (the first included)
+  const std::atomic<bool>* stop = nullptr;      // when set and true: give up now (Unavailable)
 };
 
 struct PullStats {

@@ -6,6 +6,10 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <map>
+#include <thread>
+
 #include "../model/test_models.h"
 #include "cache/kv_cache.h"
 #include "collector.h"
@@ -243,6 +247,103 @@ TEST(Handoff, BadHandoffsAreRefusedAtSubmit) {
   run(*d, rest, &dc);
   EXPECT_EQ(dc.reason, FinishReason::kLength);
   EXPECT_EQ(dc.tokens.size(), 7u);
+}
+
+// Through the engine's PdHooks (what a unit uses, every rank of an EP unit included): the
+// prefill engine offers each hand-off and reports only its address; the decode engine pulls it
+// on a thread of its own while it keeps stepping, then continues as from an inline hand-off. A
+// failed pull, a pulled hand-off that does not fit, and a cancel while pulling each end the
+// request with the reason; others are unaffected.
+TEST(Handoff, OfferAndPullThroughTheHooks) {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<const KvHandoff>> held;
+  std::atomic<bool> release{true};
+  EngineOptions po = options(DType::kBF16);
+  po.pd.offer = [&](const std::string& handle,
+                    std::shared_ptr<const KvHandoff> h) -> Result<std::string> {
+    std::lock_guard<std::mutex> lock(mu);
+    held[handle] = std::move(h);
+    return std::string("unit-p:1");
+  };
+  EngineOptions dopt = options(DType::kBF16);
+  dopt.pd.pull = [&](const std::string& address, const std::string& handle,
+                     const std::atomic<bool>* stop) -> Result<std::shared_ptr<KvHandoff>> {
+    while (!release.load() && !stop->load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (address != "unit-p:1") return Unavailable("no unit at " + address);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = held.find(handle);
+    if (it == held.end()) return NotFound("no hand-off '" + handle + "'");
+    auto copy = std::make_shared<KvHandoff>(*it->second);
+    if (handle == "bent") copy->fingerprint ^= 1;
+    return copy;
+  };
+  auto colocated = engine(options(DType::kBF16));
+  auto p = engine(po);
+  auto d = engine(dopt);
+  ASSERT_TRUE(colocated && p && d);
+  for (const EngineRequest& r : {request("g", 130, 1, 10, false), request("s", 20, 2, 10, true)}) {
+    Collector want;
+    run(*colocated, r, &want);
+    EngineRequest first = r;
+    first.hand_off = true;
+    Collector pc;
+    run(*p, first, &pc);
+    ASSERT_EQ(pc.reason, FinishReason::kHandedOff);
+    EXPECT_EQ(pc.handoff, nullptr);  // it stayed with the hook
+    EngineRequest rest = r;
+    rest.resume_from = "unit-p:1";
+    rest.resume_handle = r.id;
+    Collector dc;
+    run(*d, rest, &dc);
+    std::vector<GeneratedToken> all = pc.generated;
+    all.insert(all.end(), dc.generated.begin(), dc.generated.end());
+    EXPECT_EQ(all, want.generated) << r.id;
+  }
+  auto ends = [&](EngineRequest r, FinishReason reason, const std::string& says) {
+    Collector c;
+    run(*d, r, &c);
+    EXPECT_EQ(c.reason, reason) << r.id;
+    EXPECT_NE(c.error.message().find(says), std::string::npos) << c.error.to_string();
+  };
+  EngineRequest r = request("x", 20, 3, 10, false);
+  r.resume_from = "unit-p:1";
+  r.resume_handle = "missing";
+  ends(r, FinishReason::kError, "'missing'");
+  r.resume_from = "elsewhere:2";
+  ends(r, FinishReason::kError, "elsewhere:2");
+  {  // a hand-off of another fingerprint, pulled: refused after the pull
+    EngineRequest first = request("bent", 20, 4, 10, false);
+    first.hand_off = true;
+    Collector pc;
+    run(*p, first, &pc);
+    EngineRequest rest = request("bent", 20, 4, 10, false);
+    rest.resume_from = "unit-p:1";
+    rest.resume_handle = "bent";
+    ends(rest, FinishReason::kError, "fingerprint");
+  }
+  // Cancelled while its KV is on the way; meanwhile another request runs to its end.
+  release.store(false);
+  EngineRequest slow = request("g", 130, 1, 10, false);
+  slow.id = "slow";
+  slow.resume_from = "unit-p:1";
+  slow.resume_handle = "g";
+  Collector sc;
+  ASSERT_TRUE(d->submit(slow, sc.callback()).ok());
+  Collector other;
+  run(*d, request("other", 10, 5, 4, false), &other);
+  EXPECT_EQ(other.tokens.size(), 4u);
+  EXPECT_EQ(d->stats().loading, 1);
+  d->cancel("slow");
+  release.store(true);
+  sc.wait();
+  EXPECT_EQ(sc.reason, FinishReason::kCancelled);
+  // Refused at submit: no handle; both an inline and a pulled hand-off; a pull without hooks.
+  EngineRequest bad = request("b", 5, 6, 4, false);
+  bad.resume_from = "unit-p:1";
+  EXPECT_EQ(d->submit(bad, [](const RequestOutput&) {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(colocated->submit(slow, [](const RequestOutput&) {}).code(),
+            StatusCode::kUnimplemented);
 }
 
 }  // namespace
