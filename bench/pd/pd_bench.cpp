@@ -53,7 +53,7 @@ std::shared_ptr<KvHandoff> make_handoff(int64_t tokens, uint64_t block_bytes) {
   st << rng;
   h->rng_state = st.str();
   for (int64_t b = 0; b < (tokens + 63) / 64; ++b) {
-    std::vector<uint8_t> bytes(block_bytes);
+    KvBytes bytes(block_bytes);
     for (size_t i = 0; i < bytes.size(); i += 8) {
       const uint64_t v = rng();
       std::memcpy(bytes.data() + i, &v, std::min<size_t>(8, bytes.size() - i));
@@ -211,7 +211,7 @@ json simulate(bool balanced, int ranks, int n_requests, uint64_t seed) {
   std::vector<double> tok_ratio, attn_ratio, kv_ratio, req_ratio;
   int next_rr_p = 0, next_rr_d = 0;
   std::deque<Req> handed;  // prefilled, waiting for a decode rank (one step later)
-  const int arrivals_per_step = 2;
+  const int arrivals_per_step = std::max(1, ranks / 2);  // (~90% busy prefill ranks at any R)
   // What each rank was given in the current window of kWindow steps (DeepSeek equalizes the
   // input tokens per rank of each batch; a window is the simulation's batch).
   constexpr int kWindow = 25;

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 
 WORDS = ("the of and to in is was for on that with as by at from his it an were are which this "
          "be or has had not also have but first one their its after new who they two her she "
@@ -33,6 +34,14 @@ def percentile(v, q):
     return v[min(len(v) - 1, int(q * (len(v) - 1)))]
 
 
+MODEL = "m"
+
+
+def served_model(url):
+    with urllib.request.urlopen(url + "/v1/models") as r:
+        return json.load(r)["data"][0]["id"]
+
+
 class Stream(threading.Thread):
     def __init__(self, url, i, max_tokens, stop):
         super().__init__(daemon=True)
@@ -42,7 +51,7 @@ class Stream(threading.Thread):
 
     def run(self):
         u = urllib.parse.urlparse(self.url)
-        body = {"model": "m", "stream": True, "max_tokens": self.max_tokens, "ignore_eos": True,
+        body = {"model": MODEL, "stream": True, "max_tokens": self.max_tokens, "ignore_eos": True,
                 "temperature": 0,
                 "messages": [{"role": "user", "content": f"stream {self.i}: tell a long story"}]}
         try:
@@ -75,7 +84,7 @@ def prompt_sender(url, n_tokens, stop, ttfts, seed):
     while not stop.is_set():
         k += 1
         text = f"{k} {rng.random()} " + " ".join(rng.choice(WORDS) for _ in range(n_tokens))
-        body = {"model": "m", "max_tokens": 2, "temperature": 0, "prompt": text}
+        body = {"model": MODEL, "max_tokens": 2, "temperature": 0, "prompt": text}
         t0 = time.monotonic()
         c = http.client.HTTPConnection(u.hostname, u.port, timeout=900)
         c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -105,6 +114,8 @@ def main():
     ap.add_argument("--busy-s", type=float, default=40)
     ap.add_argument("--max-tokens", type=int, default=4000)
     a = ap.parse_args()
+    global MODEL
+    MODEL = served_model(a.url)
     stop = threading.Event()
     streams = [Stream(a.url, i, a.max_tokens, stop) for i in range(a.streams)]
     for s in streams:

@@ -5,7 +5,7 @@
 #   bash bench/pd/tpot_isolation.sh [MODEL_DIR]   (default /tmp/benchmodel, the bench preset:
 #                                                  ./build/moeserve make-model --preset bench --out /tmp/benchmodel)
 # Then the KV transfer figures: pd-bench transfer at the model's block size and at V3's.
-# Prints one JSON line per configuration. Takes ~4 minutes; not in CI.
+# Prints one JSON line per configuration. Takes ~4 minutes (BUSY_S=150: ~8); not in CI.
 set -euo pipefail
 bin=$(readlink -f build/moeserve)
 model=${1:-/tmp/benchmodel}
@@ -17,14 +17,18 @@ wait_up() { for _ in $(seq 900); do curl -sf "http://127.0.0.1:$1/health" >/dev/
 common=(--model "$model" --kv-cache-gb 2 --max-model-len 16384)
 args=(--streams 8 --prompt-len "${PROMPT_LEN:-2000}" --quiet-s "${QUIET_S:-20}" --busy-s "${BUSY_S:-60}")
 
-# Co-located: one server, both cores.
+# Co-located: one server, both cores (SKIP_COLOCATED=1 skips it).
+if [[ -z ${SKIP_COLOCATED:-} ]]; then
 "$bin" serve "${common[@]}" --port 18500 --threads 2 > "$dir/colocated.log" 2>&1 & pids+=($!)
 wait_up 18500
 python3 bench/pd/tpot_isolation.py --url http://127.0.0.1:18500 --label colocated "${args[@]}"
 kill -TERM "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+fi
 
-# Disaggregated: the router (light) beside the prefill unit on core 0, the decode unit on core 1.
-taskset -c 0 "$bin" router --model "$model" --port 18600 > "$dir/router.log" 2>&1 & pids+=($!)
+# Disaggregated: the prefill unit on core 0, the decode unit on core 1; the router (light; on a
+# host of its own in a deployment) unpinned at a higher priority, so that forwarding tokens does
+# not wait behind either unit's compute thread.
+nice -n -10 "$bin" router --model "$model" --port 18600 > "$dir/router.log" 2>&1 & pids+=($!)
 taskset -c 0 "$bin" serve "${common[@]}" --port 18601 --threads 1 --role prefill \
   --router http://127.0.0.1:18600 > "$dir/prefill.log" 2>&1 & pids+=($!)
 taskset -c 1 "$bin" serve "${common[@]}" --port 18602 --threads 1 --role decode \

@@ -201,6 +201,10 @@ class KvCache {
   // ---- Blocks as objects ----
   // A copy of block `block` (registered or not; tokens/hash/parent as registered, else empty).
   KvBlock export_block(int32_t block) const;
+  // Block `block`'s bytes in place (valid while the block is held).
+  std::span<const uint8_t> block_view(int32_t block) const {
+    return {block_ptr(block), layout_.block_bytes()};
+  }
   // A fresh block (one reference, appended to table) holding `b`'s bytes, registered under
   // b.hash when it has one; false (nothing taken) when no block is available. The caller has
   // checked b.bytes.size() == layout().block_bytes() (CHECKed).

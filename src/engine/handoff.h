@@ -12,9 +12,45 @@
 #include <string>
 #include <vector>
 
+#include <new>
+
+#include "core/region_cache.h"
 #include "core/status.h"
 
 namespace moeserve {
+
+// The allocator of a hand-off's block bytes: no zeroing (every byte is written: copied out of
+// the KV pool or received), and blocks of 2 MiB and more in recycled huge-page regions
+// (core/region_cache.h), so that filling a block costs one pass over memory, not page faults.
+template <typename T>
+struct KvBytesAllocator {
+  using value_type = T;
+  KvBytesAllocator() = default;
+  template <typename U>
+  KvBytesAllocator(const KvBytesAllocator<U>&) {}  // NOLINT: rebinding
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    return static_cast<T*>(bytes < kRegionAlign ? ::operator new(bytes) : region_alloc(bytes));
+  }
+  void deallocate(T* p, size_t n) {
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kRegionAlign) {
+      ::operator delete(p);
+    } else {
+      region_free(p, bytes);
+    }
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) {
+      ::new (static_cast<void*>(p)) U;  // default-initialized: no zeroing
+    } else {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  }
+  friend bool operator==(const KvBytesAllocator&, const KvBytesAllocator&) { return true; }
+};
+using KvBytes = std::vector<uint8_t, KvBytesAllocator<uint8_t>>;
 
 struct KvHandoff {
   // Everything that decides the KV's bits (model, KV dtype, compute path, layout version: the
@@ -27,7 +63,7 @@ struct KvHandoff {
   int64_t n_cached_prompt = 0;  // prompt tokens the prefill unit found in its prefix cache
   // blocks_for(n_computed) blocks of block_bytes each: the KvCache's block objects, in order
   // (the last one partly filled unless n_computed is a multiple of 64).
-  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<KvBytes> blocks;
   // The request's sampler (std::mt19937_64 written with operator<<) after its last sample.
   std::string rng_state;
 

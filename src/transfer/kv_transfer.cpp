@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 namespace moeserve {
 
@@ -10,6 +11,8 @@ namespace {
 
 // What a puller may send: PullMsg, DoneMsg, AbortMsg (a handle and a reason).
 constexpr uint64_t kMaxControlBody = 1 << 20;
+// A block is received in slices of this size, each hashed while it is in cache.
+constexpr size_t kRecvSlice = size_t(1) << 20;
 
 Status send_msg(UcxStream& s, const KvMessage& m, Clock::time_point deadline) {
   return s.send(encode(m), deadline);
@@ -98,6 +101,10 @@ void KvTransferServer::expire_locked(Clock::time_point now) {
 Status KvTransferServer::offer(const std::string& handle, std::shared_ptr<const KvHandoff> h) {
   uint64_t bytes = 0;
   for (const auto& b : h->blocks) bytes += b.size();
+  auto held = std::make_shared<Held>();
+  held->checksums.reserve(h->blocks.size());
+  for (const auto& b : h->blocks) held->checksums.push_back(XXH3_64bits(b.data(), b.size()));
+  held->handoff = std::move(h);
   std::lock_guard<std::mutex> lock(mu_);
   expire_locked(Clock::now());
   if (leases_.count(handle)) {
@@ -109,7 +116,7 @@ Status KvTransferServer::offer(const std::string& handle, std::shared_ptr<const 
         fmt::format("hand-offs held ({} bytes) + this one ({}) exceed the limit ({} bytes)",
                     stats_.leased_bytes, bytes, options_.max_lease_bytes));
   }
-  leases_[handle] = Lease{std::move(h), Clock::now() + options_.lease, bytes};
+  leases_[handle] = Lease{std::move(held), Clock::now() + options_.lease, bytes};
   stats_.leased_bytes += int64_t(bytes);
   stats_.leases = int64_t(leases_.size());
   ++stats_.offered;
@@ -130,11 +137,11 @@ void KvTransferServer::erase(const std::string& handle, int64_t KvTransferStats:
   ++(stats_.*counter);
 }
 
-std::shared_ptr<const KvHandoff> KvTransferServer::find(const std::string& handle) {
+std::shared_ptr<const KvTransferServer::Held> KvTransferServer::find(const std::string& handle) {
   std::lock_guard<std::mutex> lock(mu_);
   expire_locked(Clock::now());
   auto it = leases_.find(handle);
-  return it == leases_.end() ? nullptr : it->second.handoff;
+  return it == leases_.end() ? nullptr : it->second.held;
 }
 
 KvTransferStats KvTransferServer::stats() {
@@ -204,7 +211,8 @@ Status KvTransferServer::serve_pull(UcxStream& s, const PullMsg& pull) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.pulls;
   }
-  std::shared_ptr<const KvHandoff> h = find(pull.handle);
+  std::shared_ptr<const Held> held = find(pull.handle);
+  const KvHandoff* h = held ? held->handoff.get() : nullptr;
   Status refused;
   if (!h) {
     refused = NotFound(fmt::format(
@@ -232,8 +240,12 @@ Status KvTransferServer::serve_pull(UcxStream& s, const PullMsg& pull) {
                  h->tokens,      h->rng_state};
   RETURN_IF_ERROR(send_msg(s, head, deadline));
   for (uint64_t b = pull.from_block; b < h->blocks.size(); ++b) {
-    const std::vector<uint8_t>& bytes = h->blocks[b];
-    const FrameHeader fh = frame_header(MsgType::kBlock, bytes, b);
+    const KvBytes& bytes = h->blocks[b];
+    FrameHeader fh;
+    fh.type = uint16_t(MsgType::kBlock);
+    fh.length = bytes.size();
+    fh.seq = b;
+    fh.checksum = held->checksums[b];
     const std::span<const uint8_t> parts[] = {{reinterpret_cast<const uint8_t*>(&fh), sizeof(fh)},
                                               bytes};
     RETURN_IF_ERROR(s.send(parts, Clock::now() + options_.io_timeout));
@@ -284,12 +296,14 @@ Status pull_once(UcxStream& s, const std::string& handle, uint64_t fingerprint,
     out->blocks.reserve(head->n_blocks);
     *have_header = true;
   }
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> hash_state(XXH3_createState(),
+                                                                             XXH3_freeState);
   for (uint64_t b = from; b < head->n_blocks; ++b) {
     auto fh = recv_header(s, kKvWireMaxBody, frame_deadline());
     if (!fh.ok()) return fh.status();
-    std::vector<uint8_t> body(fh->length);
-    RETURN_IF_ERROR(s.recv(body, frame_deadline()));
     if (fh->type == uint16_t(MsgType::kAbort)) {
+      std::vector<uint8_t> body(fh->length);
+      RETURN_IF_ERROR(s.recv(body, frame_deadline()));
       auto a = decode(*fh, body);
       if (a.ok()) return abort_status(std::get<AbortMsg>(*a), s.peer());
       return a.status();
@@ -299,10 +313,19 @@ Status pull_once(UcxStream& s, const std::string& handle, uint64_t fingerprint,
           fmt::format("the unit at {} sent frame type {} seq {} ({} bytes) for block {}", s.peer(),
                       fh->type, fh->seq, fh->length, b));
     }
-    Status ok = verify_body(*fh, body);
-    if (!ok.ok()) {
+    // Received in slices, each hashed while it is still in cache.
+    KvBytes body(fh->length);
+    XXH3_state_t* state = hash_state.get();
+    XXH3_64bits_reset(state);
+    for (size_t off = 0; off < body.size(); off += kRecvSlice) {
+      const size_t n = std::min(kRecvSlice, body.size() - off);
+      RETURN_IF_ERROR(s.recv({body.data() + off, n}, frame_deadline()));
+      XXH3_64bits_update(state, body.data() + off, n);
+    }
+    if (XXH3_64bits_digest(state) != fh->checksum) {
       if (stats) ++stats->corrupt_frames;
-      return ok.with_context(fmt::format("block {} of hand-off '{}' from {}", b, handle, s.peer()));
+      return Corrupt(
+          fmt::format("block {} of hand-off '{}' from {} fails its checksum", b, handle, s.peer()));
     }
     if (stats) stats->bytes += int64_t(body.size());
     out->blocks.push_back(std::move(body));

@@ -66,8 +66,14 @@ class KvTransferServer {
   KvTransferStats stats();
 
  private:
-  struct Lease {
+  // A hand-off as served: its blocks' checksums are computed once, when it is offered, not on
+  // the transfer's critical path.
+  struct Held {
     std::shared_ptr<const KvHandoff> handoff;
+    std::vector<uint64_t> checksums;  // [block] XXH3-64
+  };
+  struct Lease {
+    std::shared_ptr<const Held> held;
     Clock::time_point expires;
     uint64_t bytes = 0;
   };
@@ -81,7 +87,7 @@ class KvTransferServer {
   void accept(std::unique_ptr<UcxStream> s);
   void serve(UcxStream& s);
   Status serve_pull(UcxStream& s, const PullMsg& pull);
-  std::shared_ptr<const KvHandoff> find(const std::string& handle);
+  std::shared_ptr<const Held> find(const std::string& handle);
   void erase(const std::string& handle, int64_t KvTransferStats::*counter);
   void expire_locked(Clock::time_point now);
 

@@ -211,15 +211,20 @@ Status UcxStream::wait(void* r, Clock::time_point deadline, const char* what) {
 
 Status UcxStream::send(std::span<const std::span<const uint8_t>> parts,
                        Clock::time_point deadline) {
-  for (std::span<const uint8_t> part : parts) {
-    if (part.empty()) continue;
-    if (failed_.load() || !ep_)
-      return Unavailable(fmt::format("sending to {}: the connection is lost", peer_));
-    ucp_request_param_t p{};
-    void* r = ucp_stream_send_nbx(ep_, part.data(), part.size(), &p);
-    RETURN_IF_ERROR(wait(r, deadline, "sending to"));
+  if (failed_.load() || !ep_) {
+    return Unavailable(fmt::format("sending to {}: the connection is lost", peer_));
   }
-  return Status::Ok();
+  // All parts in one operation (an I/O vector): a frame's header and body leave together.
+  std::vector<ucp_dt_iov_t> iov;
+  for (std::span<const uint8_t> part : parts) {
+    if (!part.empty()) iov.push_back({const_cast<uint8_t*>(part.data()), part.size()});
+  }
+  if (iov.empty()) return Status::Ok();
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  p.datatype = ucp_dt_make_iov();
+  void* r = ucp_stream_send_nbx(ep_, iov.data(), iov.size(), &p);
+  return wait(r, deadline, "sending to");
 }
 
 Status UcxStream::recv(std::span<uint8_t> buf, Clock::time_point deadline) {
