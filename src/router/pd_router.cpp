@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/kv_cache.h"
+#include "router/pd_http.h"
 #include "server/api_error.h"
 
 namespace moeserve {
@@ -16,23 +17,6 @@ namespace {
 
 Reply json_reply(int status, const json& j) {
   return Reply{status, "application/json", j.dump(), nullptr};
-}
-
-Reply error_reply(const Status& st) {
-  const ApiError e = error_from_status(st);
-  return Reply{e.http_status, "application/json", e.to_json(), nullptr};
-}
-
-Status split_url(const std::string& url, std::string* host, int* port) {
-  std::string rest = url.rfind("http://", 0) == 0 ? url.substr(7) : url;
-  rest = rest.substr(0, rest.find('/'));
-  const size_t colon = rest.rfind(':');
-  if (colon == std::string::npos) return InvalidArgument(fmt::format("'{}' has no port", url));
-  *host = rest.substr(0, colon);
-  *port = std::atoi(rest.c_str() + colon + 1);
-  if (*port <= 0 || *port > 65535)
-    return InvalidArgument(fmt::format("'{}' has no valid port", url));
-  return Status::Ok();
 }
 
 // A unit's error reply as a Status (its body is an OpenAI-style error).
@@ -244,7 +228,7 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
     }
     std::string host;
     int port = 0;
-    Status st = split_url(url, &host, &port);
+    Status st = split_http_url(url, &host, &port);
     httplib::Result res{nullptr, httplib::Error::Connection};
     if (st.ok()) {
       httplib::Client c(host, port);
@@ -315,7 +299,7 @@ Status PdRouter::run_decode(Flow& f, const PrefillReply& reply) {
   };
   std::string host;
   int port = 0;
-  Status st = split_url(url, &host, &port);
+  Status st = split_http_url(url, &host, &port);
   if (!st.ok()) {
     release();
     return st;

@@ -1,16 +1,8 @@
 #include "router/pd_transport.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 namespace moeserve {
-
-namespace {
-constexpr int kPullNice = 10;  // the pulling thread's nice value
-}  // namespace
 
 Result<std::unique_ptr<PdTransport>> PdTransport::start(UnitRole role, const KvTransferOptions& so,
                                                         const PullOptions& pull) {
@@ -40,10 +32,6 @@ PdHooks PdTransport::hooks() {
   if (role_ != UnitRole::kPrefill) {
     h.pull = [this](const std::string& address, const std::string& handle,
                     const std::atomic<bool>* stop) -> Result<std::shared_ptr<KvHandoff>> {
-      // Below the step thread: on a core it shares with decode steps the pull takes the idle
-      // time, so the streams already running keep their pace (docs/pd.md "Bench"); it runs on a
-      // thread of its own (DpControl), so this stays with it.
-      setpriority(PRIO_PROCESS, pid_t(syscall(SYS_gettid)), kPullNice);
       PullOptions o = pull_;
       o.stop = stop;
       PullStats ps;

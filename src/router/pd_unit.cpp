@@ -6,6 +6,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "router/pd_http.h"
 #include "server/api_error.h"
 
 namespace moeserve {
@@ -14,21 +15,7 @@ using nlohmann::json;
 
 namespace {
 
-Reply error_reply(const Status& st) {
-  const ApiError e = error_from_status(st);
-  return Reply{e.http_status, "application/json", e.to_json(), nullptr};
-}
-
 // Splits "http://host:port" (a path after it is ignored).
-Status split_url(const std::string& url, std::string* host, int* port) {
-  std::string rest = url;
-  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
-  rest = rest.substr(0, rest.find('/'));
-  uint16_t p = 0;
-  RETURN_IF_ERROR(split_address(rest, host, &p));
-  *port = p;
-  return Status::Ok();
-}
 
 // A request's outputs as they come from the engine, for one waiting thread.
 struct OutputQueue {
@@ -91,7 +78,7 @@ Result<std::unique_ptr<PdUnit>> PdUnit::start(Engine& engine, PdTransport& trans
   if (!o.router_url.empty()) {
     std::string host;
     int port = 0;
-    RETURN_IF_ERROR(split_url(o.router_url, &host, &port).with_context("--router"));
+    RETURN_IF_ERROR(split_http_url(o.router_url, &host, &port).with_context("--router"));
   }
   return u;
 }
@@ -192,7 +179,7 @@ Status PdUnit::post(const std::string& path, const std::string& body, int* statu
                     std::string* reply) {
   std::string host;
   int port = 0;
-  RETURN_IF_ERROR(split_url(options_.router_url, &host, &port));
+  RETURN_IF_ERROR(split_http_url(options_.router_url, &host, &port));
   httplib::Client c(host, port);
   c.set_connection_timeout(1, 0);
   c.set_read_timeout(2, 0);
