@@ -15,6 +15,11 @@ DpControl::DpControl(Communicator* comm, EngineCore& core, Tracer* tracer)
       outstanding_(size_t(n_ranks_), 0),
       rank_stats_(size_t(n_ranks_)) {}
 
+DpControl::~DpControl() {
+  stop_pulls_.store(true);
+  for (Pull& p : pulls_) p.thread.join();
+}
+
 void DpControl::set_pd(PdHooks hooks, std::function<Status(const EngineRequest&)> validate,
                        std::function<void()> wake) {
   pd_ = std::move(hooks);

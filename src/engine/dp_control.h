@@ -48,6 +48,7 @@ class DpControl {
  public:
   // comm: the EP group (borrowed), or null for one process.
   DpControl(Communicator* comm, EngineCore& core, Tracer* tracer);
+  ~DpControl();  // joins pulls still in flight (end_pulls normally ended them)
 
   int rank() const { return rank_; }
   int n_ranks() const { return n_ranks_; }
