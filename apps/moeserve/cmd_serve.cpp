@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <optional>
 #include <thread>
 
@@ -21,6 +20,7 @@
 #include "ep/ep_group.h"
 #include "ep_flags.h"
 #include "eplb/expert_loads.h"
+#include "front_door.h"
 #include "model/config.h"
 #include "router/pd_unit.h"
 #include "server/http_server.h"
@@ -38,16 +38,10 @@ constexpr int kDeadEngineGraceS = 3;
 
 struct ServeOptions {
   EngineOptions engine;
-  std::string tokenizer_dir;  // default: the model directory
-  std::string served_model_name;
-  HttpServerOptions http;
-  std::string api_key;
-  int64_t max_n = 8;
-  int64_t max_top_logprobs = 20;
-  double max_body_mb = 8;
-  std::string trace;  // Chrome trace JSON, written at exit (FILE.rank<r>.json under EP)
-  EpFlags ep;         // expert parallelism (under mpirun or with --ep) and EPLB
-  SpecFlags spec;     // MTP speculative decoding
+  FrontDoorFlags front;  // the API's flags (front_door.h)
+  std::string trace;     // Chrome trace JSON, written at exit (FILE.rank<r>.json under EP)
+  EpFlags ep;            // expert parallelism (under mpirun or with --ep) and EPLB
+  SpecFlags spec;        // MTP speculative decoding
   // Prefill/decode disaggregation (docs/pd.md): this process as a unit behind `moeserve router`.
   std::string role;            // prefill, decode, both; empty: a server of its own
   std::string router_url;      // http://host:port of the router to register with
@@ -82,10 +76,6 @@ int run_worker_rank(Engine& engine, int rank, const sigset_t& stop_signals,
 }
 
 int run_serve(ServeOptions o) {
-  if (o.http.port < 1 || o.http.port > 65535) {
-    fmt::print(stderr, "serve: --port {} is not a port (1-65535)\n", o.http.port);
-    return 2;
-  }
   // SIGTERM/SIGINT are taken synchronously by this thread (sigwait); every thread started
   // from here on inherits the blocked mask. A closed client socket must not kill the server.
   sigset_t stop_signals;
@@ -104,17 +94,8 @@ int run_serve(ServeOptions o) {
     }
     role = *r;
   }
-  if (o.tokenizer_dir.empty()) o.tokenizer_dir = o.engine.model_dir;
-  Result<Tokenizer> tok = Tokenizer::load(o.tokenizer_dir);
-  if (!tok.ok()) {
-    fmt::print(stderr, "serve: tokenizer: {} (give --tokenizer DIR)\n", tok.status().message());
-    return 1;
-  }
-  Result<ChatTemplate> tmpl = ChatTemplate::for_tokenizer(*tok);
-  if (!tmpl.ok()) {
-    fmt::print(stderr, "serve: {}; using the DeepSeek-V3 chat format\n", tmpl.status().message());
-    tmpl = ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3, tok->bos_token());
-  }
+  std::optional<FrontDoor> front = open_front_door(o.front, o.engine.model_dir, "serve");
+  if (!front) return 1;
   o.engine.overlap = !o.ep.no_overlap;
   o.engine.overlap_min_tokens = o.ep.overlap_min_tokens;
   o.engine.progress = true;
@@ -172,7 +153,7 @@ int run_serve(ServeOptions o) {
   // A unit's KV transfer (docs/pd.md): every rank has its own, for the requests it runs.
   std::unique_ptr<PdTransport> transport;
   if (role) {
-    if (o.advertise_host.empty()) o.advertise_host = o.http.host;
+    if (o.advertise_host.empty()) o.advertise_host = o.front.http.host;
     KvTransferOptions to;
     to.host = o.transfer_host.empty() ? o.advertise_host : o.transfer_host;
     to.port = rank == 0 ? uint16_t(o.transfer_port) : 0;  // (ranks > 0: any free port)
@@ -198,25 +179,17 @@ int run_serve(ServeOptions o) {
                "serve (rank {} of {}): {} of {} routed experts here; serving rank 0's requests\n",
                rank, ep->comm->size(), ep->dispatcher->placement().experts_on(0, rank).size(),
                ep->dispatcher->placement().n_experts());
-    int rc = run_worker_rank(**engine, rank, stop_signals, o.http.shutdown_timeout_s);
+    int rc = run_worker_rank(**engine, rank, stop_signals, o.front.http.shutdown_timeout_s);
     engine->reset();  // joins the step thread before the trace is read
     return std::max(rc, write_trace());
   }
-  if (int64_t(tok->vocab_size()) > (*engine)->vocab_size()) {
+  if (int64_t(front->tokenizer.vocab_size()) > (*engine)->vocab_size()) {
     fmt::print(stderr, "serve: warning: the tokenizer has {} ids, the model {}\n",
-               tok->vocab_size(), (*engine)->vocab_size());
+               front->tokenizer.vocab_size(), (*engine)->vocab_size());
   }
 
-  ServiceOptions so;
-  so.served_model_name = o.served_model_name.empty()
-                             ? std::filesystem::path(o.engine.model_dir).filename().string()
-                             : o.served_model_name;
-  if (so.served_model_name.empty()) so.served_model_name = "moeserve";
-  so.limits.max_n = o.max_n;
+  ServiceOptions& so = front->service;
   so.speculative = o.spec.enabled();
-  so.limits.max_top_logprobs = o.max_top_logprobs;
-  if (!o.api_key.empty()) o.http.api_key = o.api_key;
-  o.http.max_body_bytes = size_t(o.max_body_mb * 1024 * 1024);
 
   {
     std::unique_ptr<PdUnit> unit;
@@ -224,26 +197,27 @@ int run_serve(ServeOptions o) {
       PdUnitOptions uo;
       uo.role = *role;
       uo.router_url = o.router_url;
-      uo.api_key = o.api_key;
+      uo.api_key = o.front.api_key;
       auto u = PdUnit::start(**engine, *transport, uo);
       if (!u.ok()) {
         fmt::print(stderr, "serve: {}\n", u.status().message());
         return 1;
       }
       unit = std::move(*u);
-      for (HttpRoute& r : unit->routes()) o.http.routes.push_back(std::move(r));
-      o.http.extra_metrics = [u = unit.get()] { return u->metrics_text(); };
+      for (HttpRoute& r : unit->routes()) o.front.http.routes.push_back(std::move(r));
+      o.front.http.extra_metrics = [u = unit.get()] { return u->metrics_text(); };
     }
     ServerMetrics metrics;
-    OpenAiService service(**engine, std::move(*tok), std::move(*tmpl), so, metrics);
-    HttpServer http(service, **engine, metrics, o.http);
+    OpenAiService service(**engine, std::move(front->tokenizer), std::move(front->chat_template),
+                          so, metrics);
+    HttpServer http(service, **engine, metrics, o.front.http);
     if (Status s = http.start(); !s.ok()) {
       fmt::print(stderr, "serve: {}\n", s.message());
       return 1;
     }
     fmt::print(stderr, "serve: '{}' on http://{}:{} (context {} tokens{}{})\n",
-               so.served_model_name, o.http.host, http.port(), (*engine)->max_context(),
-               o.http.api_key ? ", API key required" : "",
+               so.served_model_name, o.front.http.host, http.port(), (*engine)->max_context(),
+               o.front.http.api_key ? ", API key required" : "",
                ep && ep->comm->size() > 1
                    ? fmt::format(", {} ranks: attention data-parallel, experts {}-way parallel",
                                  ep->comm->size(), ep->comm->size())
@@ -273,7 +247,7 @@ int run_serve(ServeOptions o) {
       }
     }
     fmt::print(stderr, "serve: {} received; finishing requests in flight (up to {} s)\n",
-               sig == SIGTERM ? "SIGTERM" : "SIGINT", o.http.shutdown_timeout_s);
+               sig == SIGTERM ? "SIGTERM" : "SIGINT", o.front.http.shutdown_timeout_s);
     if (unit) unit->drain();  // the router sends nothing new; what runs here finishes
     http.shutdown();
   }                 // the HTTP side is gone before the engine
@@ -289,16 +263,8 @@ Subcommand add_serve_command(CLI::App& parent) {
       parent.add_subcommand("serve", "Serve a checkpoint over an OpenAI-compatible HTTP API");
   auto o = std::make_shared<ServeOptions>();
   EngineOptions& e = o->engine;
-  HttpServerOptions& h = o->http;
   app->add_option("--model", e.model_dir, "Checkpoint directory (HF layout)")->required();
-  app->add_option("--tokenizer", o->tokenizer_dir, "Tokenizer directory (default: --model)");
-  app->add_option("--served-model-name", o->served_model_name,
-                  "Model name in the API (default: the model directory's name)");
-  app->add_option("--host", h.host, "Address to listen on")->capture_default_str();
-  app->add_option("--port", h.port, "Port to listen on (1-65535)")->capture_default_str();
-  app->add_option("--api-key", o->api_key,
-                  "Require 'Authorization: Bearer KEY' on /v1 routes (default: $MOESERVE_API_KEY)")
-      ->envname("MOESERVE_API_KEY");
+  add_front_door_flags(*app, o->front);
   app->add_option("--kv-cache-gb", e.kv_cache_gb, "Memory for the latent KV cache")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -324,22 +290,6 @@ Subcommand add_serve_command(CLI::App& parent) {
       ->check(CLI::NonNegativeNumber);
   app->add_option("--threads", e.threads, "Compute threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
-  app->add_option("--http-threads", h.http_threads, "Connections served at once")
-      ->capture_default_str()
-      ->check(CLI::Range(2, 4096));
-  app->add_option("--shutdown-timeout", h.shutdown_timeout_s,
-                  "Seconds in-flight requests may run after SIGTERM before they are cancelled")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--max-n", o->max_n, "Largest 'n' a request may ask for")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 128));
-  app->add_option("--max-logprobs", o->max_top_logprobs, "Largest 'top_logprobs'")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 100));
-  app->add_option("--max-body-mb", o->max_body_mb, "Largest request body (MiB)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.001, 1024.0));
   app->add_option(
       "--trace", o->trace,
       "Write a Chrome trace (Perfetto, chrome://tracing) of every step's stages at exit "

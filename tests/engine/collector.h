@@ -39,9 +39,15 @@ struct Collector {
         reason = o.finish_reason;
         error = o.error;
         handoff = o.handoff;
-        cv.notify_all();
       }
+      cv.notify_all();
     };
+  }
+  // Until n tokens have come or the request ended; false after 60 s.
+  bool wait_tokens(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(60),
+                       [&] { return tokens.size() >= n || finished; });
   }
   void wait() {
     std::unique_lock<std::mutex> lock(mu);

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "../model/test_models.h"
+#include "collector.h"
 #include "engine/llm_engine.h"
 #include "engine/rank_messages.h"
 #include "ep/communicator.h"
@@ -20,40 +21,7 @@
 namespace moeserve {
 namespace {
 
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  bool finished = false;
-  FinishReason reason = FinishReason::kLength;
-  Status error;
-
-  OutputCallback callback() {
-    return [this](const RequestOutput& o) {
-      std::lock_guard<std::mutex> lock(mu);
-      for (const auto& t : o.tokens) {
-        tokens.push_back(t.id);
-        logprobs.push_back(t.logprob);
-      }
-      if (o.finished) {
-        finished = true;
-        reason = o.finish_reason;
-        error = o.error;
-      }
-      cv.notify_all();
-    };
-  }
-  bool wait_tokens(size_t n) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(60),
-                       [&] { return tokens.size() >= n || finished; });
-  }
-  void wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return finished; }));
-  }
-};
+using testing::Collector;
 
 std::string model_dir() {
   return testing::small_model_dir("engine_ep", "tiny");
