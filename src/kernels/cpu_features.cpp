@@ -69,10 +69,7 @@ Isa cpu_isa() {
 
 static Isa pick_active() {
   const Isa cpu = cpu_isa();
-  // The AMX level is opt-in for now: its GEMMs run prefill and batched decode 4-6x faster than
-  // the AVX-512 BF16 level, but batch-1 decode at about half the speed (docs/kernels-amx.md),
-  // and a process cannot mix the two per call (a row's bits would then depend on the batch).
-  const Isa dflt = cpu == Isa::kAmx ? Isa::kAvx512Bf16 : cpu;
+  const Isa dflt = cpu;
   const char* env = std::getenv("MOESERVE_ISA");
   if (!env || !*env) return dflt;
   std::optional<Isa> want = isa_from_name(env);

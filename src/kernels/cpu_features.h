@@ -7,9 +7,8 @@
 // docs/kernels-amx.md). kAmx is a superset of kAvx512Bf16: kernels without an AMX form run their
 // AVX-512 BF16 code there. cpu_isa() is the best level this CPU runs (checked once with
 // __builtin_cpu_supports; AMX also needs Linux to grant the tile state,
-// arch_prctl(ARCH_REQ_XCOMP_PERM)); active_isa() is the level the program runs: cpu_isa(), except
-// that AMX is opt-in (MOESERVE_ISA=amx) while its batch-1 decode is slower than the AVX-512 BF16
-// level's (docs/kernels-amx.md), lowered or raised by the environment variable
+// arch_prctl(ARCH_REQ_XCOMP_PERM)); active_isa() is the level the program runs: cpu_isa(),
+// lowered (or raised back) by the environment variable
 // MOESERVE_ISA=scalar|avx2|avx512|avx512bf16|amx when set (a request above what the CPU supports is
 // clamped to cpu_isa()). Both are computed once and never change, so any thread may call them.
 //

@@ -274,6 +274,12 @@ void load_tile_config_16x64() {
 }
 
 void panels_amx(const GemmJob& job, int64_t p0, int64_t p1) {
+  // One row (batch-1 decode): the tile unit would wait on each converted tile's stores; the
+  // vector code gives the same bits (docs/kernels-amx.md).
+  if (job.m <= kAmxVectorMaxRows) {
+    panels_avx512bf16_amx_sums(job, p0, p1);
+    return;
+  }
   panels(job, p0, p1);
 }
 

@@ -222,6 +222,90 @@ void micro_tile_rows(int rows, const uint16_t* x, int64_t ld, const __m512i* til
   }
 }
 
+// The same K block summed as AMX's TDPBF16PS sums it, so that rows run here and rows run on the
+// tile unit give the same bits (docs/kernels-amx.md, "Numerics"): per 32-wide K step (16
+// k-pairs), the even elements' products are summed in order from zero, the odd elements' apart,
+// each rounded to F32 after every product (an FMA: the product of two BF16 numbers is exact),
+// and the step adds (even + odd) to the block's sum; denormal sums are flushed to zero. Here
+// vdpbf16ps does each chain: against a pair (x_even, 0) it is one FMA of the even product, and
+// against (0, x_odd) one of the odd. xs holds those pairs, [row][k-pair][2] as 32-bit words.
+inline __m512 flush_denormal(__m512 v) {
+  const __mmask16 d = _mm512_fpclass_ps_mask(v, 0x20);  // denormal
+  return _mm512_mask_and_ps(v, d, v, _mm512_set1_ps(-0.0f));
+}
+
+inline __m512bh xword(const uint32_t* p) {
+  return as_bh(_mm512_set1_epi32(int32_t(*p)));
+}
+
+// One row's K block: with kConvert the weights are the FP8 tile src, converted on the fly, else
+// the BF16 tile `tile`. xs: the row's split pairs for the block. tot [64] as in micro_tile.
+template <bool kConvert>
+__attribute__((noinline)) void micro_amx_sums(const uint32_t* xs, const uint8_t* src,
+                                              const __m512i* tile, float scale, float* tot,
+                                              bool first, const char* pf) {
+  const Consts c = kConvert ? make_consts() : Consts{};
+  __m512 sum[4];
+  for (int j = 0; j < 4; ++j) sum[j] = _mm512_setzero_ps();
+  for (int q = 0; q < 4; ++q) {
+    __m512 ev[4], od[4];
+    for (int j = 0; j < 4; ++j) ev[j] = od[j] = _mm512_setzero_ps();
+    for (int kp = 16 * q; kp < 16 * q + 16; ++kp) {
+      if (pf) {  // the tile's bytes a few tiles on, a line per 64 bytes read here
+        constexpr int kLines = kConvert ? 2 : 4;
+        for (int l = 0; l < kLines; ++l) _mm_prefetch(pf + 64 * (kLines * kp + l), _MM_HINT_T1);
+      }
+      __m512i w[4];
+      if constexpr (kConvert) {
+        fp8x64_to_bf16(src + kp * 128, c, w[0], w[1]);
+        fp8x64_to_bf16(src + kp * 128 + 64, c, w[2], w[3]);
+      } else {
+        for (int j = 0; j < 4; ++j) w[j] = tile[kp * 4 + j];
+      }
+      const __m512bh xe = xword(xs + 2 * kp), xo = xword(xs + 2 * kp + 1);
+      for (int j = 0; j < 4; ++j) {
+        ev[j] = _mm512_dpbf16_ps(ev[j], as_bh(w[j]), xe);
+        od[j] = _mm512_dpbf16_ps(od[j], as_bh(w[j]), xo);
+      }
+    }
+    for (int j = 0; j < 4; ++j)
+      sum[j] = flush_denormal(_mm512_add_ps(sum[j], flush_denormal(_mm512_add_ps(ev[j], od[j]))));
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int j = 0; j < 4; ++j) {
+    float* d = tot + 16 * j;
+    _mm512_store_ps(
+        d, first ? _mm512_mul_ps(sum[j], s) : _mm512_fmadd_ps(sum[j], s, _mm512_load_ps(d)));
+  }
+}
+
+// Rows [0, rows) of x (BF16, row stride ldx, k columns) as split pairs xs [rows][k_blocks * 64][2]
+// (x_even | 0, 0 | x_odd << 16 as BF16 bits), zero past k.
+void split_pairs(const uint16_t* x, int64_t ldx, int64_t rows, int64_t k, int64_t k_blocks,
+                 uint32_t* xs) {
+  const int64_t words = k_blocks * kBlockK;  // 2 per k-pair
+  const __m512i lo = _mm512_set1_epi32(0xffff);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* xr = x + r * ldx;
+    uint32_t* d = xs + r * words;
+    int64_t c = 0;
+    for (; c + 32 <= k; c += 32) {  // 16 pairs -> 32 words
+      const __m512i v = _mm512_loadu_si512(xr + c);
+      const __m512i e = _mm512_and_si512(v, lo), o = _mm512_andnot_si512(lo, v);
+      // Unpacks work per 128-bit lane: a holds pairs 0-1, 4-5, 8-9, 12-13, b pairs 2-3, 6-7, ...
+      const __m512i a = _mm512_unpacklo_epi32(e, o), b = _mm512_unpackhi_epi32(e, o);
+      const __m512i i0 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+      const __m512i i1 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+      _mm512_storeu_si512(d + c, _mm512_permutex2var_epi64(a, i0, b));
+      _mm512_storeu_si512(d + c + 16, _mm512_permutex2var_epi64(a, i1, b));
+    }
+    for (; c < words; ++c) {
+      const uint32_t v = c < k ? xr[c] : 0;
+      d[c] = c % 2 == 0 ? v : v << 16;
+    }
+  }
+}
+
 // Per-thread scratch kept between calls: a GEMM job is often one expert's few rows, and the
 // chunk's tiles (256 KB) allocated per call came from mmap, page faults and all, every time.
 class KeptScratch {
@@ -361,6 +445,41 @@ void panels_tiled(const GemmJob& job, int64_t p0, int64_t p1, const Consts& c) {
   }
 }
 
+// One row (batch-1 decode) summed as the tile unit sums it: see micro_amx_sums. Each FP8 tile is
+// converted in registers, as at this level, for each row: the AMX level sends only one-row jobs
+// here (at two rows the tile unit is already faster on these cores; docs/kernels-amx.md).
+void panels_amx_sums(const GemmJob& job, int64_t p0, int64_t p1) {
+  const int64_t m = job.m, words = job.k_blocks * kBlockK;
+  uint32_t* xs = scratch<uint32_t>(kScratchXSplit, size_t(m * words * 4));
+  split_pairs(job.x, job.ldx, m, job.k, job.k_blocks, xs);
+  float* tot = scratch<float>(kScratchTot, size_t(m * kPanelCols * 4));
+  const int64_t tile_bytes = job.bf16_tiles ? 2 * kTileBytes : kTileBytes;
+  const uint8_t* end = job.tiles + p1 * job.k_blocks * tile_bytes;
+  constexpr int64_t kAheadTiles = 8;
+  for (int64_t p = p0; p < p1; ++p) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t kb = 0; kb < job.k_blocks; ++kb) {
+        const uint32_t* x = xs + i * words + kb * kBlockK;
+        const uint8_t* w = job.tiles + (p * job.k_blocks + kb) * tile_bytes;
+        float* t_row = tot + i * kPanelCols;
+        // One stream of weights read once: prefetched into L2 well ahead, as a core alone keeps
+        // too few misses in flight to reach the memory's speed (a few instructions more per
+        // byte than at this level's own kernel cost 12% without it).
+        const uint8_t* ahead = w + kAheadTiles * tile_bytes;
+        const char* pf = i == 0 && ahead < end ? reinterpret_cast<const char*>(ahead) : nullptr;
+        if (job.bf16_tiles) {
+          micro_amx_sums<false>(x, nullptr, reinterpret_cast<const __m512i*>(w), 1.0f, t_row,
+                                kb == 0, pf);
+        } else {
+          micro_amx_sums<true>(x, w, nullptr, job.scales[(p / 2) * job.k_blocks + kb], t_row,
+                               kb == 0, pf);
+        }
+      }
+    }
+    store_panel_rows(tot, m, job.y, job.ldy, 0, p * kPanelCols, job.n, job.y_bf16);
+  }
+}
+
 }  // namespace
 
 void* kept_scratch(int slot, size_t bytes) {
@@ -389,6 +508,10 @@ void store_panel_rows(const float* tot, int64_t rows, void* y, int64_t ldy, int6
               cols > 16 ? 16 : int(cols), y_bf16);
     }
   }
+}
+
+void panels_avx512bf16_amx_sums(const GemmJob& job, int64_t p0, int64_t p1) {
+  panels_amx_sums(job, p0, p1);
 }
 
 void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1) {

@@ -39,6 +39,11 @@ void panels_avx2(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx512(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1);  // also BF16 tiles
 void panels_amx(const GemmJob& job, int64_t p0, int64_t p1);         // also BF16 tiles
+// The AVX-512 BF16 code summing each K block as TDPBF16PS does (the same bits as panels_amx):
+// what the AMX level runs for one-row jobs (batch-1 decode), where it is faster than the tile
+// unit; it takes any number of rows.
+void panels_avx512bf16_amx_sums(const GemmJob& job, int64_t p0, int64_t p1);
+constexpr int64_t kAmxVectorMaxRows = 1;
 
 // AMX (defined in gemm_fp8_amx.cpp): every tile register 16 rows x 64 bytes, palette 1.
 void load_tile_config_16x64();
@@ -75,6 +80,7 @@ enum ScratchSlot : int {
   kScratchX,
   kScratchC,
   kScratchXScale,  // INT8: the quantized X's scales and sums
+  kScratchXSplit,  // AMX sums at the AVX-512 BF16 level: X's split pairs
 };
 void* kept_scratch(int slot, size_t bytes);
 void convert_tile_bf16(const uint8_t* src, uint16_t* dst, const uint8_t* prefetch);

@@ -375,5 +375,64 @@ TEST(GemmFp8Amx, MatchesReferenceOnEveryPath) {
   }
 }
 
+// At the AMX level one-row jobs (batch-1 decode) run vector code that sums each K block as
+// TDPBF16PS does (docs/kernels-amx.md, "Numerics"); the tile unit runs the rest. A row must get
+// the same bits either way, or greedy outputs would depend on batching: every row of a 40-row
+// tile-unit run against the same row alone, FP8 (K off the grid, across chunks, with zeros in
+// X, F32 and BF16 outputs), BF16 packed weights (the lm_head), and grouped-masked experts of one
+// row against the same rows in a dense run.
+TEST(GemmFp8Amx, OneRowJobsGiveTheTileUnitsBits) {
+  if (cpu_isa() != Isa::kAmx) GTEST_SKIP() << "skipped: no AMX";
+  std::mt19937 rng(23);
+  ThreadPool pool(2);
+  const int64_t m = 40;
+  for (int64_t k : {int64_t(300), int64_t(2 * 16 * 128 + 77)}) {
+    const int64_t n = 200;
+    Problem p = make_problem(n, k, rng);
+    std::vector<uint16_t> x = random_x(m, k, rng);
+    for (int64_t i = 0; i < m * k; i += 7) x[size_t(i)] = 0;
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      const size_t es = dtype_size(dt);
+      std::vector<uint8_t> all(size_t(m * n) * es), one(size_t(n) * es);
+      gemm_fp8(x.data(), m, k, p.packed, GemmOutput{all.data(), dt, n}, &pool, Isa::kAmx);
+      for (int64_t r = 0; r < m; ++r) {
+        gemm_fp8(x.data() + r * k, 1, k, p.packed, GemmOutput{one.data(), dt, n}, &pool,
+                 Isa::kAmx);
+        ASSERT_EQ(std::memcmp(one.data(), all.data() + size_t(r * n) * es, one.size()), 0)
+            << "k=" << k << " row " << r << (dt == DType::kBF16 ? " bf16" : " f32");
+      }
+    }
+    // The same rows as one-row experts of the masked layout (capacity 2, the second row unused).
+    const int64_t ne = 5, cap = 2;
+    std::vector<const PackedFp8Weight*> ptrs(size_t(ne), &p.packed);
+    std::vector<int32_t> counts(size_t(ne), 1);
+    std::vector<uint16_t> xm(size_t(ne * cap * k), 0);
+    for (int64_t e = 0; e < ne; ++e)
+      std::memcpy(xm.data() + e * cap * k, x.data() + (3 * e) * k, size_t(k) * 2);
+    std::vector<float> ym(size_t(ne * cap * n)), all(size_t(m * n));
+    gemm_fp8(x.data(), m, k, p.packed, GemmOutput{all.data(), DType::kF32, n}, &pool, Isa::kAmx);
+    gemm_fp8_grouped_masked(xm.data(), k, cap, counts.data(), ptrs.data(), ne,
+                            GemmOutput{ym.data(), DType::kF32, n}, &pool, Isa::kAmx);
+    for (int64_t e = 0; e < ne; ++e)
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_TRUE(testing::same_bits(ym[size_t(e * cap * n + j)], all[size_t(3 * e * n + j)]))
+            << "masked k=" << k << " expert " << e << " col " << j;
+  }
+  // BF16 weights, read in place by both paths.
+  for (int64_t k : {int64_t(200), int64_t(2048 + 64)}) {
+    const int64_t n = 150;
+    std::vector<uint16_t> w = random_x(n, k, rng), x = random_x(m, k, rng);
+    PackedBf16Weight pw = pack_bf16_weight(w.data(), n, k, k, &pool);
+    std::vector<float> all(size_t(m * n)), one(static_cast<size_t>(n));
+    gemm_bf16_packed(x.data(), m, k, pw, all.data(), n, &pool, Isa::kAmx);
+    for (int64_t r = 0; r < m; ++r) {
+      gemm_bf16_packed(x.data() + r * k, 1, k, pw, one.data(), n, &pool, Isa::kAmx);
+      for (int64_t j = 0; j < n; ++j)
+        ASSERT_TRUE(testing::same_bits(one[size_t(j)], all[size_t(r * n + j)]))
+            << "bf16 weights k=" << k << " row " << r << " col " << j;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moeserve
