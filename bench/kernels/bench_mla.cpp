@@ -213,7 +213,10 @@ void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, dou
   for (int64_t i = 0; i < c.queries; ++i) visible += double(c.context - c.queries + i + 1);
   const double flops = 2.0 * double(c.batch) * visible * double(c.heads) * double(kDim + kRank);
   const double t_mem = bytes / (ceil.dram_read_gbps * 1e9);
-  const double t_cmp = ceil.bf16_peak_gflops > 0 ? flops / (ceil.bf16_peak_gflops * 1e9) : 0;
+  // The compute ceiling of the level that runs: the AMX BF16 peak at the AMX level (its kernel
+  // runs both products on the tile unit), else the vdpbf16ps peak.
+  const double peak = ceil.gemm_peak_gflops();
+  const double t_cmp = peak > 0 ? flops / (peak * 1e9) : 0;
   const double t_roof = std::max(t_mem, t_cmp);
   const double gbps = bytes / t / 1e9, gflops = flops / t / 1e9;
   const char* bound = t_mem >= t_cmp ? "memory" : "compute";
@@ -226,7 +229,7 @@ void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, dou
                         {"gflops", gflops},
                         {"ceiling_ratio", t_roof / t},
                         {"dram_ratio", gbps / ceil.dram_read_gbps},
-                        {"peak_ratio", gflops / ceil.bf16_peak_gflops},
+                        {"peak_ratio", gflops / peak},
                         {"baseline_ratio", t_base / t},
                         {"baseline", c.fp8 ? "mla_decode on the BF16 cache"
                                            : "per-head AVX-512, one token at a time"},
@@ -235,6 +238,7 @@ void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, dou
                         {"baseline_seconds", t_base},
                         {"dram_read_gbps", ceil.dram_read_gbps},
                         {"bf16_peak_gflops", ceil.bf16_peak_gflops},
+                        {"peak_gflops", peak},
                         {"isa", isa_name(active_isa())}};
     if (c.queries > 1) j["queries"] = c.queries;
     j["q_dtype"] = c.q_f32 ? "f32" : "bf16";
@@ -246,7 +250,7 @@ void report(const MlaBenchOptions& opt, const Ceilings& ceil, const Case& c, dou
         "{:<12} {:>5} {:>6} {:>5} {:>5} {:>8.1f} {:>8.1f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f}  "
         "{}{}\n",
         c.kernel, c.batch, c.context, c.heads, c.queries, gbps, gflops, t_roof / t,
-        gbps / ceil.dram_read_gbps, gflops / ceil.bf16_peak_gflops, t_base / t, bound,
+        gbps / ceil.dram_read_gbps, gflops / peak, t_base / t, bound,
         c.q_f32 ? fmt::format("  f32 q, split {}", c.split_blocks)
         : c.fp8 ? std::string("  fp8 cache (base: the bf16 cache)")
                 : std::string());

@@ -206,6 +206,8 @@ PieceFn fast_piece(const MlaBatch& b, Isa isa) {
   if (b.cache.token.dtype == DType::kF32) return nullptr;
   const MlaShape& s = b.shape;
   if (isa >= Isa::kAvx512Bf16 && s.kv_lora_rank % 32 == 0 && s.rope_dim % 2 == 0) {
+    // The AMX form needs whole 32-wide K steps over the token (docs/kernels-amx.md, "MLA").
+    if (isa == Isa::kAmx && (s.kv_lora_rank + s.rope_dim) % 32 == 0) return mla_detail::piece_amx;
     return mla_detail::piece_avx512bf16;
   }
   if (s.kv_lora_rank % 16 != 0) return nullptr;

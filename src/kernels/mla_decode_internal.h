@@ -49,6 +49,8 @@ struct Piece {
 // One piece at each fast level: BF16 dot products (kv_lora_rank % 32 == 0, rope_dim even), and
 // the FP32 kernel of mla_decode_f32x.h on zmm and on ymm vectors (kv_lora_rank % 16 == 0).
 void piece_avx512bf16(const Ctx& ctx, const Piece& piece);
+// The BF16 kernel with Q K^T and P V on the AMX tile unit ((kv_lora_rank + rope_dim) % 32 == 0).
+void piece_amx(const Ctx& ctx, const Piece& piece);
 void piece_avx512f(const Ctx& ctx, const Piece& piece);
 void piece_avx2(const Ctx& ctx, const Piece& piece);
 

@@ -32,8 +32,13 @@ using json = nlohmann::json;
 constexpr float kReferenceTol = 2e-3f;
 constexpr float kFastTol = 5e-2f;
 constexpr float kRandomFastTol = 0.3f;
+// As hf_reference_test.cpp's kNearTie: where the reference's top two drafts are closer than this,
+// our argmax may be either (the fast path's logprobs may each move by far more on random weights).
+constexpr float kNearTie = 0.05f;
 
-std::string trained_dir() { return std::string(MOESERVE_MODELS_DIR) + "/tiny-py"; }
+std::string trained_dir() {
+  return std::string(MOESERVE_MODELS_DIR) + "/tiny-py";
+}
 
 std::unique_ptr<Checkpoint> open_with_mtp(const std::string& dir) {
   LoadOptions o;
@@ -119,19 +124,21 @@ TEST_P(MtpReference, DraftLogprobsMatchTransformersLayer) {
         worst = std::max(worst, d);
       }
       ++rows;
-      argmax_equal += argmax(l, c.vocab_size) == top[0]["id"].get<int32_t>();
+      const bool tie = top.size() > 1 &&
+                       top[0]["logprob"].get<float>() - top[1]["logprob"].get<float>() < kNearTie;
+      argmax_equal += argmax(l, c.vocab_size) == top[0]["id"].get<int32_t>() ||
+                      (tie && argmax(l, c.vocab_size) == top[1]["id"].get<int32_t>());
     }
   }
   EXPECT_LE(worst, fast ? (trained ? kFastTol : kRandomFastTol) : kReferenceTol);
-  EXPECT_EQ(argmax_equal, rows) << "every draft the reference's token";
+  EXPECT_EQ(argmax_equal, rows) << "every draft the reference's token (or its near-tied second)";
   EXPECT_LE(flipped * 50, rows + flipped) << "routing flipped on many rows";
   std::printf(
       "[ mtp %s %s %s ] max |dlogprob| = %.2e over %lld rows, argmax equal on %lld; %lld rows "
       "with routing flipped, left out\n",
       name.c_str(), mode == AttentionMode::kNaive ? "naive" : "absorbed",
-      fast ? "fast" : "reference", worst,
-      static_cast<long long>(rows), static_cast<long long>(argmax_equal),
-      static_cast<long long>(flipped));
+      fast ? "fast" : "reference", worst, static_cast<long long>(rows),
+      static_cast<long long>(argmax_equal), static_cast<long long>(flipped));
 }
 
 // Test names allow [A-Za-z0-9_].
@@ -174,7 +181,7 @@ class MtpEngine : public ::testing::Test {
   // Greedy (or sampled) generation of `prompts`, with k drafts (0: off) on a fresh cache, or
   // on `cache` when given (prefix reuse across calls).
   SpecRun generate(const std::vector<std::vector<int32_t>>& prompts, int64_t k, int64_t chunk = 0,
-               KvCache* cache = nullptr, float temperature = 0.0f) {
+                   KvCache* cache = nullptr, float temperature = 0.0f) {
     std::unique_ptr<KvCache> own;
     if (!cache) {
       own = std::make_unique<KvCache>(kv_cache_layout(ck_->config(), DType::kBF16, true), 256);
