@@ -462,9 +462,9 @@ void panels_amx_sums(const GemmJob& job, int64_t p0, int64_t p1) {
         const uint32_t* x = xs + i * words + kb * kBlockK;
         const uint8_t* w = job.tiles + (p * job.k_blocks + kb) * tile_bytes;
         float* t_row = tot + i * kPanelCols;
-        // One stream of weights read once: prefetched into L2 well ahead, as a core alone keeps
-        // too few misses in flight to reach the memory's speed (a few instructions more per
-        // byte than at this level's own kernel cost 12% without it).
+        // One stream of weights read once, prefetched into L2 well ahead: with twice this
+        // level's dot products per byte, the core alone kept too few misses in flight and read
+        // 0.87-0.95 of what this level's own one-row kernel reads (docs/kernels-amx.md).
         const uint8_t* ahead = w + kAheadTiles * tile_bytes;
         const char* pf = i == 0 && ahead < end ? reinterpret_cast<const char*>(ahead) : nullptr;
         if (job.bf16_tiles) {
