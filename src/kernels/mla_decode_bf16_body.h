@@ -473,8 +473,8 @@ void finish(const Work& w, const Piece& pc, int64_t rows) {
 // columns, loaded from O (after O *= alpha) and stored back. Every tile register is 16 x 64
 // bytes; needs D % 32 == 0 (whole K steps) and kv_lora_rank % 32 == 0.
 
-// Up to n lines of the next block into L2 (the rest of the prefetch the vector kernel spreads
-// over its P V).
+// Up to n more lines of the next block into L2: the driver spreads the block over this block's
+// tile steps, as the vector kernel spreads it over its P V.
 inline void prefetch_next(Work& w, int64_t n) {
   for (int64_t i = 0; i < n && w.pf < w.pf_end; ++i, w.pf += 64) _mm_prefetch(w.pf, _MM_HINT_T1);
 }
