@@ -1,12 +1,16 @@
 # Shared by the shell tests that start `moeserve serve` (tests/cli/*.sh, tests/ep/mpi/*.sh;
 # source it from the repository root):
 # $dir, a temporary directory removed at exit, and $pid, a server process killed at exit when
-# set; fail MESSAGE prints the tail of every $dir/*.log and exits 1; free_port prints a port
-# nobody listens on now; wait_health PORT waits for /health, failing if $pid exits first.
+# set (a test with several appends them to the array pids, all killed at exit); fail MESSAGE
+# prints the tail of every $dir/*.log and exits 1; free_port prints a port nobody listens on
+# now; wait_health PORT waits for /health, failing if $pid (when set) exits first.
 dir=$(mktemp -d)
 pid=""
+pids=()
 cleanup() {
-  if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
+  for p in "$pid" "${pids[@]}"; do
+    if [ -n "$p" ]; then kill -9 "$p" 2>/dev/null || true; fi
+  done
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -21,7 +25,7 @@ free_port() {
 wait_health() {
   for _ in $(seq 600); do
     curl -sf "http://127.0.0.1:$1/health" > /dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || fail "serve exited during start-up"
+    if [ -n "$pid" ]; then kill -0 "$pid" 2>/dev/null || fail "serve exited during start-up"; fi
     sleep 0.2
   done
   fail "server on port $1 not healthy"

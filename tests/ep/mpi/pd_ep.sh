@@ -9,24 +9,7 @@ set -euo pipefail
 bin=$(readlink -f "$1")
 mpiexec=${2:-mpirun}
 mpirun="$mpiexec --allow-run-as-root --oversubscribe"
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; for f in "$dir"/*.log; do echo "== $f" >&2; tail -30 "$f" >&2; done; exit 1; }
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-wait_health() {  # port
-  for _ in $(seq 1 600); do
-    curl -sf "http://127.0.0.1:$1/health" > /dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  return 1
-}
+. tests/serve_lib.sh
 model=build/models/tiny-py
 [[ -f $model/config.json ]] || fail "the embedded model is not built ($model)"
 
