@@ -302,6 +302,8 @@ EngineStats DpControl::group_stats(EngineStats s) const {
     s.spec_verify_steps += o.spec_verify_steps;
     s.spec_verify_tokens += o.spec_verify_tokens;
     s.spec_off_steps += o.spec_off_steps;
+    s.grammar_tokens += o.grammar_tokens;
+    s.grammar_ns += o.grammar_ns;
   }
   return s;
 }

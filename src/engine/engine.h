@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/grammar.h"
 #include "engine/handoff.h"
 #include "kernels/sampling.h"
 
@@ -35,6 +36,10 @@ struct EngineRequest {
   // on the bench model); GeneratedToken::logprob is then 0 and top empty.
   bool logprobs = true;
   int64_t top_logprobs = 0;  // >= 0, 0 unless logprobs; 0: only the chosen token's logprob
+  // Constrained decoding (docs/structured-outputs.md): every token sampled under the grammar's
+  // mask; the request stops when the grammar ends (at EOS). Needs the engine's GrammarBackend;
+  // not with ignore_eos.
+  std::optional<GrammarSpec> grammar;
   // Prefill/decode disaggregation (docs/pd.md). hand_off (a prefill unit): once the first token
   // is sampled and the request goes on, it ends with FinishReason::kHandedOff and its state in
   // RequestOutput::handoff instead of decoding here. resume (a decode unit): the request goes on
@@ -115,6 +120,10 @@ struct EngineStats {
   int64_t spec_verify_steps = 0;
   int64_t spec_verify_tokens = 0;
   int64_t spec_off_steps = 0;  // decode steps the load policy ran without drafts
+  // Constrained decoding, cumulative: tokens sampled under a grammar, and the time spent making
+  // and applying their masks and advancing the grammars (summed over the sampling threads).
+  int64_t grammar_tokens = 0;
+  int64_t grammar_ns = 0;
   friend bool operator==(const EngineStats&, const EngineStats&) = default;
 };
 

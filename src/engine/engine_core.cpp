@@ -1,7 +1,9 @@
 #include "engine/engine_core.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -44,8 +46,8 @@ Status ModelRunner::run(const StepPlan& plan, StepResult* result) {
       row.insert(row.end(), p.drafts.begin(), p.drafts.end());
       tokens = row;
     }
-    batch.push_back({tokens, s.n_computed, s.block_table, p.n_logits,
-                     all_hidden_ ? p.n_rows() : 0});
+    batch.push_back(
+        {tokens, s.n_computed, s.block_table, p.n_logits, all_hidden_ ? p.n_rows() : 0});
   }
   RETURN_IF_ERROR(model_.forward(batch, cache_, &out_));
   std::swap(result->logits, out_.logits);
@@ -82,10 +84,30 @@ void EngineCore::add(EngineRequest r, OutputCallback callback) {
     std::istringstream(r.resume->rng_state) >> s->rng;
     s->import = std::move(r.resume);
   }
+  Status grammar_error;
+  if (r.grammar) {  // (checked at the engine's boundary; this compiles only on other EP ranks)
+    Result<std::unique_ptr<TokenConstraint>> c =
+        grammar_ ? grammar_->start(*r.grammar)
+                 : Result<std::unique_ptr<TokenConstraint>>(
+                       Unimplemented("this engine has no grammar backend"));
+    if (c.ok()) {
+      s->constraint = std::move(*c);
+      // A resumed request's generated tokens are past already (docs/pd.md).
+      for (size_t i = r.prompt.size(); i < s->tokens.size() && grammar_error.ok(); ++i) {
+        if (!s->constraint->accept(s->tokens[i])) {
+          grammar_error = InvalidArgument("the hand-off's tokens do not follow the grammar");
+        }
+      }
+    } else {
+      grammar_error = c.status();
+    }
+  }
   s->req = std::move(r);
   s->callback = std::move(callback);
-  live_[s->req.id] = s.get();
+  Sequence* added = s.get();
+  live_[s->req.id] = added;
   scheduler_.add(std::move(s));
+  if (!grammar_error.ok()) finish(added, FinishReason::kError, {}, grammar_error);
 }
 
 void EngineCore::cancel(const std::string& id) {
@@ -139,6 +161,51 @@ Status EngineCore::run(const StepPlan& plan) {
   return Status::Ok();
 }
 
+namespace {
+
+// A constrained output's last tokens close what is open (TokenConstraint::narrow_to_end): the
+// last min(kGrammarEndTokens, max_tokens / 2) of the budget.
+constexpr int64_t kGrammarEndTokens = 48;
+
+// verify_drafts under a grammar: row j is masked to what the constraint allows after the tokens
+// emitted before it (disallowed logits become -inf, in `masked`; narrowed to a closing token
+// once `left` - j tokens of the budget remain within the end guard, which sets `closing`), then
+// sampled exactly as verify_drafts samples it, and the token moves the constraint on.
+Status verify_constrained(const float* rows, int64_t n, std::span<const int32_t> drafts,
+                          const SamplingParams& params, std::mt19937_64& rng, TokenConstraint& c,
+                          int64_t left, int64_t guard, bool& closing, std::vector<uint32_t>& mask,
+                          std::vector<float>& masked, std::vector<int32_t>& out) {
+  mask.resize(size_t((n + 31) / 32));
+  for (size_t j = 0; j <= drafts.size(); ++j) {
+    const float* row = rows + int64_t(j) * n;
+    std::fill(mask.begin(), mask.end(), ~0u);
+    bool apply = c.fill_mask(mask);
+    if (apply && left - int64_t(j) <= guard && c.narrow_to_end(mask)) closing = true;
+    if (apply) {
+      masked.assign(row, row + n);
+      int64_t allowed = 0;
+      for (int64_t w = 0; w < int64_t(mask.size()); ++w) {
+        const uint32_t bits = mask[size_t(w)];
+        allowed += std::popcount(bits);
+        if (bits == ~0u) continue;
+        for (int64_t t = w * 32; t < std::min(n, w * 32 + 32); ++t) {
+          if (!((bits >> (t - w * 32)) & 1u)) masked[size_t(t)] = -INFINITY;
+        }
+      }
+      if (allowed == 0) return Internal("the grammar allows no next token");
+      row = masked.data();
+    }
+    const int32_t t = sample_token(row, n, params, rng);
+    if (!c.accept(t))
+      return Internal(fmt::format("the grammar refused token {} that it allowed", t));
+    out.push_back(t);
+    if (j == drafts.size() || t != drafts[j]) break;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 // Sampling (and log-softmax over the vocabulary for requests that want logprobs), the
 // sequences in parallel: each uses only its own rows and sampler state, so the results do not
 // depend on the split. A sequence with drafts verifies them (verify_drafts: exact for greedy
@@ -158,13 +225,28 @@ void EngineCore::sample(const StepPlan& plan, StepResult& r) {
   const int64_t V = model_.config().vocab_size;
   auto seqs = [&](int64_t i0, int64_t i1) {
     std::vector<float> lp;  // [V], sized on first use
+    std::vector<uint32_t> mask;
+    std::vector<float> masked;
     for (int64_t i = i0; i < i1; ++i) {
       const size_t at = sampled[size_t(i)];
       const PlannedSeq& p = plan.seqs[at];
       Sequence& s = *p.seq;
       const float* rows = &r.logits[size_t(first_row[at] * V)];
-      std::vector<int32_t> ids = verify_drafts(rows, V, p.drafts, s.req.sampling, s.rng);
       SeqResult& out = r.seqs[at];
+      std::vector<int32_t> ids;
+      if (s.constraint) {
+        const auto g0 = std::chrono::steady_clock::now();
+        const int64_t guard = std::min(kGrammarEndTokens, s.req.max_tokens / 2);
+        out.error = verify_constrained(rows, V, p.drafts, s.req.sampling, s.rng, *s.constraint,
+                                       s.req.max_tokens - s.n_generated(), guard, s.grammar_closing,
+                                       mask, masked, ids);
+        out.grammar_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - g0)
+                             .count();
+        if (ids.empty()) ids.push_back(argmax(rows, V));  // (only with out.error: it ends)
+      } else {
+        ids = verify_drafts(rows, V, p.drafts, s.req.sampling, s.rng);
+      }
       out.n_accepted_drafts = int64_t(ids.size()) - 1;
       for (size_t j = 0; j < ids.size(); ++j) {
         GeneratedToken g{ids[j], 0.0f, {}};
@@ -179,8 +261,12 @@ void EngineCore::sample(const StepPlan& plan, StepResult& r) {
     }
   };
   pool_ ? pool_->parallel_for(int64_t(sampled.size()), seqs) : seqs(0, int64_t(sampled.size()));
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {  // speculative statistics
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {  // grammar and speculative statistics
     const PlannedSeq& p = plan.seqs[i];
+    if (p.seq->constraint && p.n_logits > 0) {
+      stats_.grammar_tokens += int64_t(r.seqs[i].tokens.size());
+      stats_.grammar_ns += r.seqs[i].grammar_ns;
+    }
     if (p.drafts.empty()) continue;
     const int64_t a = r.seqs[i].n_accepted_drafts;
     for (int64_t k = 0; k < int64_t(p.drafts.size()); ++k) {
@@ -213,8 +299,8 @@ Status EngineCore::propose(const StepPlan& plan, const StepResult& r) {
   // row's logits propose the first draft (the token after tokens.back()).
   struct Want {
     Sequence* seq;
-    int64_t k;             // drafts to propose (0: only the pass that keeps the cache in step)
-    int64_t hidden_row;    // of r.hidden: the sequence's first row this step
+    int64_t k;           // drafts to propose (0: only the pass that keeps the cache in step)
+    int64_t hidden_row;  // of r.hidden: the sequence's first row this step
     int64_t n_final;
   };
   std::vector<Want> wants;
@@ -242,9 +328,9 @@ Status EngineCore::propose(const StepPlan& plan, const StepResult& r) {
   for (const Want& w : wants) {
     const Sequence& s = *w.seq;
     const int64_t start = s.n_computed - w.n_final;
-    batch.push_back({std::span<const int32_t>(s.tokens).subspan(size_t(start + 1),
-                                                                 size_t(w.n_final)),
-                     start, s.block_table, w.k > 0 ? 1 : 0, 0});
+    batch.push_back(
+        {std::span<const int32_t>(s.tokens).subspan(size_t(start + 1), size_t(w.n_final)), start,
+         s.block_table, w.k > 0 ? 1 : 0, 0});
     hidden.insert(hidden.end(), r.hidden.begin() + w.hidden_row * H,
                   r.hidden.begin() + (w.hidden_row + w.n_final) * H);
   }
@@ -295,6 +381,10 @@ void EngineCore::emit(const StepPlan& plan, StepResult& r) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     Sequence& s = *plan.seqs[i].seq;
     RequestOutput out;
+    if (!r.seqs[i].error.ok()) {
+      finish(&s, FinishReason::kError, {}, r.seqs[i].error);
+      continue;
+    }
     bool finished = false;  // (finish() destroys s)
     for (size_t k = 0; !finished && k < r.seqs[i].tokens.size(); ++k) {
       GeneratedToken& g = r.seqs[i].tokens[k];
@@ -305,7 +395,9 @@ void EngineCore::emit(const StepPlan& plan, StepResult& r) {
       const std::vector<int32_t>& stops = s.req.stop_token_ids;
       if ((!s.req.ignore_eos && eos && tok == *eos) ||
           std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-        finish(&s, FinishReason::kStop, std::move(out.tokens), Status::Ok());
+        // A grammar closed at the end of the budget: the output is whole but cut short.
+        const FinishReason why = s.grammar_closing ? FinishReason::kLength : FinishReason::kStop;
+        finish(&s, why, std::move(out.tokens), Status::Ok());
         finished = true;
       } else if (n_generated >= s.req.max_tokens) {
         finish(&s, FinishReason::kLength, std::move(out.tokens), Status::Ok());

@@ -73,6 +73,7 @@ struct EngineCoreStats {
   // Speculative decoding, as the EngineStats fields of the same names.
   std::array<int64_t, EngineStats::kMaxDraftTokens> spec_verified{}, spec_accepted{};
   int64_t spec_verify_steps = 0, spec_verify_tokens = 0, spec_off_steps = 0;
+  int64_t grammar_tokens = 0, grammar_ns = 0;  // as the EngineStats fields
 };
 
 class EngineCore {
@@ -81,6 +82,10 @@ class EngineCore {
   // its layer (kv_cache_layout(..., mtp = true)).
   EngineCore(DeepseekModel& model, KvCache& cache, const SchedulerConfig& scheduling,
              ThreadPool* pool, Tracer* tracer = nullptr, const SpeculativeConfig& speculative = {});
+
+  // Where requests with a grammar get their constraints (none: such requests end with an
+  // error). Shared: the serving engine checks specs with it at its boundary.
+  void set_grammar_backend(std::shared_ptr<GrammarBackend> b) { grammar_ = std::move(b); }
 
   // A request (validated by the caller, seed set) and where its outputs go.
   void add(EngineRequest request, OutputCallback callback);
@@ -124,6 +129,7 @@ class EngineCore {
   ModelRunner runner_;
   SpeculativeConfig spec_;
   DraftPolicy policy_;
+  std::shared_ptr<GrammarBackend> grammar_;
   int64_t k_proposed_ = 0;  // drafts per sequence the last propose() chose
   StepResult result_;
   StepOutput mtp_out_;

@@ -55,6 +55,7 @@ class LlmEngine final : public Engine {
                          ? std::min(o.max_model_len, config_.max_position_embeddings)
                          : config_.max_position_embeddings),
         thread_([this] { loop(); }) {
+    core_.set_grammar_backend(o.grammar);
     std::lock_guard<std::mutex> lock(mu_);  // (until the first step publishes them)
     if (stats_.steps == 0) stats_.kv_blocks_total = cache_.num_blocks();
   }
@@ -128,6 +129,11 @@ class LlmEngine final : public Engine {
     if (r.sampling.top_k < 0) return InvalidArgument("top_k must be >= 0");
     if (r.top_logprobs < 0) return InvalidArgument("top_logprobs must be >= 0");
     if (r.top_logprobs > 0 && !r.logprobs) return InvalidArgument("top_logprobs needs logprobs");
+    if (r.grammar) {
+      if (!options_.grammar) return Unimplemented("this engine has no grammar backend");
+      if (r.ignore_eos) return InvalidArgument("a grammar ends at EOS: not with ignore_eos");
+      RETURN_IF_ERROR(options_.grammar->check(*r.grammar));  // (compiles it into the cache)
+    }
     if (r.resume && dp_.multi_rank()) {  // (it cannot travel to another rank: pull instead)
       return Unimplemented("a hand-off given inline to an EP unit of several ranks");
     }
@@ -319,6 +325,8 @@ class LlmEngine final : public Engine {
     s.spec_verify_steps = c.spec_verify_steps;
     s.spec_verify_tokens = c.spec_verify_tokens;
     s.spec_off_steps = c.spec_off_steps;
+    s.grammar_tokens = c.grammar_tokens;
+    s.grammar_ns = c.grammar_ns;
     if (disk_) {
       const DiskTierStats d = disk_->stats();
       s.kv_disk_hit_blocks = d.hits;

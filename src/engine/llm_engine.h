@@ -65,6 +65,9 @@ struct EngineOptions {
   SpeculativeConfig speculative;
   // Prefill/decode disaggregation (docs/pd.md): how hand-offs leave and arrive (every rank).
   PdHooks pd;
+  // Constrained decoding (docs/structured-outputs.md); null: requests with a grammar are
+  // refused. Every rank of an EP unit needs its own (they compile the specs they serve).
+  std::shared_ptr<GrammarBackend> grammar;
 };
 
 struct EngineParallel {

@@ -101,6 +101,14 @@ void put_request(Writer& w, const EngineRequest& r) {
   w.put<uint8_t>(r.hand_off);
   w.str(r.resume_from);
   w.str(r.resume_handle);
+  w.put<uint8_t>(r.grammar.has_value());
+  if (r.grammar) {
+    w.put<uint8_t>(uint8_t(r.grammar->kind));
+    w.str(r.grammar->schema);
+    w.put<uint8_t>(r.grammar->strict);
+    w.put<uint8_t>(r.grammar->start_after.has_value());
+    w.put<int32_t>(r.grammar->start_after.value_or(0));
+  }
 }
 
 EngineRequest get_request(Reader& rd) {
@@ -121,6 +129,18 @@ EngineRequest get_request(Reader& rd) {
   r.hand_off = rd.get<uint8_t>() != 0;
   r.resume_from = rd.str();
   r.resume_handle = rd.str();
+  if (rd.get<uint8_t>() != 0) {
+    GrammarSpec g;
+    const uint8_t kind = rd.get<uint8_t>();
+    g.kind = kind == uint8_t(GrammarSpec::Kind::kJsonSchema) ? GrammarSpec::Kind::kJsonSchema
+                                                              : GrammarSpec::Kind::kJsonObject;
+    g.schema = rd.str();
+    g.strict = rd.get<uint8_t>() != 0;
+    const bool has_start = rd.get<uint8_t>() != 0;
+    const int32_t start = rd.get<int32_t>();
+    if (has_start) g.start_after = start;
+    r.grammar = std::move(g);
+  }
   return r;
 }
 

@@ -44,6 +44,9 @@ struct Sequence {
   // admission (then dropped: a preempted sequence recomputes like any other).
   std::shared_ptr<const KvHandoff> import;
   std::mt19937_64 rng;
+  // The request's grammar state (EngineRequest::grammar), past every token in `tokens`.
+  std::unique_ptr<TokenConstraint> constraint;
+  bool grammar_closing = false;  // the budget's end made it close (finishes with kLength)
   // MTP speculative decoding (docs/mtp.md): the tokens the module proposed to follow
   // tokens.back(), verified by the next step (not part of tokens until accepted), and this
   // request's counts of drafts verified and accepted.

@@ -45,6 +45,10 @@ struct SeqResult {
   std::vector<GeneratedToken> tokens;
   // Of the plan's drafts, how many are final (their KV kept); the rest are rolled back.
   int64_t n_accepted_drafts = 0;
+  // Constrained decoding: the grammar failed (the sequence ends with this error), and the time
+  // its masks took this step.
+  Status error;
+  int64_t grammar_ns = 0;
 };
 
 struct StepResult {

@@ -1,0 +1,176 @@
+#include "grammar/xgrammar_backend.h"
+
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <dlpack/dlpack.h>
+#include <fmt/format.h>
+#include <xgrammar/xgrammar.h>
+
+namespace moeserve {
+
+namespace {
+
+// OpenAI's json_object: any JSON object.
+constexpr char kAnyObjectSchema[] = R"({"type": "object"})";
+
+std::string shorten(std::string s) {
+  constexpr size_t kMax = 600;
+  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
+  return s;
+}
+
+// The tokens that close JSON fastest, best first: EOS (where the grammar has ended); a quote
+// followed only by closing brackets (inside a string the quote must come first: brackets there
+// are only text); closing brackets alone; ':'; '0' (the shortest value); ',' (a required
+// property still to come). Longer first within a kind: each closes more. The mask decides
+// which of them is valid where.
+std::vector<int32_t> closing_tokens(const Tokenizer& tok) {
+  std::vector<std::pair<std::pair<int, int64_t>, int32_t>> ranked;  // ((tier, -length), id)
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.is_special(id)) continue;
+    const std::optional<std::string_view> b = tok.token_bytes(id);
+    if (!b || b->empty()) continue;
+    int tier = -1;
+    if ((*b)[0] == '"' && b->find_first_not_of("}]", 1) == std::string_view::npos) {
+      tier = 0;
+    } else if (b->find_first_not_of("}]") == std::string_view::npos) {
+      tier = 1;
+    } else if (*b == ":") {
+      tier = 2;
+    } else if (*b == "0") {
+      tier = 3;
+    } else if (*b == ",") {
+      tier = 4;
+    }
+    if (tier >= 0) ranked.push_back({{tier, -int64_t(b->size())}, id});
+  }
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<int32_t> ids = {*tok.eos_id()};
+  for (const auto& r : ranked) ids.push_back(r.second);
+  return ids;
+}
+
+class XGrammarConstraint final : public TokenConstraint {
+ public:
+  XGrammarConstraint(const xgrammar::CompiledGrammar& g, std::optional<int32_t> start_after,
+                     std::shared_ptr<const std::vector<int32_t>> closers)
+      : matcher_(g),
+        start_after_(start_after),
+        active_(!start_after),
+        closers_(std::move(closers)) {}
+
+  bool fill_mask(std::span<uint32_t> words) override {
+    if (!active_) return false;
+    int64_t shape[1] = {int64_t(words.size())};
+    DLTensor t{};
+    t.data = words.data();
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = 1;
+    t.dtype = DLDataType{kDLInt, 32, 1};
+    t.shape = shape;
+    return matcher_.FillNextTokenBitmask(&t);
+  }
+
+  bool narrow_to_end(std::span<uint32_t> words) override {
+    if (!active_) return false;
+    for (int32_t t : *closers_) {
+      if ((words[size_t(t / 32)] >> (t % 32)) & 1u) {
+        std::fill(words.begin(), words.end(), 0u);
+        words[size_t(t / 32)] = 1u << (t % 32);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  bool accept(int32_t token) override {
+    if (!active_) {
+      active_ = token == *start_after_;
+      return true;
+    }
+    return matcher_.AcceptToken(token);
+  }
+
+  bool ended() const override { return active_ && matcher_.IsTerminated(); }
+
+ private:
+  xgrammar::GrammarMatcher matcher_;
+  std::optional<int32_t> start_after_;
+  bool active_;
+  std::shared_ptr<const std::vector<int32_t>> closers_;
+};
+
+}  // namespace
+
+struct XGrammarBackend::Impl {
+  Impl(xgrammar::TokenizerInfo info, const XGrammarOptions& o, std::vector<int32_t> closers)
+      : options(o),
+        compiler(info, o.compile_threads, /*cache_enabled=*/true, o.cache_bytes),
+        closers(std::make_shared<const std::vector<int32_t>>(std::move(closers))) {}
+
+  // Throws what xgrammar throws for a schema it cannot compile.
+  xgrammar::CompiledGrammar compile(const GrammarSpec& spec) {
+    const bool object = spec.kind == GrammarSpec::Kind::kJsonObject;
+    return compiler.CompileJSONSchema(object ? std::string(kAnyObjectSchema) : spec.schema,
+                                      /*any_whitespace=*/true, /*indent=*/std::nullopt,
+                                      /*separators=*/std::nullopt,
+                                      /*strict_mode=*/object ? false : spec.strict,
+                                      options.max_whitespace);
+  }
+
+  XGrammarOptions options;
+  xgrammar::GrammarCompiler compiler;
+  std::shared_ptr<const std::vector<int32_t>> closers;
+};
+
+Result<std::unique_ptr<XGrammarBackend>> XGrammarBackend::create(const Tokenizer& tok,
+                                                                 int64_t vocab_size,
+                                                                 XGrammarOptions options) {
+  const std::optional<int32_t> eos = tok.eos_id();
+  if (!eos) return InvalidArgument("constrained decoding needs the tokenizer's EOS token");
+  if (vocab_size < tok.vocab_size()) {
+    return InvalidArgument(
+        fmt::format("the model's vocabulary ({}) is smaller than the tokenizer's ({})", vocab_size,
+                    tok.vocab_size()));
+  }
+  // An empty string marks a special token for xgrammar: never allowed, except the stop token.
+  std::vector<std::string> vocab(size_t(tok.vocab_size()));
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.is_special(id)) continue;
+    if (std::optional<std::string_view> b = tok.token_bytes(id)) vocab[size_t(id)] = *b;
+  }
+  try {
+    xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, int(vocab_size),
+                                 std::vector<int32_t>{*eos});
+    return std::unique_ptr<XGrammarBackend>(
+        new XGrammarBackend(std::make_unique<Impl>(std::move(info), options, closing_tokens(tok))));
+  } catch (const std::exception& e) {
+    return Internal(fmt::format("xgrammar rejected the vocabulary: {}", shorten(e.what())));
+  }
+}
+
+XGrammarBackend::XGrammarBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+XGrammarBackend::~XGrammarBackend() = default;
+
+Status XGrammarBackend::check(const GrammarSpec& spec) {
+  try {
+    impl_->compile(spec);
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    return InvalidArgument(fmt::format("the JSON schema cannot be used: {}", shorten(e.what())));
+  }
+}
+
+Result<std::unique_ptr<TokenConstraint>> XGrammarBackend::start(const GrammarSpec& spec) {
+  try {
+    return std::unique_ptr<TokenConstraint>(std::make_unique<XGrammarConstraint>(
+        impl_->compile(spec), spec.start_after, impl_->closers));
+  } catch (const std::exception& e) {
+    return InvalidArgument(fmt::format("the JSON schema cannot be used: {}", shorten(e.what())));
+  }
+}
+
+}  // namespace moeserve
