@@ -100,6 +100,7 @@ int run_serve(ServeOptions o) {
   o.engine.overlap_min_tokens = o.ep.overlap_min_tokens;
   o.engine.progress = true;
   o.engine.speculative = o.spec.config();
+  o.engine.grammar = front->service.grammar;  // (the front door checks specs with it too)
 
   if (std::string usage = check_ep_flags(o.ep); !usage.empty()) {
     fmt::print(stderr, "serve: {}\n", usage);

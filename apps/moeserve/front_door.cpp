@@ -1,8 +1,12 @@
 #include "front_door.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
+
+#include "grammar/xgrammar_backend.h"
+#include "model/config.h"
 
 namespace moeserve::cli {
 
@@ -61,6 +65,19 @@ std::optional<FrontDoor> open_front_door(FrontDoorFlags& f, const std::string& m
   so.limits.max_top_logprobs = f.max_top_logprobs;
   if (!f.api_key.empty()) f.http.api_key = f.api_key;
   f.http.max_body_bytes = size_t(f.max_body_mb * 1024 * 1024);
+  // response_format's grammars (docs/structured-outputs.md), over the model's vocabulary (its
+  // lm_head may have rows past the tokenizer's ids).
+  int64_t vocab = tok->vocab_size();
+  if (auto config = load_model_config(model_dir + "/config.json"); config.ok()) {
+    vocab = std::max(vocab, config->vocab_size);
+  }
+  auto grammar = XGrammarBackend::create(*tok, vocab);
+  if (grammar.ok()) {
+    so.grammar = std::move(*grammar);
+  } else {
+    fmt::print(stderr, "{}: JSON response formats are off: {}\n", command,
+               grammar.status().message());
+  }
   return FrontDoor{std::move(*tok), std::move(*tmpl), std::move(so)};
 }
 

@@ -38,9 +38,10 @@ class TokenConstraint {
   // token t; `words` covers the vocabulary and holds all ones on entry. Returns false when it
   // cleared nothing (every token may come next), so the caller can skip applying it.
   virtual bool fill_mask(std::span<uint32_t> words) = 0;
-  // Near the end of the token budget: narrows a filled mask to the one allowed token that
-  // closes the grammar's open structures fastest (a quote, a bracket, ...), so that the output
-  // still parses when max_tokens comes. False (mask unchanged) when it has none to offer there.
+  // Near the end of the token budget: narrows a filled mask to one token on a short way to the
+  // grammar's end (one that closes open structures, a quote or a bracket; where none fits, the
+  // longest allowed that is not whitespace), so that the output still parses when max_tokens
+  // comes. False (mask unchanged) when it has nothing to narrow to.
   virtual bool narrow_to_end(std::span<uint32_t> words) = 0;
   // Moves past `token`. False (and no change) when the grammar does not allow it there.
   virtual bool accept(int32_t token) = 0;

@@ -1,6 +1,7 @@
 #include "grammar/xgrammar_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <exception>
 #include <string>
 #include <vector>
@@ -16,25 +17,47 @@ namespace {
 // OpenAI's json_object: any JSON object.
 constexpr char kAnyObjectSchema[] = R"({"type": "object"})";
 
+// xgrammar's messages, without the "[hh:mm:ss] path/file.cc:line: " it puts first.
 std::string shorten(std::string s) {
+  if (s.size() > 2 && s[0] == '[') {
+    const size_t cc = s.find(".cc:");
+    const size_t colon = cc == std::string::npos ? cc : s.find(": ", cc + 4);
+    if (colon != std::string::npos) s = s.substr(colon + 2);
+  }
   constexpr size_t kMax = 600;
   if (s.size() > kMax) s = s.substr(0, kMax) + "...";
   return s;
 }
 
 // The tokens that close JSON fastest, best first: EOS (where the grammar has ended); a quote
-// followed only by closing brackets (inside a string the quote must come first: brackets there
-// are only text); closing brackets alone; ':'; '0' (the shortest value); ',' (a required
-// property still to come). Longer first within a kind: each closes more. The mask decides
-// which of them is valid where.
-std::vector<int32_t> closing_tokens(const Tokenizer& tok) {
+// followed only by quotes and closing brackets (inside a string the quote must come first:
+// brackets there are only text; '""' is a whole string value); closing brackets alone; ':'; '0'
+// (the shortest value); ',' (a required property still to come). Longer first within a kind: each
+// closes more. The mask decides which of them is valid where. Where none of them fits (a property
+// name, an enum value, a boolean), the allowed token with the most bytes that are not whitespace
+// (it goes furthest), the one with less whitespace among those.
+struct EndTokens {
+  std::vector<int32_t> closers;  // best first
+  std::vector<uint16_t> score;   // per id: 256 x non-blank bytes - blank bytes (0: none)
+};
+
+EndTokens end_tokens(const Tokenizer& tok) {
+  EndTokens e;
+  e.score.assign(size_t(tok.vocab_size()), 0);
   std::vector<std::pair<std::pair<int, int64_t>, int32_t>> ranked;  // ((tier, -length), id)
   for (int32_t id = 0; id < tok.vocab_size(); ++id) {
     if (tok.is_special(id)) continue;
     const std::optional<std::string_view> b = tok.token_bytes(id);
     if (!b || b->empty()) continue;
+    const int64_t blank = std::count_if(b->begin(), b->end(), [](char c) {
+      return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+    });
+    const int64_t solid = int64_t(b->size()) - blank;
+    if (solid > 0)
+      e.score[size_t(id)] =
+          uint16_t(std::min<int64_t>(solid, 255) * 256 + 255 - std::min<int64_t>(blank, 255));
     int tier = -1;
-    if ((*b)[0] == '"' && b->find_first_not_of("}]", 1) == std::string_view::npos) {
+    if ((*b)[0] == '"' && b->find_first_not_of("\"}]", 1) == std::string_view::npos) {
       tier = 0;
     } else if (b->find_first_not_of("}]") == std::string_view::npos) {
       tier = 1;
@@ -48,19 +71,16 @@ std::vector<int32_t> closing_tokens(const Tokenizer& tok) {
     if (tier >= 0) ranked.push_back({{tier, -int64_t(b->size())}, id});
   }
   std::sort(ranked.begin(), ranked.end());
-  std::vector<int32_t> ids = {*tok.eos_id()};
-  for (const auto& r : ranked) ids.push_back(r.second);
-  return ids;
+  e.closers = {*tok.eos_id()};
+  for (const auto& r : ranked) e.closers.push_back(r.second);
+  return e;
 }
 
 class XGrammarConstraint final : public TokenConstraint {
  public:
   XGrammarConstraint(const xgrammar::CompiledGrammar& g, std::optional<int32_t> start_after,
-                     std::shared_ptr<const std::vector<int32_t>> closers)
-      : matcher_(g),
-        start_after_(start_after),
-        active_(!start_after),
-        closers_(std::move(closers)) {}
+                     std::shared_ptr<const EndTokens> end)
+      : matcher_(g), start_after_(start_after), active_(!start_after), end_(std::move(end)) {}
 
   bool fill_mask(std::span<uint32_t> words) override {
     if (!active_) return false;
@@ -76,14 +96,30 @@ class XGrammarConstraint final : public TokenConstraint {
 
   bool narrow_to_end(std::span<uint32_t> words) override {
     if (!active_) return false;
-    for (int32_t t : *closers_) {
-      if ((words[size_t(t / 32)] >> (t % 32)) & 1u) {
+    auto allowed = [&](int32_t t) { return (words[size_t(t / 32)] >> (t % 32)) & 1u; };
+    for (int32_t t : end_->closers) {
+      if (allowed(t)) {
         std::fill(words.begin(), words.end(), 0u);
         words[size_t(t / 32)] = 1u << (t % 32);
         return true;
       }
     }
-    return false;
+    int32_t best = -1;
+    uint16_t best_score = 0;
+    const int64_t n = int64_t(end_->score.size());
+    for (int64_t w = 0; w < int64_t(words.size()) && w * 32 < n; ++w) {
+      for (uint32_t bits = words[size_t(w)]; bits != 0; bits &= bits - 1) {
+        const int64_t t = w * 32 + std::countr_zero(bits);
+        if (t < n && end_->score[size_t(t)] > best_score) {
+          best = int32_t(t);
+          best_score = end_->score[size_t(t)];
+        }
+      }
+    }
+    if (best < 0) return false;
+    std::fill(words.begin(), words.end(), 0u);
+    words[size_t(best / 32)] = 1u << (best % 32);
+    return true;
   }
 
   bool accept(int32_t token) override {
@@ -100,16 +136,16 @@ class XGrammarConstraint final : public TokenConstraint {
   xgrammar::GrammarMatcher matcher_;
   std::optional<int32_t> start_after_;
   bool active_;
-  std::shared_ptr<const std::vector<int32_t>> closers_;
+  std::shared_ptr<const EndTokens> end_;
 };
 
 }  // namespace
 
 struct XGrammarBackend::Impl {
-  Impl(xgrammar::TokenizerInfo info, const XGrammarOptions& o, std::vector<int32_t> closers)
+  Impl(xgrammar::TokenizerInfo info, const XGrammarOptions& o, EndTokens end)
       : options(o),
         compiler(info, o.compile_threads, /*cache_enabled=*/true, o.cache_bytes),
-        closers(std::make_shared<const std::vector<int32_t>>(std::move(closers))) {}
+        end(std::make_shared<const EndTokens>(std::move(end))) {}
 
   // Throws what xgrammar throws for a schema it cannot compile.
   xgrammar::CompiledGrammar compile(const GrammarSpec& spec) {
@@ -123,7 +159,7 @@ struct XGrammarBackend::Impl {
 
   XGrammarOptions options;
   xgrammar::GrammarCompiler compiler;
-  std::shared_ptr<const std::vector<int32_t>> closers;
+  std::shared_ptr<const EndTokens> end;
 };
 
 Result<std::unique_ptr<XGrammarBackend>> XGrammarBackend::create(const Tokenizer& tok,
@@ -146,7 +182,7 @@ Result<std::unique_ptr<XGrammarBackend>> XGrammarBackend::create(const Tokenizer
     xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, int(vocab_size),
                                  std::vector<int32_t>{*eos});
     return std::unique_ptr<XGrammarBackend>(
-        new XGrammarBackend(std::make_unique<Impl>(std::move(info), options, closing_tokens(tok))));
+        new XGrammarBackend(std::make_unique<Impl>(std::move(info), options, end_tokens(tok))));
   } catch (const std::exception& e) {
     return Internal(fmt::format("xgrammar rejected the vocabulary: {}", shorten(e.what())));
   }
@@ -166,8 +202,8 @@ Status XGrammarBackend::check(const GrammarSpec& spec) {
 
 Result<std::unique_ptr<TokenConstraint>> XGrammarBackend::start(const GrammarSpec& spec) {
   try {
-    return std::unique_ptr<TokenConstraint>(std::make_unique<XGrammarConstraint>(
-        impl_->compile(spec), spec.start_after, impl_->closers));
+    return std::unique_ptr<TokenConstraint>(
+        std::make_unique<XGrammarConstraint>(impl_->compile(spec), spec.start_after, impl_->end));
   } catch (const std::exception& e) {
     return InvalidArgument(fmt::format("the JSON schema cannot be used: {}", shorten(e.what())));
   }

@@ -154,6 +154,14 @@ json to_json(const PdRequest& p) {
             {"logprobs", r.logprobs},
             {"top_logprobs", r.top_logprobs}};
   if (r.seed) j["seed"] = *r.seed;
+  if (r.grammar) {
+    json g = {
+        {"kind", r.grammar->kind == GrammarSpec::Kind::kJsonSchema ? "json_schema" : "json_object"},
+        {"strict", r.grammar->strict}};
+    if (r.grammar->kind == GrammarSpec::Kind::kJsonSchema) g["schema"] = r.grammar->schema;
+    if (r.grammar->start_after) g["start_after"] = *r.grammar->start_after;
+    j["grammar"] = std::move(g);
+  }
   if (!p.transfer.empty()) j["transfer"] = p.transfer;
   if (!p.handle.empty()) j["handle"] = p.handle;
   return j;
@@ -177,6 +185,25 @@ Result<PdRequest> pd_request_from_json(const json& j) {
     return bad("PD request", err);
   }
   if (has_seed) r.seed = seed;
+  if (auto it = j.find("grammar"); it != j.end() && !it->is_null()) {
+    GrammarSpec g;
+    std::string kind;
+    int32_t start = 0;
+    const bool has_start = it->is_object() && it->contains("start_after");
+    if (!it->is_object() || !get(*it, "kind", &kind, &err) ||
+        !get(*it, "strict", &g.strict, &err, false) ||
+        !get(*it, "schema", &g.schema, &err, false) ||
+        (has_start && !get(*it, "start_after", &start, &err))) {
+      return bad("PD request", err.empty() ? "field 'grammar' is not an object" : err);
+    }
+    if (kind == "json_schema") {
+      g.kind = GrammarSpec::Kind::kJsonSchema;
+    } else if (kind != "json_object") {
+      return bad("PD request", fmt::format("unknown grammar kind '{}'", kind));
+    }
+    if (has_start) g.start_after = start;
+    r.grammar = std::move(g);
+  }
   return p;
 }
 

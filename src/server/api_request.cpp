@@ -1,6 +1,7 @@
 #include "server/api_request.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -231,14 +232,75 @@ std::optional<ApiError> reject_unsupported(const Fields& f) {
     if (!v->is_object()) return wrong_type("logit_bias", "an object", *v);
     if (!v->empty()) return bad_request("'logit_bias' is not supported", "logit_bias");
   }
-  if (const json* v = f.find("response_format")) {
-    if (!v->is_object()) return wrong_type("response_format", "an object", *v);
-    auto t = v->find("type");
-    if (t == v->end() || !t->is_string() || t->get<std::string>() != "text") {
-      return bad_request("only 'response_format' {\"type\": \"text\"} is supported",
-                         "response_format");
+  return std::nullopt;
+}
+
+// response_format (docs/structured-outputs.md): {"type": "text"}, {"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"name", "description", "schema", "strict"}}. Whether
+// the schema compiles is the handler's check (it needs the grammar backend).
+std::optional<ApiError> parse_response_format(const Fields& f, std::optional<GrammarSpec>& out) {
+  const json* v = f.find("response_format");
+  if (!v) return std::nullopt;
+  if (!v->is_object()) return wrong_type("response_format", "an object", *v);
+  auto t = v->find("type");
+  if (t == v->end() || t->is_null()) {
+    return bad_request("'response_format.type' is required", "response_format.type");
+  }
+  if (!t->is_string()) return wrong_type("response_format.type", "a string", *t);
+  const std::string type = t->get<std::string>();
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") {
+    out = GrammarSpec{GrammarSpec::Kind::kJsonObject, "", false, std::nullopt};
+    return std::nullopt;
+  }
+  if (type != "json_schema") {
+    return bad_request(
+        fmt::format("'response_format.type' must be 'text', 'json_object' or 'json_schema', not "
+                    "'{}'",
+                    type),
+        "response_format.type");
+  }
+  auto js = v->find("json_schema");
+  if (js == v->end() || js->is_null()) {
+    return bad_request("'response_format.json_schema' is required with type 'json_schema'",
+                       "response_format.json_schema");
+  }
+  if (!js->is_object()) return wrong_type("response_format.json_schema", "an object", *js);
+  if (auto name = js->find("name"); name != js->end() && !name->is_null()) {
+    if (!name->is_string())
+      return wrong_type("response_format.json_schema.name", "a string", *name);
+    const std::string n = name->get<std::string>();
+    const bool ok = !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+    });
+    if (!ok) {
+      return bad_request(
+          "'response_format.json_schema.name' must be 1 to 64 of a-z, A-Z, 0-9, _ "
+          "and -",
+          "response_format.json_schema.name");
     }
   }
+  GrammarSpec g{GrammarSpec::Kind::kJsonSchema, "", false, std::nullopt};
+  if (auto s = js->find("strict"); s != js->end() && !s->is_null()) {
+    if (!s->is_boolean()) return wrong_type("response_format.json_schema.strict", "a boolean", *s);
+    g.strict = s->get<bool>();
+  }
+  auto schema = js->find("schema");
+  if (schema == js->end() || schema->is_null()) {
+    g.kind = GrammarSpec::Kind::kJsonObject;  // no schema: any JSON object
+  } else if (schema->is_boolean()) {
+    // JSON Schema's `true` admits anything (here: any object); `false` nothing at all.
+    if (!schema->get<bool>()) {
+      return bad_request("'response_format.json_schema.schema' false admits no output",
+                         "response_format.json_schema.schema");
+    }
+    g.kind = GrammarSpec::Kind::kJsonObject;
+  } else if (!schema->is_object()) {
+    return wrong_type("response_format.json_schema.schema", "an object", *schema);
+  } else {
+    g.schema = schema->dump();
+  }
+  out = std::move(g);
   return std::nullopt;
 }
 
@@ -318,6 +380,13 @@ std::optional<ApiError> parse_generation(const Fields& f, const RequestLimits& l
     }
   }
   RETURN_IF_API_ERROR(f.get_bool("ignore_eos", g.ignore_eos));
+  RETURN_IF_API_ERROR(parse_response_format(f, g.grammar));
+  if (g.grammar && g.ignore_eos) {
+    return bad_request(
+        "'ignore_eos' cannot be used with a JSON 'response_format' (its output "
+        "ends at EOS)",
+        "ignore_eos");
+  }
   return std::nullopt;
 }
 

@@ -16,6 +16,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/grammar.h"
 #include "server/api_error.h"
 #include "tokenizer/chat_template.h"
 
@@ -48,6 +49,9 @@ struct GenerationOptions {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // vLLM extension
+  // response_format json_object / json_schema (start_after unset: the handler knows whether the
+  // output begins with reasoning).
+  std::optional<GrammarSpec> grammar;
 };
 
 // tool_choice: "auto" (the default), "none", "required" or {"type": "function", "function":

@@ -144,6 +144,15 @@ std::string ServerMetrics::render(const EngineStats& e) const {
     add_metric(out, "moeserve_spec_decode_off_steps_total", "counter",
                "Decode steps the load policy ran with fewer drafts than asked.", e.spec_off_steps);
   }
+  // Constrained decoding (docs/structured-outputs.md).
+  add_metric(out, "moeserve_grammar_tokens_total", "counter",
+             "Tokens sampled under a response_format grammar.", e.grammar_tokens);
+  out += fmt::format(
+      "# HELP moeserve_grammar_mask_seconds_total Time making and applying their masks and "
+      "advancing the grammars, summed over the sampling threads.\n"
+      "# TYPE moeserve_grammar_mask_seconds_total counter\n"
+      "moeserve_grammar_mask_seconds_total {:.6f}\n",
+      double(e.grammar_ns) * 1e-9);
   add_metric(out, "moeserve_num_requests_running", "gauge", "Requests in the running batch.",
              e.running);
   add_metric(out, "moeserve_num_requests_waiting", "gauge", "Requests waiting to run.", e.waiting);

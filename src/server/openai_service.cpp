@@ -156,9 +156,10 @@ class OpenAiService::Run {
         drafts += c.draft_tokens;
         accepted += c.accepted_draft_tokens;
       }
-      u["speculative"] = {{"draft_tokens", drafts},
-                          {"accepted_draft_tokens", accepted},
-                          {"acceptance_rate", drafts > 0 ? double(accepted) / double(drafts) : 0.0}};
+      u["speculative"] = {
+          {"draft_tokens", drafts},
+          {"accepted_draft_tokens", accepted},
+          {"acceptance_rate", drafts > 0 ? double(accepted) / double(drafts) : 0.0}};
     }
     return u;
   }
@@ -414,6 +415,12 @@ Reply OpenAiService::chat_completions(std::string_view body) {
   // tool_choice "none": the tools are neither described nor parsed (the model is not told of
   // them). "required" / a named function: the prompt opens the call (see docs/server.md).
   const bool use_tools = !req->tools.empty() && req->tool_choice.mode != ToolChoice::Mode::kNone;
+  if (use_tools && req->gen.grammar) {  // (the grammar would keep the model from calling them)
+    return error_reply(bad_request(
+        "a JSON 'response_format' cannot be combined with 'tools' (unless 'tool_choice' is "
+        "'none')",
+        "response_format"));
+  }
   Result<std::string> text = template_.render(
       req->messages, /*add_generation_prompt=*/true,
       use_tools ? std::span<const ToolDefinition>(req->tools) : std::span<const ToolDefinition>());
@@ -486,6 +493,26 @@ Reply OpenAiService::generate(Prepared p) {
   er.stop_token_ids = p.gen.stop_token_ids;
   er.logprobs = p.gen.logprobs;  // without them the engine skips a log-softmax per token
   er.top_logprobs = p.gen.logprobs ? p.gen.top_logprobs : 0;
+  if (p.gen.grammar) {
+    if (!options_.grammar) {
+      return error_reply(
+          bad_request("this server cannot constrain output to JSON", "response_format"));
+    }
+    // A reasoning model writes its thoughts first; the JSON is the answer after </think>.
+    if (p.reasoning.starts_in_reasoning) {
+      std::optional<int32_t> end_think = tokenizer_.token_to_id("</think>");
+      if (!end_think) {
+        return error_reply(bad_request(
+            "the prompt opens reasoning, and the tokenizer has no </think> token to end it",
+            "response_format"));
+      }
+      p.gen.grammar->start_after = *end_think;
+    }
+    if (Status st = options_.grammar->check(*p.gen.grammar); !st.ok()) {
+      return error_reply(bad_request(st.message(), "response_format"));
+    }
+    er.grammar = p.gen.grammar;
+  }
 
   const std::string id = new_id(p.chat ? "chatcmpl" : "cmpl");
   auto job = std::make_shared<GenerationJob>(engine_);

@@ -52,6 +52,9 @@ struct ServiceOptions {
   bool split_reasoning = true;  // R1 templates: <think>...</think> -> reasoning_content
   // The engine decodes speculatively: usage carries a "speculative" extension (docs/mtp.md).
   bool speculative = false;
+  // Compiles response_format's grammars at the boundary (400 for a schema it cannot use); the
+  // engine constrains with its own. Null: JSON response formats are refused.
+  std::shared_ptr<GrammarBackend> grammar;
 };
 
 class OpenAiService {

@@ -139,6 +139,19 @@ TEST(PdProtocol, RequestsAndOutputsRoundTripBitForBit) {
   EXPECT_EQ(back->request, p.request);
   EXPECT_EQ(back->transfer, p.transfer);
   EXPECT_EQ(back->handle, p.handle);
+  // With a grammar (docs/structured-outputs.md), of either kind.
+  p.request.grammar =
+      GrammarSpec{GrammarSpec::Kind::kJsonSchema, R"({"type": "integer"})", true, 128799};
+  back = pd_request_from_json(nlohmann::json::parse(to_json(p).dump()));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->request, p.request);
+  p.request.grammar = GrammarSpec{};
+  back = pd_request_from_json(nlohmann::json::parse(to_json(p).dump()));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->request, p.request);
+  nlohmann::json bad_kind = to_json(p);
+  bad_kind["grammar"]["kind"] = "regex";
+  EXPECT_FALSE(pd_request_from_json(bad_kind).ok());
 
   std::mt19937 rng(3);
   RequestOutput o;

@@ -143,7 +143,23 @@ TEST(ParseChat, RejectsBadInputWith400AndTheField) {
       {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function",
           "function":{"name":"f"}}]}]})",
        "messages"},
-      {"{" + kMsgs + R"(, "response_format": {"type":"json_object"}})", "response_format"},
+      {"{" + kMsgs + R"(, "response_format": "json"})", "response_format"},
+      {"{" + kMsgs + R"(, "response_format": {}})", "response_format.type"},
+      {"{" + kMsgs + R"(, "response_format": {"type":"xml"}})", "response_format.type"},
+      {"{" + kMsgs + R"(, "response_format": {"type":"json_schema"}})",
+       "response_format.json_schema"},
+      {"{" + kMsgs + R"(, "response_format": {"type":"json_schema","json_schema":{"schema":5}}})",
+       "response_format.json_schema.schema"},
+      {"{" + kMsgs +
+           R"(, "response_format": {"type":"json_schema","json_schema":{"schema":false}}})",
+       "response_format.json_schema.schema"},
+      {"{" + kMsgs +
+           R"(, "response_format": {"type":"json_schema","json_schema":{"strict":"yes"}}})",
+       "response_format.json_schema.strict"},
+      {"{" + kMsgs + R"(, "response_format": {"type":"json_schema","json_schema":{"name":"a b"}}})",
+       "response_format.json_schema.name"},
+      {"{" + kMsgs + R"(, "response_format": {"type":"json_object"}, "ignore_eos": true})",
+       "ignore_eos"},
   };
   for (const BadCase& c : cases) {
     ApiResult<ChatCompletionRequest> r = parse_chat_request(c.body, limits());
@@ -154,6 +170,35 @@ TEST(ParseChat, RejectsBadInputWith400AndTheField) {
     auto j = nlohmann::json::parse(r.error().to_json());  // the body is well-formed JSON
     EXPECT_EQ(j["error"]["type"], "invalid_request_error");
   }
+}
+
+TEST(ParseChat, ResponseFormatsBecomeGrammars) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  auto text = parse_chat_request("{" + msgs + R"(, "response_format": {"type":"text"}})", limits());
+  ASSERT_TRUE(text.ok());
+  EXPECT_FALSE(text->gen.grammar);
+  auto object =
+      parse_chat_request("{" + msgs + R"(, "response_format": {"type":"json_object"}})", limits());
+  ASSERT_TRUE(object.ok());
+  ASSERT_TRUE(object->gen.grammar);
+  EXPECT_EQ(object->gen.grammar->kind, GrammarSpec::Kind::kJsonObject);
+  auto schema = parse_chat_request("{" + msgs + R"(, "response_format": {"type":"json_schema",
+      "json_schema":{"name":"person_v2","strict":true,"schema":{"type":"object",
+      "properties":{"a":{"type":"integer"}}}}}})",
+                                   limits());
+  ASSERT_TRUE(schema.ok()) << schema.error().message;
+  ASSERT_TRUE(schema->gen.grammar);
+  EXPECT_EQ(schema->gen.grammar->kind, GrammarSpec::Kind::kJsonSchema);
+  EXPECT_TRUE(schema->gen.grammar->strict);
+  EXPECT_EQ(nlohmann::json::parse(schema->gen.grammar->schema),
+            nlohmann::json::parse(R"({"type":"object","properties":{"a":{"type":"integer"}}})"));
+  EXPECT_FALSE(schema->gen.grammar->start_after);
+  // No schema (or `true`): any JSON object.
+  auto any = parse_chat_request(
+      "{" + msgs + R"(, "response_format": {"type":"json_schema","json_schema":{"name":"x"}}})",
+      limits());
+  ASSERT_TRUE(any.ok());
+  EXPECT_EQ(any->gen.grammar->kind, GrammarSpec::Kind::kJsonObject);
 }
 
 TEST(ParseChat, FillsTheTypedRequest) {
