@@ -26,13 +26,16 @@ if ! python3 -c "import openai" 2>/dev/null; then
     python3 -m pip install --quiet --user --break-system-packages openai 2>/dev/null ||
     echo "install-deps: could not pip install openai (tests/cli/server_openai.sh needs it)" >&2
 fi
-# jsonschema validates the replies of tests/cli/structured_outputs.sh against their schemas.
-if ! python3 -c "import jsonschema" 2>/dev/null; then
-  python3 -m pip install --quiet jsonschema 2>/dev/null ||
-    python3 -m pip install --quiet --user jsonschema 2>/dev/null ||
-    python3 -m pip install --quiet --user --break-system-packages jsonschema 2>/dev/null ||
-    echo "install-deps: could not pip install jsonschema (tests/cli/structured_outputs.sh needs it)" >&2
-fi
+# jsonschema validates the replies of tests/cli/structured_outputs.sh against their schemas;
+# jinja2 renders the chat templates in tests/cli/chat_templates.sh.
+for mod in jsonschema jinja2; do
+  if ! python3 -c "import $mod" 2>/dev/null; then
+    python3 -m pip install --quiet "$mod" 2>/dev/null ||
+      python3 -m pip install --quiet --user "$mod" 2>/dev/null ||
+      python3 -m pip install --quiet --user --break-system-packages "$mod" 2>/dev/null ||
+      echo "install-deps: could not pip install $mod (tests/cli/ needs it)" >&2
+  fi
+done
 # selenium drives Chromium through Debian's chromedriver in tests/cli/web_page.sh.
 if ! python3 -c "import selenium" 2>/dev/null; then
   python3 -m pip install --quiet selenium 2>/dev/null ||

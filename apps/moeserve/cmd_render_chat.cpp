@@ -24,6 +24,7 @@ struct RenderChatArgs {
   std::string dir;
   std::string messages_path;
   bool add_generation_prompt = false;
+  bool thinking = false;
 };
 
 int run_render_chat(const RenderChatArgs& args) {
@@ -62,7 +63,7 @@ int run_render_chat(const RenderChatArgs& args) {
     }
     tools = std::move(*parsed);
   }
-  auto text = tmpl->render(*messages, args.add_generation_prompt, tools);
+  auto text = tmpl->render(*messages, args.add_generation_prompt, tools, args.thinking);
   if (!text.ok()) {
     fmt::print(stderr, "moeserve render-chat: {}: {}\n", args.messages_path,
                text.status().message());
@@ -87,6 +88,8 @@ Subcommand add_render_chat_command(CLI::App& parent) {
       ->required();
   app->add_flag("--add-generation-prompt", args->add_generation_prompt,
                 "end with the assistant prefix, ready for the model to answer");
+  app->add_flag("--thinking", args->thinking,
+                "DeepSeek-V3.1 templates: the thinking mode (the template's `thinking`)");
   return {app, [args] { return run_render_chat(*args); }};
 }
 

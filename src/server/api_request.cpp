@@ -602,6 +602,15 @@ ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,
   RETURN_IF_API_ERROR(check_tool_messages((*j)["messages"]));
   RETURN_IF_API_ERROR(parse_generation(f, limits, /*chat=*/true, r.gen));
   RETURN_IF_API_ERROR(parse_tools(f, body, r));
+  // vLLM's and SGLang's chat_template_kwargs; the one the DeepSeek templates read is V3.1's
+  // `thinking` switch (other keys are ignored).
+  if (const json* k = f.find("chat_template_kwargs")) {
+    if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
+    if (auto t = k->find("thinking"); t != k->end() && !t->is_null()) {
+      if (!t->is_boolean()) return wrong_type("chat_template_kwargs.thinking", "a boolean", *t);
+      r.thinking = t->get<bool>();
+    }
+  }
   return r;
 }
 

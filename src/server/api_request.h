@@ -72,6 +72,7 @@ struct ChatCompletionRequest {
   std::vector<ToolDefinition> tools;  // names unique, [A-Za-z0-9_-]{1,64}
   ToolChoice tool_choice;             // kRequired / kFunction only with tools
   bool parallel_tool_calls = true;    // false: at most one call is returned
+  bool thinking = false;              // chat_template_kwargs.thinking (DeepSeek-V3.1's switch)
 };
 
 struct CompletionRequest {

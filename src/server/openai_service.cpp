@@ -423,14 +423,18 @@ Reply OpenAiService::chat_completions(std::string_view body) {
   }
   Result<std::string> text = template_.render(
       req->messages, /*add_generation_prompt=*/true,
-      use_tools ? std::span<const ToolDefinition>(req->tools) : std::span<const ToolDefinition>());
-  if (!text.ok()) return error_reply(bad_request(text.status().message(), "messages"));
+      use_tools ? std::span<const ToolDefinition>(req->tools) : std::span<const ToolDefinition>(),
+      req->thinking);
+  if (!text.ok()) {
+    const bool tools = text.status().code() == StatusCode::kUnimplemented;
+    return error_reply(bad_request(text.status().message(), tools ? "tools" : "messages"));
+  }
   Prepared p;
   p.chat = true;
   p.tools.parse = use_tools;
   if (!req->parallel_tool_calls) p.tools.max_calls = 1;
   // An R1 prompt that opens <think> leaves the call to the model (it reasons first).
-  if (use_tools && !template_.generation_opens_think()) {
+  if (use_tools && !template_.generation_opens_think(req->thinking)) {
     if (req->tool_choice.mode == ToolChoice::Mode::kRequired) {
       p.tools.prefill = tool_call_prefill(std::nullopt);
     } else if (req->tool_choice.mode == ToolChoice::Mode::kFunction) {
@@ -440,9 +444,9 @@ Reply OpenAiService::chat_completions(std::string_view body) {
   }
   p.prompt = tokenizer_.encode(*text, /*add_bos=*/false);  // the template writes BOS itself
   p.gen = std::move(req->gen);
-  p.reasoning.split =
-      options_.split_reasoning && template_.variant() == ChatTemplate::Variant::kDeepSeekR1;
-  p.reasoning.starts_in_reasoning = p.reasoning.split && template_.generation_opens_think();
+  p.reasoning.split = options_.split_reasoning && template_.reasons(req->thinking);
+  p.reasoning.starts_in_reasoning =
+      p.reasoning.split && template_.generation_opens_think(req->thinking);
   return generate(std::move(p));
 }
 

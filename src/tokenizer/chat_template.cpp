@@ -52,18 +52,37 @@ const char* const kToolsTail =
 
 Result<ChatTemplate> ChatTemplate::from_template(const std::string& jinja, std::string bos_token) {
   const std::string s = squeeze(jinja);
-  // The structure both supported variants share; anything else (V3.1's thinking flags, the
-  // later "'tool_calls' in message" form) is a different format we do not claim to reproduce.
+  ChatTemplate t;
+  t.bos_ = std::move(bos_token);
+  // V3.1: the thinking switch, "</think>" opening a non-thinking assistant turn, tool calls
+  // without a type.
+  if (has(s, "ifnotthinkingisdefined") && has(s, "'<｜Assistant｜></think>'") &&
+      has(s, "is_last_user") && has(s, "content.split('</think>',1)[1]") &&
+      has(s, "'<｜tool▁call▁begin｜>'+tool['function']['name']+'<｜tool▁sep｜>'")) {
+    t.variant_ = Variant::kDeepSeekV3_1;
+    return t;
+  }
+  // V3-0324 / R1-0528: the user turn ends with <｜Assistant｜>; is_last_user decides the
+  // generation prompt.
+  const bool r1_0528 =
+      has(s, "'<｜User｜>'+content+'<｜Assistant｜>'") && has(s, "content.split('</think>')[-1]");
+  const bool v3_0324 = has(s, "'<｜User｜>'+message['content']+'<｜Assistant｜>'");
+  if ((r1_0528 || v3_0324) && has(s, "is_last_user") && has(s, "ns.is_output_first") &&
+      has(s, "ifadd_generation_promptandnotns.is_last_userandnotns.is_tool") &&
+      !has(s, "thinking")) {
+    t.variant_ = r1_0528 ? Variant::kDeepSeekR1_0528 : Variant::kDeepSeekV3_0324;
+    t.strip_think_ = r1_0528;
+    return t;
+  }
+  // The structure both first-release variants share.
   const bool family = has(s, "<｜User｜>") && has(s, "ns.is_output_first") &&
                       has(s, "message['role']=='assistant'andmessage['content']isnone") &&
                       has(s, "'<｜tool▁outputs▁end｜>'+message['content']+'<｜end▁of▁sentence｜>'");
   if (!family || has(s, "'tool_calls'inmessage") || has(s, "thinking")) {
     return Unimplemented(
-        "chat template not recognised as the DeepSeek-V3 or DeepSeek-R1 format (supported: the "
-        "templates of deepseek-ai/DeepSeek-V3 and DeepSeek-R1)");
+        "chat template not recognised as a DeepSeek V3/R1 format (supported: the templates of "
+        "deepseek-ai/DeepSeek-V3, V3-0324, V3.1, V3.1-Terminus, R1 and R1-0528)");
   }
-  ChatTemplate t;
-  t.bos_ = std::move(bos_token);
   t.join_system_ = has(s, "is_first_sp");
   t.strip_think_ = has(s, "content.split('</think>')[-1]");
   // The generation prompt: '<｜Assistant｜><think>\n' (escaped or literal newline) in R1.
@@ -84,21 +103,209 @@ ChatTemplate ChatTemplate::of_variant(Variant v, std::string bos_token) {
   ChatTemplate t;
   t.variant_ = v;
   t.bos_ = std::move(bos_token);
-  t.join_system_ = v == Variant::kDeepSeekV3;
-  t.strip_think_ = v == Variant::kDeepSeekR1;
+  t.join_system_ = v != Variant::kDeepSeekR1;
+  t.strip_think_ = v == Variant::kDeepSeekR1 || v == Variant::kDeepSeekR1_0528;
   t.think_prompt_ = v == Variant::kDeepSeekR1;
   return t;
 }
 
-// Mirrors the Jinja template statement by statement; comments name the template's variables.
+namespace {
+
+// Where jinja2 would raise (a message's content is null or missing where the template adds it).
+Status need(const Message& m, size_t i) {
+  if (m.content) return Status::Ok();
+  return InvalidArgument("message " + std::to_string(i) + " (role '" + m.role +
+                         "') has no content");
+}
+
+// The system prompts joined by "\n\n" (ns.system_prompt of the later templates).
+Result<std::string> joined_system(std::span<const Message> messages) {
+  std::string system;
+  bool first = true;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Message& m = messages[i];
+    if (m.role != "system") continue;
+    RETURN_IF_ERROR(need(m, i));
+    system += (first ? "" : "\n\n") + *m.content;
+    first = false;
+  }
+  return system;
+}
+
+// The API's tools after the system prompt (every variant that takes them).
+void append_tools(std::string& out, bool has_system, std::span<const ToolDefinition> tools) {
+  if (tools.empty()) return;
+  if (has_system) out += "\n\n";
+  out += kToolsHead;
+  for (const ToolDefinition& t : tools) out += "\n" + t.json;
+  out += kToolsTail;
+}
+
+}  // namespace
+
 Result<std::string> ChatTemplate::render(std::span<const Message> messages,
                                          bool add_generation_prompt,
-                                         std::span<const ToolDefinition> tools) const {
-  auto need = [](const Message& m, size_t i) -> Status {
-    if (m.content) return Status::Ok();
-    return InvalidArgument("message " + std::to_string(i) + " (role '" + m.role +
-                           "') has no content");
+                                         std::span<const ToolDefinition> tools,
+                                         bool thinking) const {
+  switch (variant_) {
+    case Variant::kDeepSeekV3_0324:
+    case Variant::kDeepSeekR1_0528:
+      return render_0324(messages, add_generation_prompt, tools);
+    case Variant::kDeepSeekV3_1:
+      if (!tools.empty()) {
+        return Unimplemented(
+            "tools with the DeepSeek-V3.1 chat format (its tool-call syntax is not parsed yet)");
+      }
+      return render_v3_1(messages, add_generation_prompt, thinking);
+    default:
+      return render_v3_r1(messages, add_generation_prompt, tools);
+  }
+}
+
+// DeepSeek-V3-0324 and R1-0528, statement by statement; comments name the template's variables.
+Result<std::string> ChatTemplate::render_0324(std::span<const Message> messages,
+                                              bool add_generation_prompt,
+                                              std::span<const ToolDefinition> tools) const {
+  ASSIGN_OR_RETURN(std::string system, joined_system(messages));
+  std::string out = bos_ + system;
+  append_tools(out, !system.empty(), tools);
+  bool is_first = false, is_tool = false, is_output_first = true, is_last_user = false;  // ns.*
+  auto call_text = [](const ToolCall& tc) {
+    return tc.type + "<｜tool▁sep｜>" + tc.name + "\n```json\n" + tc.arguments +
+           "\n```<｜tool▁call▁end｜>";
   };
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Message& m = messages[i];
+    // R1-0528 reads `content` up front and drops an assistant turn's reasoning ('</think>' in
+    // content raises on null content there).
+    std::optional<std::string> content = m.content;
+    if (m.role == "user") {
+      RETURN_IF_ERROR(need(m, i));
+      is_tool = false;
+      is_first = false;
+      is_last_user = true;
+      out += kUser + *content + kAssistant;
+    }
+    // (jinja2 raises on the null content OpenAI clients send beside tool calls; it is taken
+    // as "", which renders the same as V3-0324 renders null.)
+    if (m.role == "assistant" && strip_think_ && m.tool_calls && !content) content = "";
+    if (m.role == "assistant" && strip_think_) {
+      if (!content) RETURN_IF_ERROR(need(m, i));
+      const size_t at = content->rfind("</think>");
+      if (at != std::string::npos) content = content->substr(at + 8);
+    }
+    if (m.role == "assistant" && m.tool_calls) {
+      is_last_user = false;
+      if (is_tool) out += "<｜tool▁outputs▁end｜>";
+      is_first = false;
+      is_tool = false;
+      is_output_first = true;
+      for (const ToolCall& tc : *m.tool_calls) {
+        if (!is_first) {
+          if (content) out += *content;
+          out += "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>" + call_text(tc);
+          is_first = true;
+        } else {
+          out += "\n<｜tool▁call▁begin｜>" + call_text(tc);
+        }
+      }
+      out += std::string("<｜tool▁calls▁end｜>") + kEos;
+    }
+    if (m.role == "assistant" && !m.tool_calls) {
+      RETURN_IF_ERROR(need(m, i));
+      is_last_user = false;
+      if (is_tool) {
+        out += "<｜tool▁outputs▁end｜>" + *content + kEos;
+        is_tool = false;
+      } else {
+        out += *content + kEos;
+      }
+    }
+    if (m.role == "tool") {
+      RETURN_IF_ERROR(need(m, i));
+      is_last_user = false;
+      is_tool = true;
+      if (is_output_first) {
+        out +=
+            "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>" + *content + "<｜tool▁output▁end｜>";
+        is_output_first = false;
+      } else {
+        out += "\n<｜tool▁output▁begin｜>" + *content + "<｜tool▁output▁end｜>";
+      }
+    }
+  }
+  if (is_tool) out += "<｜tool▁outputs▁end｜>";
+  if (add_generation_prompt && !is_last_user && !is_tool) out += kAssistant;
+  return out;
+}
+
+// DeepSeek-V3.1 (and V3.1-Terminus), statement by statement. The API has no `prefix` message
+// field (DeepSeek's prefix completion), so `message['prefix']` is never set.
+Result<std::string> ChatTemplate::render_v3_1(std::span<const Message> messages,
+                                              bool add_generation_prompt, bool thinking) const {
+  ASSIGN_OR_RETURN(std::string system, joined_system(messages));
+  std::string out = bos_ + system;
+  bool is_first = false, is_tool = false, is_last_user = false;  // ns.*
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Message& m = messages[i];
+    if (m.role == "user") {
+      RETURN_IF_ERROR(need(m, i));
+      is_tool = false;
+      is_first = false;
+      is_last_user = true;
+      out += kUser + *m.content;
+    }
+    if (m.role == "assistant" && m.tool_calls) {
+      if (is_last_user) out += std::string(kAssistant) + "</think>";
+      is_last_user = false;
+      is_first = false;
+      is_tool = false;
+      for (const ToolCall& tc : *m.tool_calls) {
+        const std::string call = "<｜tool▁call▁begin｜>" + tc.name + "<｜tool▁sep｜>" +
+                                 tc.arguments + "<｜tool▁call▁end｜>";
+        if (!is_first) {
+          if (m.content) out += *m.content;
+          out += "<｜tool▁calls▁begin｜>" + call;
+          is_first = true;
+        } else {
+          out += call;
+        }
+      }
+      out += std::string("<｜tool▁calls▁end｜>") + kEos;
+    }
+    if (m.role == "assistant" && !m.tool_calls) {
+      if (is_last_user) out += std::string(kAssistant) + "</think>";
+      is_last_user = false;
+      RETURN_IF_ERROR(need(m, i));
+      if (is_tool) {
+        out += *m.content + kEos;
+        is_tool = false;
+      } else {
+        std::string_view content = *m.content;
+        const size_t at = content.find("</think>");
+        if (at != std::string_view::npos) content.remove_prefix(at + 8);
+        out += content;
+        out += kEos;
+      }
+    }
+    if (m.role == "tool") {
+      RETURN_IF_ERROR(need(m, i));
+      is_last_user = false;
+      is_tool = true;
+      out += "<｜tool▁output▁begin｜>" + *m.content + "<｜tool▁output▁end｜>";
+    }
+  }
+  if (add_generation_prompt && is_last_user && !is_tool) {
+    out += kAssistant;
+    out += thinking ? "<think>" : "</think>";
+  }
+  return out;
+}
+
+// DeepSeek-V3 and R1 (first releases), statement by statement.
+Result<std::string> ChatTemplate::render_v3_r1(std::span<const Message> messages,
+                                               bool add_generation_prompt,
+                                               std::span<const ToolDefinition> tools) const {
   // ns.system_prompt
   std::string system;
   bool first_system = true;
@@ -117,12 +324,7 @@ Result<std::string> ChatTemplate::render(std::span<const Message> messages,
     }
   }
   std::string out = bos_ + system;
-  if (!tools.empty()) {
-    if (!system.empty()) out += "\n\n";
-    out += kToolsHead;
-    for (const ToolDefinition& t : tools) out += "\n" + t.json;
-    out += kToolsTail;
-  }
+  append_tools(out, !system.empty(), tools);
   bool is_first = false, is_tool = false, is_output_first = true;  // ns.*
   for (size_t i = 0; i < messages.size(); ++i) {
     const Message& m = messages[i];

@@ -8,6 +8,12 @@
 //   - DeepSeek-R1: the same turns; only the last system prompt is kept; the reasoning of earlier
 //     assistant turns is dropped (text up to the last "</think>"); in later R1 revisions the
 //     generation prompt opens the reasoning with "<think>\n".
+//   - DeepSeek-V3-0324 and DeepSeek-R1-0528: the user turn ends with <｜Assistant｜> (so the
+//     generation prompt adds nothing after a user turn); tool calls may follow text; a tool
+//     round's outputs are closed before the next calls; R1-0528 drops earlier reasoning.
+//   - DeepSeek-V3.1 (and V3.1-Terminus): tool calls as name<｜tool▁sep｜>arguments; the
+//     assistant turn opens with "</think>" (non-thinking) or "<think>" (`thinking`); earlier
+//     reasoning is dropped (text after the first "</think>").
 // The checkpoints' templates render nothing for the API's `tools`; given tools, render() appends
 // a description of them to the system prompt (the wording of vLLM's DeepSeek-V3 tool template:
 // the tools as JSON inside <tools></tools>, then the call format; see docs/server.md).
@@ -50,7 +56,16 @@ struct Message {
 
 class ChatTemplate {
  public:
-  enum class Variant { kDeepSeekV3, kDeepSeekR1 };
+  // kDeepSeekV3_0324 / kDeepSeekR1_0528: the later form (the user turn opens the assistant's,
+  // tool calls after a tool round close its outputs); kDeepSeekV3_1: V3.1 (and V3.1-Terminus),
+  // a hybrid reasoning model with the `thinking` switch and its own tool-call format.
+  enum class Variant {
+    kDeepSeekV3,
+    kDeepSeekR1,
+    kDeepSeekV3_0324,
+    kDeepSeekR1_0528,
+    kDeepSeekV3_1
+  };
 
   // From the template text of a tokenizer_config.json and the BOS token string.
   static Result<ChatTemplate> from_template(const std::string& jinja, std::string bos_token);
@@ -58,14 +73,24 @@ class ChatTemplate {
   // A variant without a template file (the R1 flavour here is the later one, with "<think>\n").
   static ChatTemplate of_variant(Variant v, std::string bos_token);
 
-  // InvalidArgument when a message lacks what the template needs (user/system/tool content).
-  // With `tools`, their description follows the system prompt.
+  // InvalidArgument when a message lacks what the template needs (user/system/tool content;
+  // for R1-0528 and V3.1 also an assistant turn's), where jinja2 raises an error. With `tools`,
+  // their description follows the system prompt (not for V3.1: Unimplemented). `thinking`: the
+  // V3.1 template's switch (chat_template_kwargs.thinking; off by default, as there).
   Result<std::string> render(std::span<const Message> messages, bool add_generation_prompt,
-                             std::span<const ToolDefinition> tools = {}) const;
+                             std::span<const ToolDefinition> tools = {},
+                             bool thinking = false) const;
 
   Variant variant() const { return variant_; }
+  // Whether the model writes reasoning (<think>...</think>) before its answer.
+  bool reasons(bool thinking = false) const {
+    return variant_ == Variant::kDeepSeekR1 || variant_ == Variant::kDeepSeekR1_0528 ||
+           (variant_ == Variant::kDeepSeekV3_1 && thinking);
+  }
   // Whether the generation prompt ends inside an opened <think> block.
-  bool generation_opens_think() const { return think_prompt_; }
+  bool generation_opens_think(bool thinking = false) const {
+    return think_prompt_ || (variant_ == Variant::kDeepSeekV3_1 && thinking);
+  }
 
  private:
   Variant variant_ = Variant::kDeepSeekV3;
@@ -73,6 +98,13 @@ class ChatTemplate {
   bool join_system_ = true;    // V3: all system prompts joined; R1: the last one wins
   bool strip_think_ = false;   // R1: drop reasoning of earlier assistant turns
   bool think_prompt_ = false;  // R1 (later revisions): generation prompt adds "<think>\n"
+
+  Result<std::string> render_v3_r1(std::span<const Message> messages, bool add_generation_prompt,
+                                   std::span<const ToolDefinition> tools) const;
+  Result<std::string> render_0324(std::span<const Message> messages, bool add_generation_prompt,
+                                  std::span<const ToolDefinition> tools) const;
+  Result<std::string> render_v3_1(std::span<const Message> messages, bool add_generation_prompt,
+                                  bool thinking) const;
 };
 
 }  // namespace moeserve

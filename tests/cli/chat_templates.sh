@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The later DeepSeek chat templates (tests/data/tokenizer/templates: V3-0324, R1-0528, V3.1) as
+# `serve` uses them: a model directory whose tokenizer_config.json carries the template; for
+# each conversation, the prompt the server counts (usage.prompt_tokens) is the token count of
+# jinja2's rendering of the same conversation (V3.1 with chat_template_kwargs.thinking off and
+# on); `render-chat` writes jinja2's text byte for byte; V3.1 with tools is a 400 naming 'tools';
+# R1-0528 and V3.1 thinking replies carry reasoning_content.
+set -euo pipefail
+bin=$(realpath "$1")
+. tests/serve_lib.sh
+
+python3 -c "import openai, jinja2" 2>/dev/null ||
+  fail "python packages 'openai' and 'jinja2' missing (scripts/install-deps.sh installs them)"
+"$bin" make-model --preset tiny --out "$dir/base" 2>/dev/null || fail "make-model"
+for name in v3-0324 r1-0528 v3.1; do
+  m="$dir/$name"
+  mkdir -p "$m"
+  for f in "$dir"/base/*; do ln -s "$f" "$m/"; done
+  rm "$m/tokenizer_config.json"
+  python3 - "$dir/base/tokenizer_config.json" "tests/data/tokenizer/templates/$name.jinja" \
+    "$m/tokenizer_config.json" <<'PY'
+import json, sys
+cfg = json.load(open(sys.argv[1], encoding="utf-8"))
+cfg["chat_template"] = open(sys.argv[2], encoding="utf-8").read()
+json.dump(cfg, open(sys.argv[3], "w", encoding="utf-8"), ensure_ascii=False)
+PY
+  port=$(free_port)
+  "$bin" serve --model "$m" --host 127.0.0.1 --port "$port" --served-model-name m \
+    --max-model-len 1024 --kv-cache-gb 0.1 > "$dir/serve.log" 2>&1 &
+  pid=$!
+  wait_health "$port"
+  python3 - "$bin" "$m" "$port" "$name" "$dir" <<'PY' || fail "$name"
+import json, subprocess, sys
+import jinja2, jinja2.sandbox, openai
+bin, m, port, name, tmp = sys.argv[1:]
+cfg = json.load(open(m + "/tokenizer_config.json", encoding="utf-8"))
+env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+tmpl = env.from_string(cfg["chat_template"])
+bos = cfg["bos_token"]["content"] if isinstance(cfg["bos_token"], dict) else cfg["bos_token"]
+c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+tc = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+convs = [
+    [{"role": "user", "content": "Hello"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}, {"role": "user", "content": "3+3?"}],
+    [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": "", "tool_calls": [tc]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+]
+checked = 0
+for i, msgs in enumerate(convs):
+    for thinking in ([False, True] if name == "v3.1" else [False]):
+        kw = {"thinking": True} if thinking else {}
+        text = tmpl.render(messages=msgs, add_generation_prompt=True, bos_token=bos, **kw)
+        ids = json.loads(subprocess.run([bin, "tokenize", "--tokenizer", m], input=text.encode(),
+                                        capture_output=True, check=True).stdout)
+        extra = {"chat_template_kwargs": {"thinking": True}} if thinking else {}
+        r = c.chat.completions.create(model="m", messages=msgs, max_tokens=3, extra_body=extra)
+        assert r.usage.prompt_tokens == len(ids), (name, i, thinking, r.usage.prompt_tokens, len(ids))
+        if thinking or name == "r1-0528":
+            assert hasattr(r.choices[0].message, "reasoning_content"), r.choices[0].message
+        # render-chat writes jinja2's text exactly.
+        path = f"{tmp}/msgs.json"
+        json.dump(msgs, open(path, "w"))
+        args = [bin, "render-chat", "--tokenizer", m, "--messages", path, "--add-generation-prompt"]
+        out = subprocess.run(args + (["--thinking"] if thinking else []), capture_output=True,
+                             check=True).stdout.decode()
+        assert out == text, (name, i, thinking, out, text)
+        checked += 1
+if name == "v3.1":
+    try:
+        c.chat.completions.create(model="m", messages=convs[0], tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {}}}])
+        raise SystemExit("tools with V3.1: no 400")
+    except openai.BadRequestError as e:
+        assert "tools" in str(e), e
+print(f"{name}: {checked} prompts equal to jinja2's")
+PY
+  kill "$pid"
+  wait "$pid" || true
+  pid=""
+done
+echo "chat_templates.sh: ok"
