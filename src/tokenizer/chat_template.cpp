@@ -118,15 +118,15 @@ Status need(const Message& m, size_t i) {
                          "') has no content");
 }
 
-// The system prompts joined by "\n\n" (ns.system_prompt of the later templates).
-Result<std::string> joined_system(std::span<const Message> messages) {
+// ns.system_prompt: the system prompts joined by "\n\n", or (R1's first template) the last one.
+Result<std::string> system_prompt(std::span<const Message> messages, bool join) {
   std::string system;
   bool first = true;
   for (size_t i = 0; i < messages.size(); ++i) {
     const Message& m = messages[i];
     if (m.role != "system") continue;
     RETURN_IF_ERROR(need(m, i));
-    system += (first ? "" : "\n\n") + *m.content;
+    system = (join ? system + (first ? "" : "\n\n") : std::string()) + *m.content;
     first = false;
   }
   return system;
@@ -166,7 +166,7 @@ Result<std::string> ChatTemplate::render(std::span<const Message> messages,
 Result<std::string> ChatTemplate::render_0324(std::span<const Message> messages,
                                               bool add_generation_prompt,
                                               std::span<const ToolDefinition> tools) const {
-  ASSIGN_OR_RETURN(std::string system, joined_system(messages));
+  ASSIGN_OR_RETURN(std::string system, system_prompt(messages, /*join=*/true));
   std::string out = bos_ + system;
   append_tools(out, !system.empty(), tools);
   bool is_first = false, is_tool = false, is_output_first = true, is_last_user = false;  // ns.*
@@ -243,7 +243,7 @@ Result<std::string> ChatTemplate::render_0324(std::span<const Message> messages,
 // field (DeepSeek's prefix completion), so `message['prefix']` is never set.
 Result<std::string> ChatTemplate::render_v3_1(std::span<const Message> messages,
                                               bool add_generation_prompt, bool thinking) const {
-  ASSIGN_OR_RETURN(std::string system, joined_system(messages));
+  ASSIGN_OR_RETURN(std::string system, system_prompt(messages, /*join=*/true));
   std::string out = bos_ + system;
   bool is_first = false, is_tool = false, is_last_user = false;  // ns.*
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -306,23 +306,7 @@ Result<std::string> ChatTemplate::render_v3_1(std::span<const Message> messages,
 Result<std::string> ChatTemplate::render_v3_r1(std::span<const Message> messages,
                                                bool add_generation_prompt,
                                                std::span<const ToolDefinition> tools) const {
-  // ns.system_prompt
-  std::string system;
-  bool first_system = true;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const Message& m = messages[i];
-    if (m.role != "system") continue;
-    RETURN_IF_ERROR(need(m, i));
-    if (!join_system_ || first_system) {
-      if (join_system_)
-        system += *m.content;
-      else
-        system = *m.content;
-      first_system = false;
-    } else {
-      system += "\n\n" + *m.content;
-    }
-  }
+  ASSIGN_OR_RETURN(std::string system, system_prompt(messages, join_system_));
   std::string out = bos_ + system;
   append_tools(out, !system.empty(), tools);
   bool is_first = false, is_tool = false, is_output_first = true;  // ns.*
