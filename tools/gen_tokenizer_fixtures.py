@@ -16,10 +16,14 @@ templates with jinja2, through the files written here (CI needs no Python):
                      R1 template and the first R1 release's (no "<think>\n" in the prompt)
   r1_tokenizer_config.json  the DeepSeek-R1 chat template (the V3 one is in assets/)
   chat_tools.jsonl   {"messages": [...], "tools": [...], "add_generation_prompt": bool, "v3": text,
-                     "r1": text}: conversations with tools, tool calls and tool results, rendered
-                     by the V3 and R1 templates with TOOLS_BLOCK (moeserve's description of the
-                     API's `tools`) after the system prompt; `tojson` is Hugging Face's
-                     (json.dumps, ensure_ascii=False)
+                     "r1": text, "v3-0324": text, "r1-0528": text, "v3.1": text}: conversations
+                     with tools, tool calls and tool results, rendered by the V3, R1, V3-0324 and
+                     R1-0528 templates with TOOLS_BLOCK (moeserve's description of the API's
+                     `tools`) after the system prompt, and by V3.1's with V3_1_TOOLS_BLOCK (the
+                     description its model card gives); `tojson` is Hugging Face's (json.dumps,
+                     ensure_ascii=False). The later templates come from
+                     tests/data/tokenizer/templates/; R1-0528 gets "" for the null content beside
+                     tool calls, on which its template raises (moeserve renders null so).
   meta.json          versions used, BOS id, counts
 
 Usage: python3 tools/gen_tokenizer_fixtures.py   (needs: tokenizers, jinja2, faker;
@@ -610,10 +614,35 @@ TOOLS_BLOCK = (
 )
 
 
-def with_tools_block(template):
-    anchor = "{{bos_token}}{{ns.system_prompt}}"
-    assert template.count(anchor) == 1
-    return template.replace(anchor, anchor + TOOLS_BLOCK)
+# DeepSeek-V3.1's tool description, from its model card: "{system prompt}\n\n{tool_description}",
+# a section per tool ("Parameters: {}" for a function the client gave no parameters), then the
+# call format.
+V3_1_TOOLS_BLOCK = (
+    "{% if tools %}{{'\\n\\n## Tools\\nYou have access to the following tools:\\n\\n'}}"
+    "{% for tool in tools %}{{'### ' + tool.function.name + '\\nDescription: '}}"
+    "{{tool.function.description}}{{'\\n\\nParameters: '}}"
+    "{{(tool.function.parameters if tool.function.parameters is defined else {}) | tojson}}"
+    "{{'\\n\\n'}}{% endfor %}"
+    "{{'IMPORTANT: ALWAYS adhere to this exact format for tool use:\\n<｜tool▁calls▁begin｜>"
+    "<｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>"
+    "{additional_tool_calls}<｜tool▁calls▁end｜>\\n\\nWhere:\\n- `tool_call_name` must be an exact "
+    "match to one of the available tools\\n- `tool_call_arguments` must be valid JSON that strictly "
+    "follows the tool\\'s Parameters Schema\\n- For multiple tool calls, chain them directly without "
+    "separators or spaces'}}{% endif %}"
+)
+
+
+def with_tools_block(template, block=TOOLS_BLOCK):
+    for anchor in ("{{bos_token}}{{ns.system_prompt}}", "{{ bos_token }}{{ ns.system_prompt }}"):
+        if anchor in template:
+            assert template.count(anchor) == 1
+            return template.replace(anchor, anchor + block)
+    raise AssertionError("no system-prompt anchor in the template")
+
+
+def later_template(name):
+    with open(os.path.join(OUT, "templates", name + ".jinja"), encoding="utf-8") as f:
+        return f.read()
 
 
 def tool_conversations(rng):
@@ -677,16 +706,25 @@ def tool_conversations(rng):
 
 def write_chat_tools(bos, eos, v3_template):
     rng = random.Random(21)
-    templates = {"v3": with_tools_block(v3_template), "r1": with_tools_block(R1_TEMPLATE)}
+    templates = {"v3": with_tools_block(v3_template), "r1": with_tools_block(R1_TEMPLATE),
+                 "v3-0324": with_tools_block(later_template("v3-0324")),
+                 "r1-0528": with_tools_block(later_template("r1-0528")),
+                 "v3.1": with_tools_block(later_template("v3.1"), V3_1_TOOLS_BLOCK)}
     rows = 0
     with open(os.path.join(OUT, "chat_tools.jsonl"), "w", encoding="utf-8", newline="\n") as f:
         for msgs, tools, add_gen in tool_conversations(rng):
             row = {"messages": msgs, "tools": tools, "add_generation_prompt": add_gen}
             for variant, template in templates.items():
-                row[variant] = render(template, msgs, add_gen, bos, eos, tools=tools)
+                m = msgs
+                if variant == "r1-0528":
+                    m = [dict(x, content="") if x["role"] == "assistant" and x.get("tool_calls")
+                         and x["content"] is None else x for x in msgs]
+                row[variant] = render(template, m, add_gen, bos, eos, tools=tools)
                 assert "# Tools" in row[variant]
             # Without tools, the block renders nothing: the same text as the plain templates.
             assert render(templates["v3"], msgs, add_gen, bos, eos) == render(v3_template, msgs, add_gen, bos, eos)
+            assert (render(templates["v3.1"], msgs, add_gen, bos, eos)
+                    == render(later_template("v3.1"), msgs, add_gen, bos, eos))
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             rows += 1
     print(json.dumps({"chat_tools_conversations": rows}))

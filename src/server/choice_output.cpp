@@ -19,7 +19,7 @@ ChoiceOutput::ChoiceOutput(const Tokenizer& tokenizer, std::vector<std::string> 
     : detok_(tokenizer, /*skip_special=*/true), stop_(std::move(stops)) {
   if (reasoning.split) reasoning_.emplace(reasoning.starts_in_reasoning);
   if (tools.parse) {
-    tools_.emplace(tools.max_calls);
+    tools_.emplace(tools.max_calls, tools.syntax);
     ToolCallParser::Parts p = tools_->push(tools.prefill);
     prefilled_ = std::move(p.calls);  // the prefill is inside a call: no content
   }

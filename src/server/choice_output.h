@@ -37,6 +37,7 @@ struct ToolCallMode {
   bool parse = false;                // the request has tools and tool_choice is not "none"
   std::optional<int64_t> max_calls;  // parallel_tool_calls false: 1
   std::string prefill;               // the call the prompt opened (tool_choice required/named)
+  ToolCallSyntax syntax = ToolCallSyntax::kV3;  // the chat template's
 };
 
 class ChoiceOutput {

@@ -425,20 +425,20 @@ Reply OpenAiService::chat_completions(std::string_view body) {
       req->messages, /*add_generation_prompt=*/true,
       use_tools ? std::span<const ToolDefinition>(req->tools) : std::span<const ToolDefinition>(),
       req->thinking);
-  if (!text.ok()) {
-    const bool tools = text.status().code() == StatusCode::kUnimplemented;
-    return error_reply(bad_request(text.status().message(), tools ? "tools" : "messages"));
-  }
+  if (!text.ok()) return error_reply(bad_request(text.status().message(), "messages"));
   Prepared p;
   p.chat = true;
   p.tools.parse = use_tools;
+  p.tools.syntax = template_.variant() == ChatTemplate::Variant::kDeepSeekV3_1
+                       ? ToolCallSyntax::kV3_1
+                       : ToolCallSyntax::kV3;
   if (!req->parallel_tool_calls) p.tools.max_calls = 1;
   // An R1 prompt that opens <think> leaves the call to the model (it reasons first).
   if (use_tools && !template_.generation_opens_think(req->thinking)) {
     if (req->tool_choice.mode == ToolChoice::Mode::kRequired) {
-      p.tools.prefill = tool_call_prefill(std::nullopt);
+      p.tools.prefill = tool_call_prefill(std::nullopt, p.tools.syntax);
     } else if (req->tool_choice.mode == ToolChoice::Mode::kFunction) {
-      p.tools.prefill = tool_call_prefill(req->tool_choice.function);
+      p.tools.prefill = tool_call_prefill(req->tool_choice.function, p.tools.syntax);
     }
     *text += p.tools.prefill;
   }

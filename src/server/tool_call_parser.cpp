@@ -19,7 +19,7 @@ constexpr std::string_view kFencedCallEnd = "\n```<｜tool▁call▁end｜>";
 constexpr std::string_view kFencedCallsEnd = "\n```<｜tool▁calls▁end｜>";
 
 // The earliest of `needles` in `text`: (position, which), or npos. The tokens all start with
-// '<' and hold no other '<' or '\n', so two of them never overlap.
+// '<' and hold no other '<' or '\n', so two of them (or one and "\n") never overlap.
 std::pair<size_t, size_t> earliest(std::string_view text,
                                    std::initializer_list<std::string_view> needles) {
   std::pair<size_t, size_t> best{std::string_view::npos, 0};
@@ -53,7 +53,8 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
-// A call's header: TYPE<｜tool▁sep｜>NAME, or NAME alone.
+// A call's header: TYPE<｜tool▁sep｜>NAME, or NAME alone (always, for V3.1, whose header ends
+// at the separator).
 std::pair<std::string, std::string> split_header(std::string_view header) {
   const size_t sep = header.find(kSep);
   if (sep == std::string_view::npos) return {"function", std::string(trim(header))};
@@ -69,14 +70,20 @@ std::string_view strip_close(std::string_view args) {
 
 }  // namespace
 
-std::string tool_call_prefill(std::optional<std::string_view> name) {
-  std::string s =
-      std::string(kCallsBegin) + std::string(kCallBegin) + "function" + std::string(kSep);
+std::string tool_call_prefill(std::optional<std::string_view> name, ToolCallSyntax syntax) {
+  std::string s = std::string(kCallsBegin) + std::string(kCallBegin);
+  if (syntax == ToolCallSyntax::kV3_1) {
+    if (name) s += std::string(*name) + std::string(kSep);
+    return s;
+  }
+  s += "function" + std::string(kSep);
   if (name) s += std::string(*name) + "\n" + std::string(kArgsOpen);
   return s;
 }
 
-ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> max_calls) {
+ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> max_calls,
+                                 ToolCallSyntax syntax) {
+  const std::string_view header_end = syntax == ToolCallSyntax::kV3 ? "\n" : kSep;
   ParsedToolCalls out;
   const auto add = [&](std::string_view header, std::string_view args) {
     auto [type, name] = split_header(header);
@@ -99,7 +106,7 @@ ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> m
       if (at == std::string_view::npos) return out;
       pos += at + (which == 0 ? kCallBegin.size() : kCallsEnd.size());
       if (which == 1) break;
-      auto [h, hw] = earliest(text.substr(pos), {"\n", kCallEnd, kCallsEnd});
+      auto [h, hw] = earliest(text.substr(pos), {header_end, kCallEnd, kCallsEnd});
       if (h == std::string_view::npos) {
         add(text.substr(pos), "");
         return out;
@@ -112,7 +119,7 @@ ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> m
         block_open = hw == 1;
         continue;
       }
-      pos += 1;
+      pos += header_end.size();
       if (text.substr(pos).starts_with(kArgsOpen)) pos += kArgsOpen.size();
       auto [e, ew] = earliest(text.substr(pos), {kCallEnd, kCallsEnd});
       if (e == std::string_view::npos) {
@@ -126,6 +133,9 @@ ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> m
   }
   return out;
 }
+
+ToolCallParser::ToolCallParser(std::optional<int64_t> max_calls, ToolCallSyntax syntax)
+    : max_calls_(max_calls), header_end_(syntax == ToolCallSyntax::kV3 ? "\n" : kSep) {}
 
 void ToolCallParser::open_call(std::string_view header, Parts& out) {
   auto [type, name] = split_header(header);
@@ -171,14 +181,14 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view piece) {
       header_scanned_ = 0;
     } else if (state_ == State::kHeader) {
       // The header is held whole until its end: search only what the last push did not.
-      auto [at, which] = earliest(buf.substr(header_scanned_), {"\n", kCallEnd, kCallsEnd});
+      auto [at, which] = earliest(buf.substr(header_scanned_), {header_end_, kCallEnd, kCallsEnd});
       if (at == std::string_view::npos) {  // the name is not complete yet
         header_scanned_ = buf.size() - std::min(buf.size(), kCallsEnd.size() - 1);
         break;
       }
       at += header_scanned_;
       open_call(buf.substr(0, at), out);
-      constexpr std::array<size_t, 3> len = {1, kCallEnd.size(), kCallsEnd.size()};
+      const std::array<size_t, 3> len = {header_end_.size(), kCallEnd.size(), kCallsEnd.size()};
       buf.remove_prefix(at + len[which]);
       state_ = which == 0 ? State::kArgsStart : which == 1 ? State::kBetweenCalls : State::kContent;
     } else if (state_ == State::kArgsStart) {

@@ -1,16 +1,23 @@
-// ToolCallParser: finds DeepSeek-V3-format tool calls in generated text that arrives in pieces,
-// for the chat API's `tool_calls`. The model writes
+// ToolCallParser: finds DeepSeek tool calls in generated text that arrives in pieces, for the
+// chat API's `tool_calls`. DeepSeek-V3, R1 and their 0324/0528 revisions (ToolCallSyntax::kV3)
+// write
 //
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>
 //   \n<｜tool▁call▁begin｜>...<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 //
+// and DeepSeek-V3.1 (kV3_1), without a type or fences, calls chained without separators:
+//
+//   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜><｜tool▁call▁begin｜>...<｜tool▁calls▁end｜>
+//
 // Text outside a calls block is content; the tokens never reach the content. Inside a block,
-// text between calls is dropped. A call's header (up to the first "\n") is TYPE<｜tool▁sep｜>NAME
-// (no separator: the type is "function"); its arguments are the text after the header, without
-// a leading "```json\n" and without a "\n```" just before <｜tool▁call▁end｜> (or
-// <｜tool▁calls▁end｜>, which also ends the block). A call with an empty name is dropped, as are
-// calls beyond `max_calls`. Text cut short (max_tokens) keeps what arrived: a header without
-// its "\n" is the whole name, arguments run to the end.
+// text between calls is dropped. A call's header ends at the first "\n" (kV3: it is
+// TYPE<｜tool▁sep｜>NAME, or NAME alone with the type "function") or at the first
+// <｜tool▁sep｜> (kV3_1: it is NAME); its arguments are the text after the header, without a
+// leading "```json\n" and without a "\n```" just before <｜tool▁call▁end｜> (or
+// <｜tool▁calls▁end｜>, which also ends the block), so V3.1 arguments the model fenced anyway
+// come out bare. A call with an empty name is dropped, as are calls beyond `max_calls`. Text cut
+// short (max_tokens) keeps what arrived: a header without its end is the whole name, arguments
+// run to the end.
 //
 // parse_tool_calls() is the one-shot reference; ToolCallParser gives the same content and calls
 // for every way of cutting the text into pieces, even inside a token's UTF-8 bytes (tests check
@@ -25,6 +32,8 @@
 #include <vector>
 
 namespace moeserve {
+
+enum class ToolCallSyntax { kV3, kV3_1 };
 
 struct ParsedToolCall {
   std::string type;
@@ -50,15 +59,17 @@ struct ToolCallDelta {
 
 // The start of a call, for a prompt that forces one (tool_choice): up to where the name goes,
 // or with `name` up to the arguments. The parser is fed the same text before the model's.
-std::string tool_call_prefill(std::optional<std::string_view> name);
+std::string tool_call_prefill(std::optional<std::string_view> name,
+                              ToolCallSyntax syntax = ToolCallSyntax::kV3);
 
 ParsedToolCalls parse_tool_calls(std::string_view text,
-                                 std::optional<int64_t> max_calls = std::nullopt);
+                                 std::optional<int64_t> max_calls = std::nullopt,
+                                 ToolCallSyntax syntax = ToolCallSyntax::kV3);
 
 class ToolCallParser {
  public:
-  explicit ToolCallParser(std::optional<int64_t> max_calls = std::nullopt)
-      : max_calls_(max_calls) {}
+  explicit ToolCallParser(std::optional<int64_t> max_calls = std::nullopt,
+                          ToolCallSyntax syntax = ToolCallSyntax::kV3);
 
   struct Parts {
     std::string content;
@@ -77,6 +88,7 @@ class ToolCallParser {
   void add_arguments(std::string_view text, Parts& out);
 
   std::optional<int64_t> max_calls_;
+  std::string_view header_end_;  // "\n" (kV3) or <｜tool▁sep｜> (kV3_1)
   State state_ = State::kContent;
   std::string held_;
   int64_t opened_ = 0;

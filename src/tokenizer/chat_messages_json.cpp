@@ -144,8 +144,16 @@ Result<std::vector<ToolDefinition>> parse_tools_json(std::string_view json_text)
                              "{\"name\": ...}}");
     }
     ToolDefinition d;
-    d.name = t["function"]["name"].get<std::string>();
+    const ordered_json& f = t["function"];
+    d.name = f["name"].get<std::string>();
     python_dumps(t, d.json);
+    if (auto it = f.find("description"); it != f.end() && it->is_string()) {
+      d.description = it->get<std::string>();
+    }
+    if (auto it = f.find("parameters"); it != f.end() && !it->is_null()) {
+      d.parameters.clear();
+      python_dumps(*it, d.parameters);
+    }
     out.push_back(std::move(d));
   }
   return out;

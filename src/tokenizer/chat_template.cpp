@@ -141,6 +141,24 @@ void append_tools(std::string& out, bool has_system, std::span<const ToolDefinit
   out += kToolsTail;
 }
 
+// V3.1's tool description, as its model card gives it: "{system prompt}\n\n{tool_description}"
+// (the blank line even without a system prompt), a section per tool, the call format last.
+void append_tools_v3_1(std::string& out, std::span<const ToolDefinition> tools) {
+  if (tools.empty()) return;
+  out += "\n\n## Tools\nYou have access to the following tools:\n\n";
+  for (const ToolDefinition& t : tools) {
+    out += "### " + t.name + "\nDescription: " + t.description + "\n\nParameters: " + t.parameters +
+           "\n\n";
+  }
+  out +=
+      "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜>"
+      "<｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>"
+      "{additional_tool_calls}<｜tool▁calls▁end｜>\n\nWhere:\n- `tool_call_name` must be an "
+      "exact match to one of the available tools\n- `tool_call_arguments` must be valid JSON "
+      "that strictly follows the tool's Parameters Schema\n- For multiple tool calls, chain them "
+      "directly without separators or spaces";
+}
+
 }  // namespace
 
 Result<std::string> ChatTemplate::render(std::span<const Message> messages,
@@ -152,11 +170,7 @@ Result<std::string> ChatTemplate::render(std::span<const Message> messages,
     case Variant::kDeepSeekR1_0528:
       return render_0324(messages, add_generation_prompt, tools);
     case Variant::kDeepSeekV3_1:
-      if (!tools.empty()) {
-        return Unimplemented(
-            "tools with the DeepSeek-V3.1 chat format (its tool-call syntax is not parsed yet)");
-      }
-      return render_v3_1(messages, add_generation_prompt, thinking);
+      return render_v3_1(messages, add_generation_prompt, tools, thinking);
     default:
       return render_v3_r1(messages, add_generation_prompt, tools);
   }
@@ -242,9 +256,12 @@ Result<std::string> ChatTemplate::render_0324(std::span<const Message> messages,
 // DeepSeek-V3.1 (and V3.1-Terminus), statement by statement. The API has no `prefix` message
 // field (DeepSeek's prefix completion), so `message['prefix']` is never set.
 Result<std::string> ChatTemplate::render_v3_1(std::span<const Message> messages,
-                                              bool add_generation_prompt, bool thinking) const {
+                                              bool add_generation_prompt,
+                                              std::span<const ToolDefinition> tools,
+                                              bool thinking) const {
   ASSIGN_OR_RETURN(std::string system, system_prompt(messages, /*join=*/true));
   std::string out = bos_ + system;
+  append_tools_v3_1(out, tools);
   bool is_first = false, is_tool = false, is_last_user = false;  // ns.*
   for (size_t i = 0; i < messages.size(); ++i) {
     const Message& m = messages[i];

@@ -15,8 +15,10 @@
 //     assistant turn opens with "</think>" (non-thinking) or "<think>" (`thinking`); earlier
 //     reasoning is dropped (text after the first "</think>").
 // The checkpoints' templates render nothing for the API's `tools`; given tools, render() appends
-// a description of them to the system prompt (the wording of vLLM's DeepSeek-V3 tool template:
-// the tools as JSON inside <tools></tools>, then the call format; see docs/server.md).
+// a description of them to the system prompt: for V3/R1 the wording of vLLM's DeepSeek-V3 tool
+// template (the tools as JSON inside <tools></tools>, then the call format), for V3.1 the
+// description its model card gives (a "### name" section per tool, then the call format); see
+// docs/server.md.
 // The templates' quirks are reproduced on purpose (e.g. the "first tool call" flag is never
 // reset across messages; a single tool call gets no <｜tool▁calls▁end｜>), since the model was
 // trained on exactly this text. An unrecognised template is an Unimplemented error.
@@ -40,11 +42,15 @@ struct ToolCall {
   std::string arguments;  // JSON text, as the OpenAI API sends it
 };
 
-// A tool the model may call: the API's tool object, as Jinja's `tojson` (Python's json.dumps,
-// ensure_ascii off, keys in the client's order) writes it.
+// A tool the model may call. JSON text as Jinja's `tojson` (Python's json.dumps, ensure_ascii
+// off, keys in the client's order) writes it: `json` the API's whole tool object (the V3/R1
+// description), `parameters` its function's parameters ("{}" when the client sent none) and
+// `description` its description ("" when none) for the V3.1 description.
 struct ToolDefinition {
   std::string name;
   std::string json;
+  std::string description;
+  std::string parameters = "{}";
 };
 
 struct Message {
@@ -75,8 +81,8 @@ class ChatTemplate {
 
   // InvalidArgument when a message lacks what the template needs (user/system/tool content;
   // for R1-0528 and V3.1 also an assistant turn's), where jinja2 raises an error. With `tools`,
-  // their description follows the system prompt (not for V3.1: Unimplemented). `thinking`: the
-  // V3.1 template's switch (chat_template_kwargs.thinking; off by default, as there).
+  // their description follows the system prompt. `thinking`: the V3.1 template's switch
+  // (chat_template_kwargs.thinking; off by default, as there).
   Result<std::string> render(std::span<const Message> messages, bool add_generation_prompt,
                              std::span<const ToolDefinition> tools = {},
                              bool thinking = false) const;
@@ -104,7 +110,7 @@ class ChatTemplate {
   Result<std::string> render_0324(std::span<const Message> messages, bool add_generation_prompt,
                                   std::span<const ToolDefinition> tools) const;
   Result<std::string> render_v3_1(std::span<const Message> messages, bool add_generation_prompt,
-                                  bool thinking) const;
+                                  std::span<const ToolDefinition> tools, bool thinking) const;
 };
 
 }  // namespace moeserve

@@ -3,8 +3,9 @@
 # `serve` uses them: a model directory whose tokenizer_config.json carries the template; for
 # each conversation, the prompt the server counts (usage.prompt_tokens) is the token count of
 # jinja2's rendering of the same conversation (V3.1 with chat_template_kwargs.thinking off and
-# on); `render-chat` writes jinja2's text byte for byte; V3.1 with tools is a 400 naming 'tools';
-# R1-0528 and V3.1 thinking replies carry reasoning_content.
+# on); `render-chat` writes jinja2's text byte for byte; with `tools`, the prompt is jinja2's
+# rendering with the tool description of tools/gen_tokenizer_fixtures.py inserted (V3.1: its
+# model card's); R1-0528 and V3.1 thinking replies carry reasoning_content.
 set -euo pipefail
 bin=$(realpath "$1")
 . tests/serve_lib.sh
@@ -32,10 +33,15 @@ PY
   python3 - "$bin" "$m" "$port" "$name" "$dir" <<'PY' || fail "$name"
 import json, subprocess, sys
 import jinja2, jinja2.sandbox, openai
+sys.path.insert(0, "tools")
+from gen_tokenizer_fixtures import TOOLS_BLOCK, V3_1_TOOLS_BLOCK, with_tools_block
 bin, m, port, name, tmp = sys.argv[1:]
 cfg = json.load(open(m + "/tokenizer_config.json", encoding="utf-8"))
 env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)  # Hugging Face's
 tmpl = env.from_string(cfg["chat_template"])
+tools_tmpl = env.from_string(with_tools_block(
+    cfg["chat_template"], V3_1_TOOLS_BLOCK if name == "v3.1" else TOOLS_BLOCK))
 bos = cfg["bos_token"]["content"] if isinstance(cfg["bos_token"], dict) else cfg["bos_token"]
 c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
 tc = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
@@ -66,14 +72,33 @@ for i, msgs in enumerate(convs):
                              check=True).stdout.decode()
         assert out == text, (name, i, thinking, out, text)
         checked += 1
-if name == "v3.1":
-    try:
-        c.chat.completions.create(model="m", messages=convs[0], tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {}}}])
-        raise SystemExit("tools with V3.1: no 400")
-    except openai.BadRequestError as e:
-        assert "tools" in str(e), e
-print(f"{name}: {checked} prompts equal to jinja2's")
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather, 天气.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "now"}}]
+for i, msgs in enumerate(convs):
+    text = tools_tmpl.render(messages=msgs, add_generation_prompt=True, bos_token=bos, tools=tools)
+    assert "## Tools" in text if name == "v3.1" else "# Tools" in text
+    ids = json.loads(subprocess.run([bin, "tokenize", "--tokenizer", m], input=text.encode(),
+                                    capture_output=True, check=True).stdout)
+    r = c.chat.completions.create(model="m", messages=msgs, max_tokens=3, tools=tools)
+    assert r.usage.prompt_tokens == len(ids), (name, "tools", i, r.usage.prompt_tokens, len(ids))
+    checked += 1
+# A named tool_choice opens the call in the template's syntax; the client gets the call (the
+# random model's arguments run to max_tokens), the same streamed as not.
+named = {"type": "function", "function": {"name": "get_weather"}}
+kw = dict(model="m", messages=convs[0], tools=tools, tool_choice=named, max_tokens=8,
+          temperature=0, extra_body={"ignore_eos": True})
+r = c.chat.completions.create(**kw)
+calls = r.choices[0].message.tool_calls
+assert r.choices[0].finish_reason == "length" and len(calls) == 1, r
+assert calls[0].function.name == "get_weather", calls
+sname, sargs = None, ""
+for chunk in c.chat.completions.create(stream=True, **kw):
+    for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+        sname = d.function.name if d.id else sname
+        sargs += d.function.arguments or ""
+assert (sname, sargs) == ("get_weather", calls[0].function.arguments), (sname, sargs, calls)
+print(f"{name}: {checked} prompts equal to jinja2's; named tool_choice parsed")
 PY
   kill "$pid"
   wait "$pid" || true

@@ -15,6 +15,7 @@ namespace moeserve {
 namespace {
 
 using testing::call;
+using testing::call_v3_1;
 using testing::kCallBegin;
 using testing::kCallEnd;
 using testing::kCallsBegin;
@@ -24,8 +25,9 @@ using testing::kSep;
 // Feeds the pieces and rebuilds the calls from the deltas, checking the delta protocol: each
 // index opens once, in order, before its arguments; no empty argument-only deltas.
 ParsedToolCalls stream(const std::vector<std::string_view>& pieces,
-                       std::optional<int64_t> max_calls = std::nullopt) {
-  ToolCallParser p(max_calls);
+                       std::optional<int64_t> max_calls = std::nullopt,
+                       ToolCallSyntax syntax = ToolCallSyntax::kV3) {
+  ToolCallParser p(max_calls, syntax);
   ParsedToolCalls out;
   auto take = [&](ToolCallParser::Parts parts) {
     out.content += parts.content;
@@ -69,30 +71,51 @@ std::vector<std::string> representative_texts() {
   };
 }
 
+// The same for DeepSeek-V3.1's syntax: chained calls, fenced arguments (unfenced), a "\n" in a
+// name (kept: only the separator ends a V3.1 header), a call cut short before its separator.
+std::vector<std::string> representative_texts_v3_1() {
+  return {
+      "Let me check." + kCallsBegin + call_v3_1("get_weather", R"({"city": "Paris"})") + kCallsEnd,
+      kCallsBegin + call_v3_1("a", R"({"q": "世界 ｜▁ <｜"})") + call_v3_1("b_2", "{}") +
+          kCallsEnd + "after",
+      "x < y <｜tool▁sep" + kCallsBegin + kCallBegin + "f" + kSep + "```json\n{\"n\": 1}\n```" +
+          kCallEnd + kCallBegin + "line\nbreak" + kSep + "[]" + kCallEnd + kCallsEnd,
+      kCallsBegin + kCallBegin + kSep + "{}" + kCallEnd + call_v3_1("kept", "[1]") + kCallBegin +
+          "g" + kCallsEnd + "tail" + kCallsBegin + call_v3_1("h", "{\"cut\": tr"),
+      kCallsBegin + kCallBegin + "unfinished_na",
+  };
+}
+
 // Every cut into two and three pieces, at every byte (inside multi-byte characters too).
 TEST(ToolCallParser, EverySingleAndPairOfCutPointsMatchesTheOneShotParse) {
   int64_t runs = 0;
-  for (const std::string& text : representative_texts()) {
-    const ParsedToolCalls want = parse_tool_calls(text);
-    const std::string_view t = text;
-    for (size_t i = 0; i <= t.size(); ++i) {
-      expect_same(stream({t.substr(0, i), t.substr(i)}), want, "cut at " + std::to_string(i));
-      ++runs;
-      for (size_t j = i; j <= t.size(); ++j) {
-        ParsedToolCalls got = stream({t.substr(0, i), t.substr(i, j - i), t.substr(j)});
-        if (got.content != want.content || got.calls != want.calls) {
-          FAIL() << "cuts at " << i << ", " << j << " of: " << text;
-        }
+  for (ToolCallSyntax syntax : {ToolCallSyntax::kV3, ToolCallSyntax::kV3_1}) {
+    const auto texts =
+        syntax == ToolCallSyntax::kV3 ? representative_texts() : representative_texts_v3_1();
+    for (const std::string& text : texts) {
+      const ParsedToolCalls want = parse_tool_calls(text, std::nullopt, syntax);
+      const std::string_view t = text;
+      for (size_t i = 0; i <= t.size(); ++i) {
+        expect_same(stream({t.substr(0, i), t.substr(i)}, std::nullopt, syntax), want,
+                    "cut at " + std::to_string(i));
         ++runs;
+        for (size_t j = i; j <= t.size(); ++j) {
+          ParsedToolCalls got =
+              stream({t.substr(0, i), t.substr(i, j - i), t.substr(j)}, std::nullopt, syntax);
+          if (got.content != want.content || got.calls != want.calls) {
+            FAIL() << "cuts at " << i << ", " << j << " of: " << text;
+          }
+          ++runs;
+        }
       }
     }
   }
   RecordProperty("runs", std::to_string(runs));
-  EXPECT_GT(runs, 50000);
+  EXPECT_GT(runs, 80000);
 }
 
 // Thousands of random cuts into many pieces, on texts built from random parts.
-TEST(ToolCallParser, RandomMultiWayCutsMatchTheOneShotParse) {
+void random_cuts(ToolCallSyntax syntax) {
   std::mt19937_64 rng(21);
   const std::vector<std::string> parts = {
       kCallsBegin, kCallsEnd, kCallBegin, kCallEnd,    kSep,   "function", "get_weather", "\n",
@@ -103,12 +126,16 @@ TEST(ToolCallParser, RandomMultiWayCutsMatchTheOneShotParse) {
     std::string text;
     const int n_parts = int(rng() % 30);
     for (int k = 0; k < n_parts; ++k) text += parts[rng() % parts.size()];
-    if (text_i % 2 == 0) {  // half of them well-formed calls around the noise
+    if (text_i % 2 == 0 && syntax == ToolCallSyntax::kV3) {  // half: calls around the noise
       text = "pre " + text + kCallsBegin + call("f", "{\"x\": [" + std::to_string(text_i) + "]}") +
              "\n" + call("g", text) + kCallsEnd;
+    } else if (text_i % 2 == 0) {
+      text = "pre " + text + kCallsBegin +
+             call_v3_1("f", "{\"x\": [" + std::to_string(text_i) + "]}") + call_v3_1("g", text) +
+             kCallsEnd;
     }
     for (std::optional<int64_t> max_calls : {std::optional<int64_t>(), std::optional<int64_t>(1)}) {
-      const ParsedToolCalls want = parse_tool_calls(text, max_calls);
+      const ParsedToolCalls want = parse_tool_calls(text, max_calls, syntax);
       for (int rep = 0; rep < 10; ++rep) {
         std::vector<size_t> cuts = {0, text.size()};
         const int n_cuts = int(rng() % 12);
@@ -118,7 +145,7 @@ TEST(ToolCallParser, RandomMultiWayCutsMatchTheOneShotParse) {
         for (size_t k = 1; k < cuts.size(); ++k) {
           pieces.push_back(std::string_view(text).substr(cuts[k - 1], cuts[k] - cuts[k - 1]));
         }
-        ParsedToolCalls got = stream(pieces, max_calls);
+        ParsedToolCalls got = stream(pieces, max_calls, syntax);
         if (got.content != want.content || got.calls != want.calls) {
           FAIL() << "text " << text_i << " rep " << rep << ": " << text;
         }
@@ -129,31 +156,83 @@ TEST(ToolCallParser, RandomMultiWayCutsMatchTheOneShotParse) {
   EXPECT_EQ(runs, 8000);
 }
 
-TEST(ToolCallParser, OneShotParseOfTheRepresentativeTexts) {
-  const auto texts = representative_texts();
-  ParsedToolCalls a = parse_tool_calls(texts[0]);
+TEST(ToolCallParser, RandomMultiWayCutsMatchTheOneShotParse) {
+  for (ToolCallSyntax syntax : {ToolCallSyntax::kV3, ToolCallSyntax::kV3_1}) {
+    random_cuts(syntax);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Representative texts 0, 1 and 3 say the same in either syntax.
+void expect_shared(const std::vector<std::string>& texts, ToolCallSyntax syntax) {
+  ParsedToolCalls a = parse_tool_calls(texts[0], std::nullopt, syntax);
   EXPECT_EQ(a.content, "Let me check.");
   ASSERT_EQ(a.calls.size(), 1u);
   EXPECT_EQ(a.calls[0], (ParsedToolCall{"function", "get_weather", R"({"city": "Paris"})"}));
-  ParsedToolCalls b = parse_tool_calls(texts[1]);
+  ParsedToolCalls b = parse_tool_calls(texts[1], std::nullopt, syntax);
   EXPECT_EQ(b.content, "after");
   ASSERT_EQ(b.calls.size(), 2u);
   EXPECT_EQ(b.calls[0].arguments, R"({"q": "世界 ｜▁ <｜"})");
   EXPECT_EQ(b.calls[1], (ParsedToolCall{"function", "b_2", "{}"}));
-  ParsedToolCalls c = parse_tool_calls(texts[2]);  // no fence: arguments taken as they are
-  EXPECT_EQ(c.content, "x < y <｜tool▁calls");
-  ASSERT_EQ(c.calls.size(), 1u);
-  EXPECT_EQ(c.calls[0].arguments, R"({"fence": "```", "nl": "\n```"})");
-  ParsedToolCalls d = parse_tool_calls(texts[3]);  // a nameless call is dropped; g has no args
+  EXPECT_EQ(parse_tool_calls(texts[1], 1, syntax).calls.size(), 1u);
+  // A nameless call is dropped; g has no arguments; h is cut short.
+  ParsedToolCalls d = parse_tool_calls(texts[3], std::nullopt, syntax);
   EXPECT_EQ(d.content, "tail");
   ASSERT_EQ(d.calls.size(), 3u);
   EXPECT_EQ(d.calls[0], (ParsedToolCall{"function", "kept", "[1]"}));
   EXPECT_EQ(d.calls[1], (ParsedToolCall{"function", "g", ""}));
-  EXPECT_EQ(d.calls[2], (ParsedToolCall{"function", "h", "{\"cut\": tr"}));  // cut short
+  EXPECT_EQ(d.calls[2], (ParsedToolCall{"function", "h", "{\"cut\": tr"}));
+}
+
+TEST(ToolCallParser, OneShotParseOfTheRepresentativeTexts) {
+  const auto texts = representative_texts();
+  expect_shared(texts, ToolCallSyntax::kV3);
+  ParsedToolCalls c = parse_tool_calls(texts[2]);  // no fence: arguments taken as they are
+  EXPECT_EQ(c.content, "x < y <｜tool▁calls");
+  ASSERT_EQ(c.calls.size(), 1u);
+  EXPECT_EQ(c.calls[0].arguments, R"({"fence": "```", "nl": "\n```"})");
   ParsedToolCalls e = parse_tool_calls(texts[4]);
   EXPECT_EQ(e.content, texts[4]);
   EXPECT_TRUE(e.calls.empty());
-  EXPECT_EQ(parse_tool_calls(texts[1], 1).calls.size(), 1u);
+}
+
+TEST(ToolCallParser, OneShotParseOfTheV3_1Texts) {
+  const auto texts = representative_texts_v3_1();
+  const auto parse = [](const std::string& t) {
+    return parse_tool_calls(t, std::nullopt, ToolCallSyntax::kV3_1);
+  };
+  expect_shared(texts, ToolCallSyntax::kV3_1);
+  ParsedToolCalls c = parse(texts[2]);  // fenced arguments come out bare
+  EXPECT_EQ(c.content, "x < y <｜tool▁sep");
+  ASSERT_EQ(c.calls.size(), 2u);
+  EXPECT_EQ(c.calls[0], (ParsedToolCall{"function", "f", "{\"n\": 1}"}));
+  EXPECT_EQ(c.calls[1], (ParsedToolCall{"function", "line\nbreak", "[]"}));
+  ParsedToolCalls e = parse(texts[4]);  // cut short in the name
+  ASSERT_EQ(e.calls.size(), 1u);
+  EXPECT_EQ(e.calls[0].name, "unfinished_na");
+  // The V3 syntax's texts read with V3.1's: the header runs to the separator, so the type
+  // "function" is taken as the name (what a server configured for the wrong model would do).
+  EXPECT_EQ(parse(representative_texts()[0]).calls.at(0).name, "function");
+  // The prefill a forced call puts in the prompt.
+  EXPECT_EQ(tool_call_prefill("f", ToolCallSyntax::kV3_1), kCallsBegin + kCallBegin + "f" + kSep);
+  EXPECT_EQ(tool_call_prefill(std::nullopt, ToolCallSyntax::kV3_1), kCallsBegin + kCallBegin);
+}
+
+// Regression (the V3 parser used on V3.1 text): the arguments of a streamed V3.1 call are its
+// JSON, not the name, and the name comes whole.
+TEST(ToolCallParser, V3_1ArgumentsStreamAsTheModelWroteThem) {
+  ToolCallParser p(std::nullopt, ToolCallSyntax::kV3_1);
+  std::string name, args;
+  for (std::string piece :
+       {kCallsBegin + kCallBegin + "get_", std::string("weather<｜tool"),
+        std::string("▁sep｜>{\"city\""), std::string(": \"Paris\"}"), kCallEnd + kCallsEnd}) {
+    for (const ToolCallDelta& d : p.push(piece).calls) {
+      name += d.name;
+      args += d.arguments;
+    }
+  }
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(args, R"({"city": "Paris"})");
 }
 
 // A header that never ends (a model writing on after a "required" prefill) costs linear time:

@@ -1,5 +1,5 @@
-// DeepSeek-V3's tool-call tokens and a call as the model writes it, for the tool-call tests
-// (spelled out here rather than taken from the parser, so a typo there is caught). Test-only.
+// DeepSeek's tool-call tokens and a call as the V3 and V3.1 models write it, for the tool-call
+// tests (spelled out here rather than taken from the parser, so a typo there is caught). Test-only.
 #pragma once
 
 #include <string>
@@ -14,6 +14,11 @@ inline const std::string kSep = "<｜tool▁sep｜>";
 
 inline std::string call(const std::string& name, const std::string& args) {
   return kCallBegin + "function" + kSep + name + "\n```json\n" + args + "\n```" + kCallEnd;
+}
+
+// DeepSeek-V3.1's form: no type, no fences.
+inline std::string call_v3_1(const std::string& name, const std::string& args) {
+  return kCallBegin + name + kSep + args + kCallEnd;
 }
 
 }  // namespace moeserve::testing

@@ -250,6 +250,69 @@ TEST(ToolCalls, R1CallsFollowTheReasoning) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
 }
 
+// DeepSeek-V3.1: its model card's tool description in the prompt, its call syntax (no type, no
+// fences, calls chained) parsed, streamed and forced the same way.
+ChatTemplate v3_1_template() {
+  return ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3_1, v3_tokenizer().bos_token());
+}
+
+const std::string kTwoCallsV3_1 = "Let me check." + kCallsBegin +
+                                  call_v3_1("get_weather", R"({"city": "Paris"})") +
+                                  call_v3_1("get_weather", R"({"city": "東京"})") + kCallsEnd;
+
+TEST(ToolCalls, V3_1CallsAreParsedAndStreamedInItsSyntax) {
+  Harness h(scripted(kTwoCallsV3_1), {}, {}, v3_1_template());
+  json j = json::parse(h.post("/v1/chat/completions", request(""))->body);
+  const json& c = j["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["content"], "Let me check.");
+  const json& calls = c["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city": "Paris"})");
+  EXPECT_EQ(calls[1]["function"]["arguments"], R"({"city": "東京"})");
+  const std::string prompt = prompt_text(h);
+  EXPECT_EQ(prompt.rfind("<｜begin▁of▁sentence｜>\n\n## Tools\nYou have access to the following "
+                         "tools:\n\n### get_weather\nDescription: Weather of a city.\n\n"
+                         R"(Parameters: {"type": "object", "properties": {"city": {"type": )"
+                         R"("string"}}, "required": ["city"]})"
+                         "\n\n### get_time\nDescription: \n\nParameters: {}\n\nIMPORTANT: ",
+                         0),
+            0u)
+      << prompt;
+  EXPECT_TRUE(
+      prompt.ends_with("For multiple tool calls, chain them directly without separators "
+                       "or spaces<｜User｜>Weather in Paris and Tokyo?<｜Assistant｜></think>"))
+      << prompt;
+  Streamed s = collect(h.post("/v1/chat/completions", request("", /*stream=*/true))->body);
+  EXPECT_EQ(s.finish, "tool_calls");
+  EXPECT_EQ(s.content, "Let me check.");
+  ASSERT_EQ(s.calls.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(s.calls[i]["function"], calls[i]["function"]);
+}
+
+TEST(ToolCalls, V3_1ToolChoiceOpensTheCallInItsSyntax) {
+  {
+    Harness h(scripted(R"({"city": "Paris"})" + kCallEnd + kCallsEnd), {}, {}, v3_1_template());
+    const std::string choice =
+        R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})";
+    json j = json::parse(h.post("/v1/chat/completions", request(choice))->body);
+    EXPECT_TRUE(prompt_text(h).ends_with("<｜Assistant｜></think>" + kCallsBegin + kCallBegin +
+                                         "get_weather" + kSep));
+    ASSERT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 1u);
+    EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+              R"({"city": "Paris"})");
+  }
+  Harness h(scripted("get_time" + kSep + "{}" + kCallEnd + kCallsEnd), {}, {}, v3_1_template());
+  json j =
+      json::parse(h.post("/v1/chat/completions", request(R"(,"tool_choice":"required")"))->body);
+  EXPECT_TRUE(prompt_text(h).ends_with("<｜Assistant｜></think>" + kCallsBegin + kCallBegin));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_time");
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{}");
+}
+
 // An empty content beside tool calls (as many clients send) is taken as null, so the template
 // renders the calls.
 TEST(ToolCalls, ToolResultsInTheConversationAreRenderedByTheTemplate) {
@@ -287,19 +350,27 @@ TEST(ToolCalls, BadToolRequestsAre400) {
 // parse of the whole text.
 TEST(ToolCalls, ChoiceOutputMatchesTheOneShotParseForEveryTokenGrouping) {
   const Tokenizer& tok = v3_tokenizer();
-  const std::vector<std::string> texts = {
-      kTwoCalls, "答えは" + kCallsBegin + call("f", R"({"q": "｜▁ 世界"})") + kCallsEnd + " tail",
-      "no calls < here"};
+  const std::vector<std::pair<std::string, ToolCallSyntax>> texts = {
+      {kTwoCalls, ToolCallSyntax::kV3},
+      {"答えは" + kCallsBegin + call("f", R"({"q": "｜▁ 世界"})") + kCallsEnd + " tail",
+       ToolCallSyntax::kV3},
+      {"no calls < here", ToolCallSyntax::kV3},
+      {kTwoCallsV3_1, ToolCallSyntax::kV3_1},
+      {"答えは" + kCallsBegin + call_v3_1("f", R"({"q": "｜▁ 世界"})") + kCallsEnd + " tail",
+       ToolCallSyntax::kV3_1}};
   // Never found, but their prefixes ("｜>", "▁sep｜>") hold text back mid-token.
   const std::vector<std::vector<std::string>> stop_sets = {{}, {"｜>!", "▁sep｜>!"}};
   int64_t runs = 0;
-  for (const std::string& text : texts) {
+  for (const auto& [text, syntax] : texts) {
     const std::vector<int32_t> ids = tok.encode(text, false);
-    const ParsedToolCalls want = parse_tool_calls(tok.decode(ids, /*skip_special=*/true));
+    const ParsedToolCalls want =
+        parse_tool_calls(tok.decode(ids, /*skip_special=*/true), std::nullopt, syntax);
+    EXPECT_EQ(want.calls.empty(), text.find(kCallsBegin) == std::string::npos);
     for (const auto& stops : stop_sets) {
       for (size_t i = 0; i <= ids.size(); ++i) {
         for (size_t j = i; j <= ids.size(); ++j) {
-          ChoiceOutput out(tok, stops, ReasoningMode{}, ToolCallMode{true, std::nullopt, ""});
+          ChoiceOutput out(tok, stops, ReasoningMode{},
+                           ToolCallMode{true, std::nullopt, "", syntax});
           ParsedToolCalls got;
           auto take = [&](const ChoiceDelta& d) {
             got.content += d.content;
