@@ -56,6 +56,7 @@ struct GenerateOptions {
   double kv_disk_gb = 0;
   std::string compute = "fast";
   GemmInt8Options int8;
+  std::string weight_cache;
   std::string trace;  // Chrome trace JSON output (per rank under EP: FILE.rank<r>.json)
   int64_t prefill_chunk = 0;
   // Expert parallelism and EPLB (under mpirun or with --ep): every rank runs the same prompts
@@ -231,20 +232,21 @@ int run_generate(const GenerateOptions& o) {
   ThreadPool pool(o.threads);
   LocalDispatcher local(c.n_routed_experts, /*bf16_rows=*/o.compute != "reference");
   Dispatcher& dispatcher = ep ? static_cast<Dispatcher&>(*ep->dispatcher) : local;
-  DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
-                      o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
-                      path,
-                      /*overlap=*/!o.ep.no_overlap, /*progress=*/print, o.int8);
-  model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
-  const SpeculativeConfig spec = o.spec.config();
-  int32_t n_blocks = 0;
-  for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
   auto fingerprint =
       model_fingerprint(o.model, o.kv_dtype, path, o.spec.enabled(), o.int8.projections);
   if (!fingerprint.ok()) {
     fmt::print(stderr, "generate: {}\n", fingerprint.status().message());
     return 1;
   }
+  DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
+                      o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
+                      path,
+                      /*overlap=*/!o.ep.no_overlap, /*progress=*/print, o.int8,
+                      WeightCacheOptions{o.weight_cache, *fingerprint});
+  model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
+  const SpeculativeConfig spec = o.spec.config();
+  int32_t n_blocks = 0;
+  for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
   std::unique_ptr<DiskTier> disk;  // outlives the cache, which borrows it
   if (!o.kv_disk.empty()) {
     auto t = DiskTier::open({o.kv_disk, o.kv_disk_gb}, *fingerprint, layout.block_bytes());
@@ -420,6 +422,7 @@ Subcommand add_generate_command(CLI::App& parent) {
       ->check(CLI::NonNegativeNumber);
   add_kv_cache_dtype_option(*app, o->kv_dtype);
   add_int8_flags(*app, o->int8.projections, o->int8.lm_head);
+  add_weight_cache_flag(*app, o->weight_cache);
   app->add_option("--trace", o->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every layer's stages");
   app->add_option("--compute", o->compute,

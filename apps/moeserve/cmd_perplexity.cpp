@@ -21,6 +21,7 @@
 #include "ep/dispatcher.h"
 #include "model/checkpoint.h"
 #include "model/deepseek.h"
+#include "model/fingerprint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moeserve::cli {
@@ -36,6 +37,7 @@ struct PerplexityArgs {
   std::string compute = "fast";
   DType kv_dtype = DType::kBF16;
   GemmInt8Options int8;
+  std::string weight_cache;
   bool json = false;
   bool per_token = false;  // --json also lists every prediction's NLL
 };
@@ -111,8 +113,17 @@ int run_perplexity(const PerplexityArgs& a) {
   }
   ThreadPool pool(a.threads);
   LocalDispatcher local(c.n_routed_experts, /*bf16_rows=*/path == ComputePath::kFast);
+  WeightCacheOptions weight_cache{a.weight_cache, 0};
+  if (!a.weight_cache.empty()) {
+    auto fp = model_fingerprint(a.model, a.kv_dtype, path, false, a.int8.projections);
+    if (!fp.ok()) {
+      fmt::print(stderr, "perplexity: {}\n", fp.status().message());
+      return 1;
+    }
+    weight_cache.model_key = *fp;
+  }
   DeepseekModel model(c, (*ck)->weights(), local, &pool, AttentionMode::kAbsorbed, path,
-                      /*overlap=*/true, /*progress=*/false, a.int8);
+                      /*overlap=*/true, /*progress=*/false, a.int8, weight_cache);
   std::vector<int32_t> table;
   for (int32_t b = 0; int64_t(b) * kKvBlockSize < a.window; ++b) table.push_back(b);
   KvCache cache(kv_cache_layout(c, a.kv_dtype), int32_t(table.size()));
@@ -195,6 +206,7 @@ Subcommand add_perplexity_command(CLI::App& parent) {
       ->capture_default_str();
   add_kv_cache_dtype_option(*app, a->kv_dtype);
   add_int8_flags(*app, a->int8.projections, a->int8.lm_head);
+  add_weight_cache_flag(*app, a->weight_cache);
   app->add_flag("--json", a->json, "One JSON object");
   app->add_flag("--per-token", a->per_token,
                 "With --json: every prediction's NLL (nats), in order, as \"nll\"");

@@ -43,6 +43,15 @@ inline void add_int8_flags(CLI::App& app, bool& projections, bool& lm_head) {
                "changes numerics)");
 }
 
+// `--weight-cache DIR` (model/weight_cache.h, docs/memory.md), shared by `generate`, `serve`
+// and `perplexity`.
+inline void add_weight_cache_flag(CLI::App& app, std::string& dir) {
+  app.add_option("--weight-cache", dir,
+                 "Directory for the prepared (repacked) weights: the first start writes them "
+                 "there, later starts map them instead of converting the checkpoint (one file "
+                 "per model and option set; see docs/memory.md)");
+}
+
 struct Subcommand {
   CLI::App* app;
   std::function<int()> run;

@@ -56,6 +56,7 @@ struct EngineOptions {
   AttentionMode attention = AttentionMode::kAbsorbed;
   ComputePath compute = ComputePath::kFast;
   GemmInt8Options int8;             // the fast path's opt-in INT8 GEMMs
+  std::string weight_cache_dir;     // prepared weights on disk (model/weight_cache.h); "": none
   bool progress = false;            // loading progress on stderr
   Tracer* tracer = nullptr;         // records each step's stages when set (borrowed)
   bool overlap = true;              // EP: dual micro-batch overlap (DeepseekModel::set_overlap)

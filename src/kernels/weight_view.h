@@ -21,6 +21,7 @@ struct WeightView {
   int64_t block_cols = 128;
 
   int64_t scale_cols() const { return (cols + block_cols - 1) / block_cols; }
+  size_t bytes() const { return size_t(rows * cols) * dtype_size(dtype); }  // of data
   // Dequantizes row r (all cols) into out[cols] as float.
   void row_to_f32(int64_t r, float* out) const;
   // A view of rows [begin, begin + n) (begin must be a multiple of block_rows for FP8).

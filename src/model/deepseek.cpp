@@ -103,7 +103,8 @@ float dot(const float* a, const float* b, int64_t n) {
 
 DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weights,
                              Dispatcher& dispatcher, ThreadPool* pool, AttentionMode mode,
-                             ComputePath path, bool overlap, bool progress, GemmInt8Options int8)
+                             ComputePath path, bool overlap, bool progress, GemmInt8Options int8,
+                             const WeightCacheOptions& weight_cache)
     : config_(config),
       weights_(weights),
       dispatcher_(dispatcher),
@@ -114,7 +115,7 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
       rope_(rope_params(config)),
       int8_(int8),
       experts_(config, weights, path == ComputePath::kFast ? &packed_ : nullptr, int8.projections) {
-  if (path_ == ComputePath::kFast) prepare_fast_path(progress);
+  if (path_ == ComputePath::kFast) prepare_fast_path(progress, weight_cache);
 }
 
 Status DeepseekModel::supports(const ModelConfig& c, ComputePath path) {

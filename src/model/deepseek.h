@@ -32,6 +32,7 @@
 #include "model/config.h"
 #include "model/expert_store.h"
 #include "model/packed_linear.h"
+#include "model/weight_cache.h"
 
 namespace moeserve {
 
@@ -103,7 +104,8 @@ class DeepseekModel {
   DeepseekModel(const ModelConfig& config, const ModelWeights& weights, Dispatcher& dispatcher,
                 ThreadPool* pool, AttentionMode mode = AttentionMode::kAbsorbed,
                 ComputePath path = ComputePath::kReference, bool overlap = true,
-                bool progress = false, GemmInt8Options int8 = {});
+                bool progress = false, GemmInt8Options int8 = {},
+                const WeightCacheOptions& weight_cache = {});
 
   const ModelConfig& config() const { return config_; }
 
@@ -216,7 +218,11 @@ class DeepseekModel {
   void linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy);
   // Repacks FP8 projections, splits kv_b_proj per head and converts the router to F32.
   // progress: an in-place progress line on stderr while it runs (minutes for a 671B checkpoint).
-  void prepare_fast_path(bool progress);
+  // With a cache directory the packed weights are mapped from its file when it has them, and
+  // written there otherwise (model/weight_cache.h).
+  void prepare_fast_path(bool progress, const WeightCacheOptions& cache);
+  void pack_projections(std::span<const std::pair<const WeightView*, PackedLinear*>> jobs,
+                        bool progress);
 
   const ModelConfig& config_;
   const ModelWeights& weights_;

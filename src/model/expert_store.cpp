@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/file_pages.h"
 #include "model/deepseek.h"
 
 namespace moeserve {
@@ -215,6 +216,7 @@ Status ExpertStore::install_expert(int64_t moe_layer, int32_t expert, std::vecto
         return InvalidArgument("gemm_fp8 needs 128x128 scale blocks");
       }
       packed.emplace_back(v->data, pack_linear(v->data, v->scale_inv, v->rows, v->cols, int8_));
+      release_file_pages(v->data, v->bytes());  // (nothing, unless it is the checkpoint's)
     }
   }
   drop_expert(moe_layer, expert);

@@ -7,12 +7,17 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include "core/check.h"
+#include "core/file_pages.h"
 #include "kernels/gemm_bf16.h"
 #include "model/deepseek.h"
+#include "model/weight_cache.h"
 
 namespace moeserve {
 
@@ -49,7 +54,44 @@ void DeepseekModel::pack_absorbed_fp8(const WeightView& kv_b, AbsorbedWeights& W
   }
 }
 
-void DeepseekModel::prepare_fast_path(bool progress) {
+namespace {
+
+// The cache key of the prepared weights (docs/memory.md): the model, the options that change
+// the packed bytes, and where each packed tensor lies in the checkpoint (which experts this
+// process holds). Null when a tensor is not in a mapped checkpoint file (weights built in
+// memory): those are not cached.
+std::optional<uint64_t> weight_cache_key(uint64_t model_key, const GemmInt8Options& int8,
+                                         std::span<const WeightView* const> sources) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  auto add = [&](const auto& v) { XXH3_64bits_update(st, &v, sizeof v); };
+  const uint64_t version = 1;  // of the packed layouts and the file
+  add(version);
+  add(model_key);
+  add(int8.projections);
+  add(int8.lm_head);
+  bool ok = true;
+  for (const WeightView* w : sources) {
+    const std::optional<MappedLocation> at = mapped_location(w->data);
+    if (!at) {
+      ok = false;
+      break;
+    }
+    const std::string name = std::filesystem::path(at->path).filename().string();
+    XXH3_64bits_update(st, name.data(), name.size());
+    add(at->offset);
+    add(w->rows);
+    add(w->cols);
+  }
+  const uint64_t key = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  if (!ok) return std::nullopt;
+  return key;
+}
+
+}  // namespace
+
+void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& cache) {
   // Collect the FP8 projections first (map slots created here), then pack them in parallel.
   std::vector<std::pair<const WeightView*, PackedLinear*>> jobs;
   auto pack = [&](const WeightView& w) {
@@ -71,6 +113,7 @@ void DeepseekModel::prepare_fast_path(bool progress) {
     std::vector<float>& gf = gate_f32_[g.data];
     gf.resize(size_t(g.rows * g.cols));
     for (int64_t r = 0; r < g.rows; ++r) g.row_to_f32(r, &gf[size_t(r * g.cols)]);
+    release_file_pages(g.data, g.bytes());
   };
   const int64_t nh = config_.num_attention_heads, dn = config_.qk_nope_head_dim;
   const int64_t dv = config_.v_head_dim, R = config_.kv_lora_rank;
@@ -94,16 +137,65 @@ void DeepseekModel::prepare_fast_path(bool progress) {
         }
       }
     }
+    release_file_pages(A.kv_b.data, A.kv_b.bytes());
     absorbed_.push_back(std::move(W));
     if (A.q_a) pack(*A.q_a);
     for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w);
     if (L.mlp) pack_mlp(*L.mlp);
     if (L.moe) pack_moe(*L.moe);
   }
+
+  // What is prepared, in order, for the weight cache: every projection, then the BF16 lm_head
+  // (its compact rows, then its tiles; rows empty when the head is whole).
+  const WeightView& head = weights_.lm_head;
+  const bool bf16_head = head.dtype == DType::kBF16 && head.rows > 0;
+  std::vector<int32_t> head_rows;
+  PackedBf16Weight head_bf16;
+  PackedInt8Weight head_int8;
+  std::vector<CachedWeight> items;
+  std::vector<const WeightView*> sources;
+  for (auto& [w, p] : jobs) {
+    items.push_back(int8_.projections ? CachedWeight{nullptr, &p->int8} : CachedWeight{&p->fp8});
+    sources.push_back(w);
+  }
+  if (bf16_head) {
+    items.push_back({nullptr, nullptr, nullptr, &head_rows});
+    items.push_back(int8_.lm_head ? CachedWeight{nullptr, &head_int8}
+                                  : CachedWeight{nullptr, nullptr, &head_bf16});
+    sources.push_back(&head);
+  }
+  // The head's tiles where forward() looks for them: the compact head's, or the whole one's.
+  auto place_head = [&] {
+    if (!bf16_head) return;
+    if (!head_rows.empty()) {
+      compact_head_.rows = std::move(head_rows);
+      compact_head_.packed = std::move(head_bf16);
+      compact_head_.int8 = std::move(head_int8);
+    } else if (int8_.lm_head) {
+      head_int8_ = std::move(head_int8);
+    } else {
+      packed_bf16_[head.data] = std::move(head_bf16);
+    }
+  };
+  std::optional<uint64_t> key;
+  std::string cache_file;
+  if (!cache.dir.empty()) key = weight_cache_key(cache.model_key, int8_, sources);
+  if (key) {
+    cache_file = weight_cache_path(cache.dir, *key);
+    const Status loaded = load_weight_cache(cache_file, *key, items, pool_);
+    if (loaded.ok()) {
+      place_head();
+      if (progress) fmt::print(stderr, "prepared weights mapped from {}\n", cache_file);
+      return;
+    }
+    if (loaded.code() != StatusCode::kNotFound) {
+      fmt::print(stderr, "weight cache: {}; preparing the weights again\n", loaded.message());
+    }
+  }
+
   // The BF16 lm_head in the tiled layout (docs/kernels-gemm.md: no horizontal sums at M >= 8),
   // or requantized to INT8 (int8_.lm_head: half the bytes per decoded token).
-  const WeightView& head = weights_.lm_head;
-  if (head.dtype == DType::kBF16 && head.rows > 0) {
+  if (bf16_head) {
     // A head whose vocabulary is mostly unused (rows of +0.0: a model trained on a subset of
     // its tokenizer, as tiny-py) keeps only its other rows: those logits are the same bits
     // (each column's sums are its own) and the zero rows' are exactly 0.
@@ -120,23 +212,39 @@ void DeepseekModel::prepare_fast_path(bool progress) {
       for (size_t i = 0; i < live.size(); ++i) {
         std::copy_n(w + live[i] * head.cols, head.cols, &rows[i * size_t(head.cols)]);
       }
-      compact_head_.rows = std::move(live);
-      const int64_t n = int64_t(compact_head_.rows.size());
+      head_rows = std::move(live);
+      const int64_t n = int64_t(head_rows.size());
       if (int8_.lm_head) {
-        compact_head_.int8 = pack_int8_weight_bf16(rows.data(), n, head.cols, head.cols, pool_);
+        head_int8 = pack_int8_weight_bf16(rows.data(), n, head.cols, head.cols, pool_);
       } else {
-        compact_head_.packed = pack_bf16_weight(rows.data(), n, head.cols, head.cols, pool_);
+        head_bf16 = pack_bf16_weight(rows.data(), n, head.cols, head.cols, pool_);
       }
     } else if (int8_.lm_head) {
-      head_int8_ = pack_int8_weight_bf16(w, head.rows, head.cols, head.cols, pool_);
+      head_int8 = pack_int8_weight_bf16(w, head.rows, head.cols, head.cols, pool_);
     } else {
-      packed_bf16_[head.data] = pack_bf16_weight(w, head.rows, head.cols, head.cols, pool_);
+      head_bf16 = pack_bf16_weight(w, head.rows, head.cols, head.cols, pool_);
     }
+    // (When the head is the tied embedding, the rows a prompt embeds fault back in.)
+    release_file_pages(head.data, head.bytes());
   }
+  pack_projections(jobs, progress);
+  if (key) {
+    // Written once, for later starts; this one keeps its own copy (mapping the file back now
+    // would hold both while its checksums are read).
+    const Status saved = save_weight_cache(cache_file, *key, items);
+    if (!saved.ok()) fmt::print(stderr, "weight cache: {}\n", saved.message());
+    if (saved.ok() && progress) fmt::print(stderr, "prepared weights written to {}\n", cache_file);
+  }
+  place_head();
+}
+
+void DeepseekModel::pack_projections(
+    std::span<const std::pair<const WeightView*, PackedLinear*>> jobs, bool progress) {
   auto run = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const WeightView& w = *jobs[size_t(i)].first;
       *jobs[size_t(i)].second = pack_linear(w.data, w.scale_inv, w.rows, w.cols, int8_.projections);
+      release_file_pages(w.data, w.bytes());  // the copy is what runs
     }
   };
   auto run_all = [&](int64_t b, int64_t e) {

@@ -17,6 +17,8 @@
 #include <tuple>
 #include <utility>
 
+#include "core/file_pages.h"
+
 namespace moeserve {
 
 static_assert(std::endian::native == std::endian::little,
@@ -201,6 +203,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   file.path_ = path;
   file.map_ = map;
   file.size_ = size_t(size);
+  register_file_mapping(map, file.size_, path);  // read-only: pages copied elsewhere may be released
   const uint8_t* base = static_cast<const uint8_t*>(map);
 
   uint64_t header_len;
@@ -266,7 +269,10 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this != &o) {
-    if (map_) ::munmap(map_, size_);
+    if (map_) {
+      unregister_file_mapping(map_);
+      ::munmap(map_, size_);
+    }
     path_ = std::move(o.path_);
     map_ = std::exchange(o.map_, nullptr);
     size_ = std::exchange(o.size_, 0);
@@ -277,7 +283,10 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(map_, size_);
+  if (map_) {
+    unregister_file_mapping(map_);
+    ::munmap(map_, size_);
+  }
 }
 
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {

@@ -61,6 +61,24 @@ assert {"attention", "gate", "dispatch", "experts", "combine", "lm_head"} <= nam
 assert {e["tid"] for e in ev} == {0, 1}
 PY
 
+# --weight-cache: the first run writes the prepared weights, the second maps them (no
+# preparing); both give the tokens and logprobs of a run without it; a damaged file is named,
+# prepared again and rewritten.
+args=(--model "$dir/m" --prompt-ids 3,4,5 --max-tokens 6 --logprobs 2 --json)
+"$bin" generate "${args[@]}" > "$dir/plain.json" 2>/dev/null
+"$bin" generate "${args[@]}" --weight-cache "$dir/wc" > "$dir/wc1.json" 2> "$dir/wc1.err"
+"$bin" generate "${args[@]}" --weight-cache "$dir/wc" > "$dir/wc2.json" 2> "$dir/wc2.err"
+grep -q "written to $dir/wc/" "$dir/wc1.err" || fail "weight cache not written: $(cat "$dir/wc1.err")"
+grep -q "mapped from $dir/wc/" "$dir/wc2.err" || fail "weight cache not mapped: $(cat "$dir/wc2.err")"
+cmp -s "$dir/plain.json" "$dir/wc1.json" && cmp -s "$dir/plain.json" "$dir/wc2.json" ||
+  fail "weight cache changed the output"
+f=$(ls "$dir"/wc/*.weights)
+printf 'x' | dd of="$f" bs=1 seek=5000 conv=notrunc 2>/dev/null
+"$bin" generate "${args[@]}" --weight-cache "$dir/wc" > "$dir/wc3.json" 2> "$dir/wc3.err"
+grep -q "$f" "$dir/wc3.err" && grep -q "written to" "$dir/wc3.err" ||
+  fail "damaged weight cache not reported and rewritten: $(cat "$dir/wc3.err")"
+cmp -s "$dir/plain.json" "$dir/wc3.json" || fail "damaged weight cache changed the output"
+
 # Bad input: clear message, non-zero exit, no crash.
 set +e
 "$bin" generate --model "$dir/nope" --prompt-ids 1 > /dev/null 2> "$dir/err"; rc=$?
