@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "kernels/gemm_fp8_f32x.h"
 #include "kernels/gemm_fp8_internal.h"
+#include "kernels/gemm_int4.h"
 #include "kernels/gemm_int8.h"
 
 namespace moeserve {
@@ -144,6 +145,9 @@ struct JobWeight {
 JobWeight job_weight(const PackedFp8Weight& w) {
   return {w.data.get(), w.scale_inv.data(), w.n, w.k, w.k_blocks(), false};
 }
+JobWeight job_weight(const PackedInt4Weight& w) {
+  return {w.data.get(), w.scales.data(), w.n, w.k, w.k_blocks(), true};
+}
 JobWeight job_weight(const PackedInt8Weight& w) {
   return {reinterpret_cast<const uint8_t*>(w.data.get()),
           w.scales.data(),
@@ -166,6 +170,18 @@ PanelFn panel_fn_int8(Isa isa) {
       return gemm_detail::panels_int8_vnni;
     default:
       return gemm_detail::panels_int8_scalar;
+  }
+}
+
+// The INT4 levels: VNNI on AVX-512 BF16's (and AMX's) CPUs, below them the scalar code.
+PanelFn panel_fn_int4(Isa isa) {
+  CHECK(isa_at_most(isa, cpu_isa()), "gemm_int4: ISA level above what this CPU supports");
+  switch (isa) {
+    case Isa::kAmx:
+    case Isa::kAvx512Bf16:
+      return gemm_detail::panels_int4_vnni;
+    default:
+      return gemm_detail::panels_int4_scalar;
   }
 }
 
@@ -418,6 +434,34 @@ void gemm_int8_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
                               int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
   grouped_masked(x, nullptr, ldx, capacity, counts, experts, n_experts, y, pool,
                  panel_fn_int8(isa));
+}
+
+void gemm_int4(const uint16_t* x, int64_t m, int64_t ldx, const PackedInt4Weight& w, GemmOutput y,
+               ThreadPool* pool, Isa isa) {
+  dense(x, nullptr, m, ldx, w, y, pool, panel_fn_int4(isa));
+}
+
+void gemm_int4_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
+                                  const PackedInt4Weight* const* experts, int64_t n_experts,
+                                  GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_contiguous(x, nullptr, ldx, nullptr, offsets, experts, n_experts, y, pool,
+                     panel_fn_int4(isa));
+}
+
+void gemm_int4_grouped_contiguous_gather(const uint16_t* x, int64_t ldx, const int32_t* x_rows,
+                                         const int64_t* offsets,
+                                         const PackedInt4Weight* const* experts, int64_t n_experts,
+                                         GemmOutput y, ThreadPool* pool, Isa isa) {
+  CHECK(x_rows != nullptr, "grouped gather: x_rows is required");
+  grouped_contiguous(x, nullptr, ldx, x_rows, offsets, experts, n_experts, y, pool,
+                     panel_fn_int4(isa));
+}
+
+void gemm_int4_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
+                              const int32_t* counts, const PackedInt4Weight* const* experts,
+                              int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_masked(x, nullptr, ldx, capacity, counts, experts, n_experts, y, pool,
+                 panel_fn_int4(isa));
 }
 
 }  // namespace moeserve

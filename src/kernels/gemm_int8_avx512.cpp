@@ -1,7 +1,7 @@
-// gemm_int8, AVX-512 VNNI level (and the AMX level's few-row calls): the weights' signed bytes
-// are flipped to unsigned (w + 128, one XOR per 64 bytes) for vpdpbusd against a broadcast
-// 4-byte group of X's signed bytes; the accumulators start at -128 * (the block's sum of X's
-// bytes), so they end at the exact INT32 dot product the AMX level's TDPBSSD gives. Nothing is
+// gemm_int8 and gemm_int4, AVX-512 VNNI level (and the AMX level's few-row calls): the weights'
+// signed bytes are flipped to unsigned (w + 128, one XOR per 64 bytes) for vpdpbusd against a
+// broadcast 4-byte group of X's signed bytes; the accumulators start at -128 * (the block's sum of
+// X's bytes), so they end at the exact INT32 dot product the AMX level's TDPBSSD gives. Nothing is
 // converted: a decode step streams one byte per weight from memory into the dot products.
 // The promotion and the activation quantization are gemm_int8.h's operations, in the same
 // order as the scalar level (same bits).
@@ -85,6 +85,71 @@ void micro_rows(int rows, const int8_t* x, const float* sx, const int32_t* sums,
   }
 }
 
+// The INT4 form of micro() (gemm_int4.h): a quad's 128 bytes unpacked to the four registers
+// of unsigned nibbles (two shifts and four masks: as cheap as micro()'s four flips), so the sums
+// start at 0 and the block's sum of X enters through mw. sw: [2][64] (sw, then mw).
+template <int R>
+__attribute__((noinline)) void micro4(const int8_t* x, const float* sx, const int32_t* sums,
+                                      const uint8_t* tile, const float* sw, float* tot, bool first,
+                                      const char* pf) {
+  __m512i acc[R][4];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_si512();
+  }
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int q = 0; q < 32; ++q) {
+    if (pf) {
+      _mm_prefetch(pf + 128 * q, _MM_HINT_T1);
+      _mm_prefetch(pf + 128 * q + 64, _MM_HINT_T1);
+    }
+    const __m512i* t = reinterpret_cast<const __m512i*>(tile + 128 * q);
+    const __m512i a = _mm512_load_si512(t), b = _mm512_load_si512(t + 1);
+    const __m512i w0 = _mm512_and_si512(a, low);
+    const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(a, 4), low);
+    const __m512i w2 = _mm512_and_si512(b, low);
+    const __m512i w3 = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+    for (int r = 0; r < R; ++r) {
+      int32_t v;
+      std::memcpy(&v, x + r * kBlockK + 4 * q, 4);
+      const __m512i xb = _mm512_set1_epi32(v);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, xb);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, xb);
+      acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], w2, xb);
+      acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], w3, xb);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512 vsx = _mm512_set1_ps(sx[r]);
+    const __m512 vsum = _mm512_set1_ps(float(sums[r]));
+    for (int j = 0; j < 4; ++j) {
+      const __m512 f = _mm512_maskz_cvtepi32_ps(__mmask16(0xffff), acc[r][j]);
+      const __m512 mx = _mm512_mul_ps(_mm512_load_ps(sw + kPanelCols + 16 * j), vsum);
+      const __m512 tb = _mm512_fmadd_ps(f, _mm512_load_ps(sw + 16 * j), mx);
+      float* d = tot + r * kPanelCols + 16 * j;
+      _mm512_store_ps(d,
+                      first ? _mm512_mul_ps(tb, vsx) : _mm512_fmadd_ps(tb, vsx, _mm512_load_ps(d)));
+    }
+  }
+}
+
+void micro4_rows(int rows, const int8_t* x, const float* sx, const int32_t* sums,
+                 const uint8_t* tile, const float* sw, float* tot, bool first, const char* pf) {
+  switch (rows) {
+    case 6:
+      return micro4<6>(x, sx, sums, tile, sw, tot, first, pf);
+    case 5:
+      return micro4<5>(x, sx, sums, tile, sw, tot, first, pf);
+    case 4:
+      return micro4<4>(x, sx, sums, tile, sw, tot, first, pf);
+    case 3:
+      return micro4<3>(x, sx, sums, tile, sw, tot, first, pf);
+    case 2:
+      return micro4<2>(x, sx, sums, tile, sw, tot, first, pf);
+    default:
+      return micro4<1>(x, sx, sums, tile, sw, tot, first, pf);
+  }
+}
+
 // 16 BF16 -> F32 (exact).
 inline __m512 bf16x16(const uint16_t* p, __mmask16 m) {
   return _mm512_castsi512_ps(
@@ -142,7 +207,13 @@ void quantize_rows_int8_avx512(const uint16_t* x, int64_t ldx, int64_t rows, int
   }
 }
 
-void panels_int8_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
+namespace {
+
+// INT8 tiles (micro) or INT4 tiles (micro4): the same loops over half or whole tiles.
+template <bool kInt4>
+void panels_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
+  constexpr int64_t tile_bytes = kInt4 ? kTileBytes / 2 : kTileBytes;
+  constexpr int64_t scale_stride = kInt4 ? 2 * kPanelCols : kPanelCols;
   // Rows per block: the quantized X of the block (mb x K bytes) stays in L3 while every panel
   // passes over it.
   int64_t mb_max = (12 << 20) / job.k;
@@ -156,8 +227,8 @@ void panels_int8_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
   auto* xs = static_cast<float*>(kept_scratch(kScratchXScale, size_t(mb_cap * kbn * 8)));
   auto* sums = reinterpret_cast<int32_t*>(xs + mb_cap * kbn);
   auto* tot = static_cast<float*>(kept_scratch(kScratchTot, size_t(mb_cap * kPanelCols * 4)));
-  const auto* tiles = reinterpret_cast<const int8_t*>(job.tiles);
-  const char* wend = reinterpret_cast<const char*>(tiles + p1 * kbn * kTileBytes);
+  const uint8_t* tiles = job.tiles;
+  const char* wend = reinterpret_cast<const char*>(tiles + p1 * kbn * tile_bytes);
   for (int64_t m0 = 0; m0 < job.m; m0 += mb_cap) {
     const int64_t mb = job.m - m0 < mb_cap ? job.m - m0 : mb_cap;
     quantize_rows_int8_avx512(job.x + m0 * job.ldx, job.ldx, mb, mb, job.k, xq, xs, sums);
@@ -167,22 +238,38 @@ void panels_int8_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
         for (int64_t i = 0; i < mb; i += kRows) {
           const int rows = mb - i < kRows ? int(mb - i) : kRows;
           for (int64_t kb = kb0; kb < kb1; ++kb) {
-            const int8_t* t = tiles + (p * kbn + kb) * kTileBytes;
+            const uint8_t* t = tiles + (p * kbn + kb) * tile_bytes;
             // The first row block brings the weights a few tiles on into L2 (the stream over
             // this call's panels is contiguous); later row blocks find the chunk there.
             const char* pf = nullptr;
             if (i == 0) {
-              const char* a = reinterpret_cast<const char*>(t + kAhead * kTileBytes);
+              const char* a = reinterpret_cast<const char*>(t + kAhead * tile_bytes);
               if (a < wend) pf = a;
             }
-            micro_rows(rows, xq + (kb * mb + i) * kBlockK, xs + kb * mb + i, sums + kb * mb + i, t,
-                       job.scales + (p * kbn + kb) * kPanelCols, tot + i * kPanelCols, kb == 0, pf);
+            const float* sw = job.scales + (p * kbn + kb) * scale_stride;
+            if constexpr (kInt4) {
+              micro4_rows(rows, xq + (kb * mb + i) * kBlockK, xs + kb * mb + i, sums + kb * mb + i,
+                          t, sw, tot + i * kPanelCols, kb == 0, pf);
+            } else {
+              micro_rows(rows, xq + (kb * mb + i) * kBlockK, xs + kb * mb + i, sums + kb * mb + i,
+                         reinterpret_cast<const int8_t*>(t), sw, tot + i * kPanelCols, kb == 0, pf);
+            }
           }
         }
       }
       store_panel_rows(tot, mb, job.y, job.ldy, m0, p * kPanelCols, job.n, job.y_bf16);
     }
   }
+}
+
+}  // namespace
+
+void panels_int8_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
+  panels_vnni<false>(job, p0, p1);
+}
+
+void panels_int4_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
+  panels_vnni<true>(job, p0, p1);
 }
 
 }  // namespace moeserve::gemm_detail
