@@ -17,7 +17,8 @@ Usage:
       [--steps 16] [--lengths 64 256 1000] [--threads 2]
   tools/kv_cache_accuracy.py BIN tests/data/hf/v3 --hf --configs bf16:fast f32:reference
 A configuration is KV_DTYPE:COMPUTE[:FLAG...] (--kv-cache-dtype, --compute, then flags without
-their dashes: bf16:fast:gemm-int8:lm-head-int8 adds --gemm-int8 --lm-head-int8).
+their dashes: bf16:fast:gemm-int8:lm-head-int8 adds --gemm-int8 --lm-head-int8, and
+bf16:fast:expert-dtype=int4 adds --expert-dtype int4).
 """
 
 import argparse
@@ -30,7 +31,10 @@ def generate(bin_, model, config, prompts, max_tokens, logprobs, threads):
     kv, compute, *flags = config.split(":")
     cmd = [bin_, "generate", "--model", model, "--kv-cache-dtype", kv, "--compute", compute,
            "--threads", str(threads), "--max-tokens", str(max_tokens),
-           "--logprobs", str(logprobs), "--json", "--ignore-eos"] + ["--" + f for f in flags]
+           "--logprobs", str(logprobs), "--json", "--ignore-eos"]
+    for f in flags:  # FLAG or FLAG=VALUE
+        name, _, value = f.partition("=")
+        cmd += ["--" + name] + ([value] if value else [])
     for p in prompts:
         cmd += ["--prompt-ids", ",".join(map(str, p))]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

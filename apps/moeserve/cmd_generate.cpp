@@ -232,8 +232,8 @@ int run_generate(const GenerateOptions& o) {
   ThreadPool pool(o.threads);
   LocalDispatcher local(c.n_routed_experts, /*bf16_rows=*/o.compute != "reference");
   Dispatcher& dispatcher = ep ? static_cast<Dispatcher&>(*ep->dispatcher) : local;
-  auto fingerprint =
-      model_fingerprint(o.model, o.kv_dtype, path, o.spec.enabled(), o.int8.projections);
+  auto fingerprint = model_fingerprint(o.model, o.kv_dtype, path, o.spec.enabled(),
+                                       o.int8.projections, o.int8.experts);
   if (!fingerprint.ok()) {
     fmt::print(stderr, "generate: {}\n", fingerprint.status().message());
     return 1;
@@ -421,7 +421,7 @@ Subcommand add_generate_command(CLI::App& parent) {
   app->add_option("--kv-disk-gb", o->kv_disk_gb, "Size bound of --kv-disk (0: none)")
       ->check(CLI::NonNegativeNumber);
   add_kv_cache_dtype_option(*app, o->kv_dtype);
-  add_int8_flags(*app, o->int8.projections, o->int8.lm_head);
+  add_int8_flags(*app, o->int8);
   add_weight_cache_flag(*app, o->weight_cache);
   app->add_option("--trace", o->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every layer's stages");

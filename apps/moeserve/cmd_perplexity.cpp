@@ -115,7 +115,8 @@ int run_perplexity(const PerplexityArgs& a) {
   LocalDispatcher local(c.n_routed_experts, /*bf16_rows=*/path == ComputePath::kFast);
   WeightCacheOptions weight_cache{a.weight_cache, 0};
   if (!a.weight_cache.empty()) {
-    auto fp = model_fingerprint(a.model, a.kv_dtype, path, false, a.int8.projections);
+    auto fp =
+        model_fingerprint(a.model, a.kv_dtype, path, false, a.int8.projections, a.int8.experts);
     if (!fp.ok()) {
       fmt::print(stderr, "perplexity: {}\n", fp.status().message());
       return 1;
@@ -205,7 +206,7 @@ Subcommand add_perplexity_command(CLI::App& parent) {
       ->check(CLI::IsMember({"fast", "reference"}))
       ->capture_default_str();
   add_kv_cache_dtype_option(*app, a->kv_dtype);
-  add_int8_flags(*app, a->int8.projections, a->int8.lm_head);
+  add_int8_flags(*app, a->int8);
   add_weight_cache_flag(*app, a->weight_cache);
   app->add_flag("--json", a->json, "One JSON object");
   app->add_flag("--per-token", a->per_token,

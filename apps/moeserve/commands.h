@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/dtype.h"
+#include "model/deepseek.h"
 
 namespace moeserve::cli {
 
@@ -31,9 +32,23 @@ inline CLI::Option* add_kv_cache_dtype_option(CLI::App& app, DType& kv_dtype) {
       ->default_str(current);
 }
 
-// `--gemm-int8` and `--lm-head-int8` (the opt-in INT8 GEMMs: docs/kernels-int8.md), shared by
-// `generate` and `serve`.
-inline void add_int8_flags(CLI::App& app, bool& projections, bool& lm_head) {
+// `--expert-dtype`, `--gemm-int8` and `--lm-head-int8` (requantized weights:
+// docs/quantization.md, docs/kernels-int8.md), shared by `generate`, `serve` and `perplexity`.
+inline void add_int8_flags(CLI::App& app, GemmInt8Options& o) {
+  bool& projections = o.projections;
+  bool& lm_head = o.lm_head;
+  app.add_option_function<std::string>(
+         "--expert-dtype",
+         [&o](const std::string& v) {
+           o.experts = v == "int4"   ? WeightFormat::kInt4
+                       : v == "int8" ? WeightFormat::kInt8
+                                     : WeightFormat::kFp8;
+         },
+         "The routed experts' weights: fp8 (the checkpoint's) | int8 (per 1x128, symmetric) | "
+         "int4 (per 1x128, asymmetric: 0.5625 bytes per weight, DeepSeek-V3 in ~390 GB); "
+         "requantized at load, changes numerics (docs/quantization.md). Default: the other "
+         "projections' format")
+      ->check(CLI::IsMember({"fp8", "int8", "int4"}));
   app.add_flag("--gemm-int8", projections,
                "Run every FP8 projection (attention, MLPs, experts) as INT8 GEMMs: weights "
                "requantized per 1x128 at load, activations per call (AMX/VNNI INT8 dot products; "

@@ -27,12 +27,26 @@ double int8_bytes(const WeightView& w) {
   return double(w.rows) * double(w.cols) +
          4.0 * double((w.rows + 63) / 64 * 64) * double((w.cols + 127) / 128);
 }
-// A projection as the fast path holds it.
+// As gemm_int4 stores it: half a byte per weight, two F32 (scale, minimum) per column and block.
+double int4_bytes(const WeightView& w) {
+  return 0.5 * double(w.rows) * double(w.cols) +
+         8.0 * double((w.rows + 63) / 64 * 64) * double((w.cols + 127) / 128);
+}
+// A projection as the fast path holds it in `format`.
+double proj_bytes(const WeightView& w, WeightFormat format) {
+  if (w.dtype != DType::kF8E4M3) return view_bytes(w);
+  return format == WeightFormat::kInt8   ? int8_bytes(w)
+         : format == WeightFormat::kInt4 ? int4_bytes(w)
+                                         : view_bytes(w);
+}
 double proj_bytes(const WeightView& w, const GemmInt8Options& int8) {
-  return int8.projections && w.dtype == DType::kF8E4M3 ? int8_bytes(w) : view_bytes(w);
+  return proj_bytes(w, int8.projection_format());
+}
+double mlp_bytes(const MlpWeights& m, WeightFormat format) {
+  return proj_bytes(m.gate, format) + proj_bytes(m.up, format) + proj_bytes(m.down, format);
 }
 double mlp_bytes(const MlpWeights& m, const GemmInt8Options& int8) {
-  return proj_bytes(m.gate, int8) + proj_bytes(m.up, int8) + proj_bytes(m.down, int8);
+  return mlp_bytes(m, int8.projection_format());
 }
 
 // Bytes one decode step at batch 1 must read: every non-expert weight, top-k experts per MoE
@@ -54,7 +68,7 @@ double bytes_per_token(const ModelConfig& c, const ModelWeights& w, int64_t cont
       double experts = 0;
       int n = 0;
       for (const auto& e : L.moe->experts) {
-        if (e) experts += mlp_bytes(*e, int8), ++n;
+        if (e) experts += mlp_bytes(*e, int8.expert_format()), ++n;
       }
       if (n > 0) b += experts / n * double(c.num_experts_per_tok);
     }
@@ -115,6 +129,7 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
                                 {"bytes_per_token", bytes},
                                 {"gemm_int8", o.int8.projections},
                                 {"lm_head_int8", o.int8.lm_head},
+                                {"expert_dtype", weight_format_name(o.int8.expert_format())},
                                 {"dram_read_gbps", ceil.dram_read_gbps}};
     fmt::print("{}\n", j.dump());
   } else {

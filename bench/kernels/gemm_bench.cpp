@@ -14,6 +14,7 @@
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/gemm_fp8_f32x.h"
+#include "kernels/gemm_int4.h"
 #include "kernels/gemm_int8.h"
 #include "onednn_matmul.h"
 
@@ -100,6 +101,9 @@ struct Case {
 bool is_int8(const Case& c) {
   return std::string(c.kernel).rfind("gemm_int8", 0) == 0;
 }
+bool is_int4(const Case& c) {
+  return std::string(c.kernel).rfind("gemm_int4", 0) == 0;
+}
 
 // t_bf16: for the F32-activation variants and gemm_int8, the time of the FP8 kernel with BF16
 // activations on the same case (0: none).
@@ -107,14 +111,19 @@ void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, do
             double t_base, double t_bf16 = 0) {
   const int64_t e = std::max<int64_t>(1, c.experts);
   const bool bf16_weights = std::string(c.kernel) == "gemm_bf16";
-  // INT8: one byte per weight and an F32 scale per column and 128-wide K block.
-  const double scale_bytes = is_int8(c)
-                                 ? 4.0 * double((c.n + 63) / 64 * 64) * double((c.k + 127) / 128)
+  // INT8: one byte per weight and an F32 scale per column and 128-wide K block; INT4: half a
+  // byte and two F32 (scale, minimum) per column and block.
+  const double col_blocks = double((c.n + 63) / 64 * 64) * double((c.k + 127) / 128);
+  const double scale_bytes = is_int8(c) ? 4.0 * col_blocks
+                             : is_int4(c)
+                                 ? 8.0 * col_blocks
                                  : 4.0 * double((c.n + 127) / 128) * double((c.k + 127) / 128);
-  const double wbytes = bf16_weights ? 2.0 * double(c.n) * double(c.k)
-                                     : double(e) * (double(c.n) * double(c.k) + scale_bytes);
+  const double per_weight = is_int4(c) ? 0.5 : 1.0;
+  const double wbytes = bf16_weights
+                            ? 2.0 * double(c.n) * double(c.k)
+                            : double(e) * (per_weight * double(c.n) * double(c.k) + scale_bytes);
   const double flops = 2.0 * double(c.m) * double(c.n) * double(c.k);
-  const double peak = is_int8(c) ? ceil.int8_peak_gops() : ceil.gemm_peak_gflops();
+  const double peak = is_int8(c) || is_int4(c) ? ceil.int8_peak_gops() : ceil.gemm_peak_gflops();
   const double t_roof = std::max(wbytes / (ceil.dram_read_gbps * 1e9), flops / (peak * 1e9));
   const bool memory_bound = wbytes / (ceil.dram_read_gbps * 1e9) >= flops / (peak * 1e9);
   const double gbps = wbytes / t / 1e9, gflops = flops / t / 1e9;
@@ -164,6 +173,17 @@ std::vector<PackedInt8Weight> int8_copies(const GemmBenchOptions& opt,
   std::vector<PackedInt8Weight> out(w.size());
   pool.parallel_for(int64_t(w.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) out[size_t(i)] = pack_int8_weight(w[size_t(i)]);
+  });
+  return out;
+}
+
+// The same for gemm_int4 (what --expert-dtype int4 does to the routed experts at load).
+std::vector<PackedInt4Weight> int4_copies(const GemmBenchOptions& opt,
+                                          const std::vector<PackedFp8Weight>& w, ThreadPool& pool) {
+  if (!wanted(opt, "gemm_int4")) return {};
+  std::vector<PackedInt4Weight> out(w.size());
+  pool.parallel_for(int64_t(w.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[size_t(i)] = pack_int4_weight(w[size_t(i)]);
   });
   return out;
 }
@@ -228,6 +248,9 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
   const std::vector<PackedInt8Weight> w8 = int8_copies(opt, w, pool);
   std::vector<const PackedInt8Weight*> ptrs8;
   for (auto& p : w8) ptrs8.push_back(&p);
+  const std::vector<PackedInt4Weight> w4 = int4_copies(opt, w, pool);
+  std::vector<const PackedInt4Weight*> ptrs4;
+  for (auto& p : w4) ptrs4.push_back(&p);
   std::vector<uint16_t> wb = random_bf16(size_t(n * k), rng);
   const int base_sets = copies_for(2.0 * double(experts) * double(n) * double(k));
   for (int64_t m : ms) {
@@ -277,6 +300,21 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
           sets, min_s);
       report(opt, local_ceilings(ceil, dram8, pool, min_s),
              Case{"gemm_int8_grouped", m, n, k, experts, layout, "bf16"}, t8, tb, t);
+    }
+    if (!w4.empty()) {
+      const double dram4 = measure_dram_read_gbps(pool, 1, min_s);
+      const double t4 = time_calls(
+          [&](int i) {
+            const PackedInt4Weight* const* set = ptrs4.data() + i * experts;
+            if (masked) {
+              gemm_int4_grouped_masked(x.data(), k, rows, counts.data(), set, experts, out, &pool);
+            } else {
+              gemm_int4_grouped_contiguous(x.data(), k, off.data(), set, experts, out, &pool);
+            }
+          },
+          sets, min_s);
+      report(opt, local_ceilings(ceil, dram4, pool, min_s),
+             Case{"gemm_int4_grouped", m, n, k, experts, layout, "bf16"}, t4, tb, t);
     }
     if (!wanted(opt, "gemm_fp8_grouped")) continue;
     std::vector<float> x32 = random_f32(size_t(m * k), rng);
@@ -332,7 +370,10 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
   Rng rng{0x9e3779b97f4a7c15ull};
   auto want = [&](const char* kernel) { return wanted(opt, kernel); };
   const bool int8 = want("gemm_int8") || want("gemm_int8_grouped");
-  if (!want("gemm_bf16") && !want("gemm_fp8") && !want("gemm_fp8_grouped") && !int8) return;
+  const bool int4 = want("gemm_int4_grouped");
+  if (!want("gemm_bf16") && !want("gemm_fp8") && !want("gemm_fp8_grouped") && !int8 && !int4) {
+    return;
+  }
   if (!opt.json) {
     fmt::print(
         "{:<22} {:>5} {:>6} {:>6} {:>3} {:<10} {:<4} {:>8} {:>8} {:>6} {:>6} {:>7}  "
@@ -359,8 +400,9 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
   if (want("gemm_fp8") || want("gemm_int8")) {
     for (const Shape& s : shapes) run_dense(opt, ceil, pool, s.n, s.k, ms, rng);
   }
-  if (!want("gemm_fp8_grouped") && !want("gemm_int8_grouped")) return;
-  // Routed experts (moe_intermediate_size 2048): gate/up [2048, 7168] and down [7168, 2048].
+  if (!want("gemm_fp8_grouped") && !want("gemm_int8_grouped") && !int4) return;
+  // Routed experts (moe_intermediate_size 2048): gate/up [2048, 7168] and down [7168, 2048];
+  // the INT4 cases (--expert-dtype int4) beside them.
   if (opt.quick) {
     run_grouped(opt, ceil, pool, 2048, 7168, 8, {8, 1024}, rng);
     return;

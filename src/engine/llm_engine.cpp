@@ -420,8 +420,8 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   if (o.max_num_seqs < 1 || o.max_batch_tokens < 1 || o.max_waiting < 0) {
     return InvalidArgument("max_num_seqs and max_batch_tokens must be >= 1");
   }
-  ASSIGN_OR_RETURN(uint64_t fingerprint,
-                   model_fingerprint(o.model_dir, o.kv_dtype, o.compute, mtp, o.int8.projections));
+  ASSIGN_OR_RETURN(uint64_t fingerprint, model_fingerprint(o.model_dir, o.kv_dtype, o.compute, mtp,
+                                                           o.int8.projections, o.int8.experts));
   std::unique_ptr<DiskTier> disk;
   if (!o.kv_disk_dir.empty()) {
     ASSIGN_OR_RETURN(

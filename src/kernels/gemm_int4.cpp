@@ -45,7 +45,11 @@ uint8_t PackedInt4Weight::at(int64_t row, int64_t col) const {
   return uint8_t((tile(row / kPanelCols, col / kBlockK)[a.byte] >> a.shift) & 15);
 }
 
-PackedInt4Weight pack_int4_weight(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k) {
+namespace {
+
+// value(row, col): the weight's F32 value (exact).
+template <class Value>
+PackedInt4Weight pack_int4(const Value& value, int64_t n, int64_t k) {
   CHECK(n > 0 && k > 0, "pack_int4_weight: empty weight");
   PackedInt4Weight p;
   p.n = n;
@@ -67,10 +71,9 @@ PackedInt4Weight pack_int4_weight(const uint8_t* w, const float* scale_inv, int6
       for (int64_t c = 0; c < kCols; ++c) {
         const int64_t row = panel * kCols + c;
         if (row >= n) continue;
-        const float s_in = scale_inv[(row / kBk) * kbn + kb];
         float lo = 0, hi = 0;
         for (int64_t kk = 0; kk < kw; ++kk) {
-          v[kk] = fp8e4m3_to_f32(w[row * k + kb * kBk + kk]) * s_in;
+          v[kk] = value(row, kb * kBk + kk);
           lo = kk == 0 ? v[kk] : std::min(lo, v[kk]);
           hi = kk == 0 ? v[kk] : std::max(hi, v[kk]);
         }
@@ -87,6 +90,26 @@ PackedInt4Weight pack_int4_weight(const uint8_t* w, const float* scale_inv, int6
     }
   }
   return p;
+}
+
+}  // namespace
+
+PackedInt4Weight pack_int4_weight(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k) {
+  const int64_t kbn = (k + kBk - 1) / kBk;
+  return pack_int4(
+      [&](int64_t row, int64_t col) {
+        return fp8e4m3_to_f32(w[row * k + col]) * scale_inv[(row / kBk) * kbn + col / kBk];
+      },
+      n, k);
+}
+
+PackedInt4Weight pack_int4_weight(const PackedFp8Weight& w) {
+  const int64_t kbn = w.k_blocks();
+  return pack_int4(
+      [&](int64_t row, int64_t col) {
+        return fp8e4m3_to_f32(w.at(row, col)) * w.scale_inv[size_t((row / kBk) * kbn + col / kBk)];
+      },
+      w.n, w.k);
 }
 
 namespace gemm_detail {

@@ -69,6 +69,8 @@ struct PackedInt4Weight {
 
 // From the checkpoint's FP8 weight (w [n, k] e4m3 bytes, scale_inv [ceil(n/128)][ceil(k/128)]).
 PackedInt4Weight pack_int4_weight(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k);
+// From a packed FP8 weight (the same values as from the checkpoint).
+PackedInt4Weight pack_int4_weight(const PackedFp8Weight& w);
 
 // x: BF16 bits [m, w.k], row stride ldx. The INT4 levels: AVX-512 VNNI where the CPU has
 // AVX-512 BF16 (or AMX), else scalar.

@@ -114,7 +114,8 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
       overlap_(overlap),
       rope_(rope_params(config)),
       int8_(int8),
-      experts_(config, weights, path == ComputePath::kFast ? &packed_ : nullptr, int8.projections) {
+      experts_(config, weights, path == ComputePath::kFast ? &packed_ : nullptr,
+               int8.expert_format()) {
   if (path_ == ComputePath::kFast) prepare_fast_path(progress, weight_cache);
 }
 

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -55,6 +56,14 @@ enum class ComputePath { kReference, kFast };
 struct GemmInt8Options {
   bool projections = false;  // --gemm-int8: every FP8 projection (attention, MLPs, experts)
   bool lm_head = false;      // --lm-head-int8: the BF16 lm_head requantized per 1x128
+  // --expert-dtype: the routed experts' format when given (docs/quantization.md); otherwise
+  // theirs is the other projections' (INT8 with --gemm-int8, else FP8).
+  std::optional<WeightFormat> experts;
+
+  WeightFormat projection_format() const {
+    return projections ? WeightFormat::kInt8 : WeightFormat::kFp8;
+  }
+  WeightFormat expert_format() const { return experts ? *experts : projection_format(); }
 };
 
 struct StepSequence {
@@ -108,6 +117,14 @@ class DeepseekModel {
                 const WeightCacheOptions& weight_cache = {});
 
   const ModelConfig& config() const { return config_; }
+
+  // One projection the fast path prepares (fast_path.cpp): from the checkpoint's tensor, into
+  // its slot, in a format.
+  struct PackJob {
+    const WeightView* source;
+    PackedLinear* packed;
+    WeightFormat format;
+  };
 
   // Records per-layer stages (attention, gate, dispatch, experts, combine, ...) when non-null.
   void set_tracer(Tracer* tracer) { tracer_ = tracer; }
@@ -221,8 +238,7 @@ class DeepseekModel {
   // With a cache directory the packed weights are mapped from its file when it has them, and
   // written there otherwise (model/weight_cache.h).
   void prepare_fast_path(bool progress, const WeightCacheOptions& cache);
-  void pack_projections(std::span<const std::pair<const WeightView*, PackedLinear*>> jobs,
-                        bool progress);
+  void pack_projections(std::span<const PackJob> jobs, bool progress);
 
   const ModelConfig& config_;
   const ModelWeights& weights_;

@@ -131,8 +131,8 @@ Result<std::shared_ptr<const RuntimeExpert>> decode_expert(std::vector<uint8_t> 
 // ---- ExpertStore ----
 
 ExpertStore::ExpertStore(const ModelConfig& config, const ModelWeights& weights,
-                         PackedLinears* packed, bool int8)
-    : config_(config), weights_(weights), packed_(packed), int8_(int8) {}
+                         PackedLinears* packed, WeightFormat format)
+    : config_(config), weights_(weights), packed_(packed), format_(format) {}
 
 const MoeWeights* ExpertStore::moe_layer_weights(int64_t moe_layer) const {
   int64_t m = 0;
@@ -215,7 +215,7 @@ Status ExpertStore::install_expert(int64_t moe_layer, int32_t expert, std::vecto
       if (v->block_rows != 128 || v->block_cols != 128) {
         return InvalidArgument("gemm_fp8 needs 128x128 scale blocks");
       }
-      packed.emplace_back(v->data, pack_linear(v->data, v->scale_inv, v->rows, v->cols, int8_));
+      packed.emplace_back(v->data, pack_linear(v->data, v->scale_inv, v->rows, v->cols, format_));
       release_file_pages(v->data, v->bytes());  // (nothing, unless it is the checkpoint's)
     }
   }

@@ -52,9 +52,9 @@ Result<std::shared_ptr<const RuntimeExpert>> decode_expert(std::vector<uint8_t> 
 // and drop keep in step.
 class ExpertStore {
  public:
-  // int8: installed experts are requantized for gemm_int8 (the model's --gemm-int8).
+  // format: how installed experts are prepared (the model's routed experts' format).
   ExpertStore(const ModelConfig& config, const ModelWeights& weights, PackedLinears* packed,
-              bool int8 = false);
+              WeightFormat format = WeightFormat::kFp8);
 
   // The weights of expert e of the layer whose MoE weights are w, or null when not held.
   const MlpWeights* held(const MoeWeights& w, int32_t expert) const;
@@ -75,7 +75,7 @@ class ExpertStore {
   const ModelConfig& config_;
   const ModelWeights& weights_;
   PackedLinears* packed_;
-  bool int8_;
+  WeightFormat format_;
   // Installed experts (null: dropped), over the checkpoint's.
   std::map<std::pair<const MoeWeights*, int32_t>, std::shared_ptr<const RuntimeExpert>> runtime_;
 };

@@ -61,7 +61,8 @@ namespace {
 // process holds). Null when a tensor is not in a mapped checkpoint file (weights built in
 // memory): those are not cached.
 std::optional<uint64_t> weight_cache_key(uint64_t model_key, const GemmInt8Options& int8,
-                                         std::span<const WeightView* const> sources) {
+                                         std::span<const WeightView* const> sources,
+                                         std::span<const DeepseekModel::PackJob> jobs) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   auto add = [&](const auto& v) { XXH3_64bits_update(st, &v, sizeof v); };
@@ -70,6 +71,7 @@ std::optional<uint64_t> weight_cache_key(uint64_t model_key, const GemmInt8Optio
   add(model_key);
   add(int8.projections);
   add(int8.lm_head);
+  for (const DeepseekModel::PackJob& j : jobs) add(j.format);
   bool ok = true;
   for (const WeightView* w : sources) {
     const std::optional<MappedLocation> at = mapped_location(w->data);
@@ -93,22 +95,23 @@ std::optional<uint64_t> weight_cache_key(uint64_t model_key, const GemmInt8Optio
 
 void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& cache) {
   // Collect the FP8 projections first (map slots created here), then pack them in parallel.
-  std::vector<std::pair<const WeightView*, PackedLinear*>> jobs;
-  auto pack = [&](const WeightView& w) {
+  std::vector<PackJob> jobs;
+  auto pack = [&](const WeightView& w, WeightFormat format) {
     if (w.dtype != DType::kF8E4M3 || packed_.count(w.data)) return;
     CHECK(w.block_rows == 128 && w.block_cols == 128, "gemm_fp8 needs 128x128 scale blocks");
-    jobs.push_back({&w, &packed_[w.data]});
+    jobs.push_back({&w, &packed_[w.data], format});
   };
-  auto pack_mlp = [&](const MlpWeights& m) {
-    pack(m.gate);
-    pack(m.up);
-    pack(m.down);
+  const WeightFormat dense = int8_.projection_format(), routed = int8_.expert_format();
+  auto pack_mlp = [&](const MlpWeights& m, WeightFormat format) {
+    pack(m.gate, format);
+    pack(m.up, format);
+    pack(m.down, format);
   };
   auto pack_moe = [&](const MoeWeights& moe) {
     for (const auto& e : moe.experts) {
-      if (e) pack_mlp(*e);
+      if (e) pack_mlp(*e, routed);
     }
-    if (moe.shared) pack_mlp(*moe.shared);
+    if (moe.shared) pack_mlp(*moe.shared, dense);
     const WeightView& g = moe.gate;  // [E, H] router weights, exact in F32
     std::vector<float>& gf = gate_f32_[g.data];
     gf.resize(size_t(g.rows * g.cols));
@@ -139,9 +142,9 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
     }
     release_file_pages(A.kv_b.data, A.kv_b.bytes());
     absorbed_.push_back(std::move(W));
-    if (A.q_a) pack(*A.q_a);
-    for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w);
-    if (L.mlp) pack_mlp(*L.mlp);
+    if (A.q_a) pack(*A.q_a, dense);
+    for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w, dense);
+    if (L.mlp) pack_mlp(*L.mlp, dense);
     if (L.moe) pack_moe(*L.moe);
   }
 
@@ -154,9 +157,13 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
   PackedInt8Weight head_int8;
   std::vector<CachedWeight> items;
   std::vector<const WeightView*> sources;
-  for (auto& [w, p] : jobs) {
-    items.push_back(int8_.projections ? CachedWeight{nullptr, &p->int8} : CachedWeight{&p->fp8});
-    sources.push_back(w);
+  for (const PackJob& j : jobs) {
+    CachedWeight c;
+    if (j.format == WeightFormat::kInt8) c.int8 = &j.packed->int8;
+    if (j.format == WeightFormat::kInt4) c.int4 = &j.packed->int4;
+    if (j.format == WeightFormat::kFp8) c.fp8 = &j.packed->fp8;
+    items.push_back(c);
+    sources.push_back(j.source);
   }
   if (bf16_head) {
     items.push_back({nullptr, nullptr, nullptr, &head_rows});
@@ -179,7 +186,7 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
   };
   std::optional<uint64_t> key;
   std::string cache_file;
-  if (!cache.dir.empty()) key = weight_cache_key(cache.model_key, int8_, sources);
+  if (!cache.dir.empty()) key = weight_cache_key(cache.model_key, int8_, sources, jobs);
   if (key) {
     cache_file = weight_cache_path(cache.dir, *key);
     const Status loaded = load_weight_cache(cache_file, *key, items, pool_);
@@ -238,12 +245,12 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
   place_head();
 }
 
-void DeepseekModel::pack_projections(
-    std::span<const std::pair<const WeightView*, PackedLinear*>> jobs, bool progress) {
+void DeepseekModel::pack_projections(std::span<const PackJob> jobs, bool progress) {
   auto run = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const WeightView& w = *jobs[size_t(i)].first;
-      *jobs[size_t(i)].second = pack_linear(w.data, w.scale_inv, w.rows, w.cols, int8_.projections);
+      const WeightView& w = *jobs[size_t(i)].source;
+      *jobs[size_t(i)].packed =
+          pack_linear(w.data, w.scale_inv, w.rows, w.cols, jobs[size_t(i)].format);
       release_file_pages(w.data, w.bytes());  // the copy is what runs
     }
   };
@@ -257,7 +264,9 @@ void DeepseekModel::pack_projections(
   }
   // With progress: rounds of ~1% of the bytes each, a line rewritten in place after each (after
   // every tenth only when stderr is a log file rather than a terminal).
-  auto bytes = [&](size_t i) { return double(jobs[i].first->rows) * double(jobs[i].first->cols); };
+  auto bytes = [&](size_t i) {
+    return double(jobs[i].source->rows) * double(jobs[i].source->cols);
+  };
   const bool terminal = isatty(STDERR_FILENO) != 0;
   int shown_tenths = -1;
   double total = 0, done = 0;

@@ -69,7 +69,8 @@ Result<std::string> weight_samples(const std::filesystem::path& p, uint64_t head
 }  // namespace
 
 Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
-                                   ComputePath compute, bool mtp, bool gemm_int8) {
+                                   ComputePath compute, bool mtp, bool gemm_int8,
+                                   std::optional<WeightFormat> experts) {
   namespace fs = std::filesystem;
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
@@ -116,6 +117,11 @@ Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
                   kKvLayoutVersion));
   if (mtp) add("mtp");              // blocks then carry the MTP layer too (docs/mtp.md)
   if (gemm_int8) add("gemm_int8");  // the projections' numerics (docs/kernels-int8.md)
+  // The routed experts' format when it is not the other projections' (docs/quantization.md).
+  const WeightFormat projections = gemm_int8 ? WeightFormat::kInt8 : WeightFormat::kFp8;
+  if (experts && *experts != projections) {
+    add(std::string("experts_") + weight_format_name(*experts));
+  }
   const uint64_t digest = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   RETURN_IF_ERROR(status);

@@ -6,55 +6,85 @@
 
 namespace moeserve {
 
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFp8:
+      return "fp8";
+    case WeightFormat::kInt8:
+      return "int8";
+    case WeightFormat::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
 PackedLinear pack_linear(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k,
-                         bool int8) {
+                         WeightFormat format) {
   PackedLinear p;
-  if (int8) {
-    p.int8 = pack_int8_weight(w, scale_inv, n, k);
-  } else {
-    p.fp8 = pack_fp8_weight(w, scale_inv, n, k);
+  switch (format) {
+    case WeightFormat::kInt8:
+      p.int8 = pack_int8_weight(w, scale_inv, n, k);
+      break;
+    case WeightFormat::kInt4:
+      p.int4 = pack_int4_weight(w, scale_inv, n, k);
+      break;
+    case WeightFormat::kFp8:
+      p.fp8 = pack_fp8_weight(w, scale_inv, n, k);
+      break;
   }
   return p;
 }
 
 void gemm_linear(const uint16_t* x, int64_t m, int64_t ldx, const PackedLinear& w, GemmOutput y,
                  ThreadPool* pool) {
-  if (w.is_int8()) {
-    gemm_int8(x, m, ldx, w.int8, y, pool);
-  } else {
-    gemm_fp8(x, m, ldx, w.fp8, y, pool);
+  switch (w.format()) {
+    case WeightFormat::kInt8:
+      return gemm_int8(x, m, ldx, w.int8, y, pool);
+    case WeightFormat::kInt4:
+      return gemm_int4(x, m, ldx, w.int4, y, pool);
+    case WeightFormat::kFp8:
+      return gemm_fp8(x, m, ldx, w.fp8, y, pool);
   }
 }
+
+namespace {
+
+// The experts' weights of one format, checked to be all of it.
+template <class Weight>
+std::vector<const Weight*> of_format(std::span<const PackedLinear* const> experts,
+                                     WeightFormat format, Weight PackedLinear::*member) {
+  std::vector<const Weight*> w(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e) {
+    CHECK(experts[e]->format() == format, "grouped GEMM: experts of mixed formats");
+    w[e] = &(experts[e]->*member);
+  }
+  return w;
+}
+
+}  // namespace
 
 void gemm_linear_grouped(const uint16_t* x, int64_t ldx, const int32_t* x_rows,
                          const int64_t* offsets, std::span<const PackedLinear* const> experts,
                          GemmOutput y, ThreadPool* pool) {
   if (experts.empty()) return;
-  const bool int8 = experts[0]->is_int8();
+  const WeightFormat format = experts[0]->format();
   const int64_t n = int64_t(experts.size());
-  if (int8) {
-    std::vector<const PackedInt8Weight*> w(experts.size());
-    for (size_t e = 0; e < experts.size(); ++e) {
-      CHECK(experts[e]->is_int8(), "grouped GEMM: experts of mixed formats");
-      w[e] = &experts[e]->int8;
-    }
-    if (x_rows) {
-      gemm_int8_grouped_contiguous_gather(x, ldx, x_rows, offsets, w.data(), n, y, pool);
-    } else {
-      gemm_int8_grouped_contiguous(x, ldx, offsets, w.data(), n, y, pool);
-    }
-    return;
+  if (format == WeightFormat::kInt8) {
+    auto w = of_format(experts, format, &PackedLinear::int8);
+    if (x_rows)
+      return gemm_int8_grouped_contiguous_gather(x, ldx, x_rows, offsets, w.data(), n, y, pool);
+    return gemm_int8_grouped_contiguous(x, ldx, offsets, w.data(), n, y, pool);
   }
-  std::vector<const PackedFp8Weight*> w(experts.size());
-  for (size_t e = 0; e < experts.size(); ++e) {
-    CHECK(!experts[e]->is_int8(), "grouped GEMM: experts of mixed formats");
-    w[e] = &experts[e]->fp8;
+  if (format == WeightFormat::kInt4) {
+    auto w = of_format(experts, format, &PackedLinear::int4);
+    if (x_rows)
+      return gemm_int4_grouped_contiguous_gather(x, ldx, x_rows, offsets, w.data(), n, y, pool);
+    return gemm_int4_grouped_contiguous(x, ldx, offsets, w.data(), n, y, pool);
   }
-  if (x_rows) {
-    gemm_fp8_grouped_contiguous_gather(x, ldx, x_rows, offsets, w.data(), n, y, pool);
-  } else {
-    gemm_fp8_grouped_contiguous(x, ldx, offsets, w.data(), n, y, pool);
-  }
+  auto w = of_format(experts, format, &PackedLinear::fp8);
+  if (x_rows)
+    return gemm_fp8_grouped_contiguous_gather(x, ldx, x_rows, offsets, w.data(), n, y, pool);
+  gemm_fp8_grouped_contiguous(x, ldx, offsets, w.data(), n, y, pool);
 }
 
 }  // namespace moeserve

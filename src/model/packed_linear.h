@@ -1,6 +1,8 @@
 // A projection prepared for the fast path's GEMMs: the FP8 weight repacked for gemm_fp8, or, with
 // the opt-in INT8 path (--gemm-int8, docs/kernels-int8.md), requantized for gemm_int8 instead
-// (one or the other is held, never both: the same bytes per weight plus 3% of scales).
+// (the same bytes per weight plus 3% of scales), or, for routed experts with --expert-dtype int4
+// (docs/quantization.md), requantized for gemm_int4 (0.5625 bytes per weight). One format is
+// held, never two.
 #pragma once
 
 #include <cstdint>
@@ -9,20 +11,29 @@
 
 #include "core/thread_pool.h"
 #include "kernels/gemm_fp8.h"
+#include "kernels/gemm_int4.h"
 #include "kernels/gemm_int8.h"
 
 namespace moeserve {
 
+enum class WeightFormat : uint8_t { kFp8, kInt8, kInt4 };
+const char* weight_format_name(WeightFormat f);
+
 struct PackedLinear {
   PackedFp8Weight fp8;
   PackedInt8Weight int8;  // held instead of fp8 on the INT8 path
+  PackedInt4Weight int4;  // held instead of fp8 for INT4 experts
 
-  bool is_int8() const { return int8.data != nullptr; }
-  size_t bytes() const { return is_int8() ? int8.bytes() : fp8.bytes(); }
+  WeightFormat format() const {
+    return int8.data ? WeightFormat::kInt8 : int4.data ? WeightFormat::kInt4 : WeightFormat::kFp8;
+  }
+  bool is_int8() const { return format() == WeightFormat::kInt8; }
+  size_t bytes() const { return int8.data ? int8.bytes() : int4.data ? int4.bytes() : fp8.bytes(); }
 };
 
 // From the checkpoint's FP8 bytes [n, k] and 128x128 block scales.
-PackedLinear pack_linear(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k, bool int8);
+PackedLinear pack_linear(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k,
+                         WeightFormat format);
 
 // Keyed by the checkpoint bytes a projection came from.
 using PackedLinears = std::unordered_map<const uint8_t*, PackedLinear>;

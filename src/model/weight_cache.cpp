@@ -20,7 +20,7 @@ namespace {
 constexpr char kMagic[8] = {'M', 'S', 'W', 'C', 'A', 'C', 'H', '1'};
 constexpr uint64_t kAlign = 4096;
 
-enum class Kind : uint32_t { kFp8 = 1, kInt8 = 2, kBf16 = 3, kRows = 4 };
+enum class Kind : uint32_t { kFp8 = 1, kInt8 = 2, kBf16 = 3, kRows = 4, kInt4 = 5 };
 
 struct FileHeader {
   char magic[8];
@@ -79,12 +79,25 @@ View view_of(const CachedWeight& c) {
             c.int8->scales.data(),
             c.int8->scales.size() * sizeof(float)};
   }
+  if (c.int4) {
+    return {Kind::kInt4,
+            c.int4->n,
+            c.int4->k,
+            c.int4->data.get(),
+            c.int4->tile_bytes(),
+            c.int4->scales.data(),
+            c.int4->scales.size() * sizeof(float)};
+  }
   if (c.bf16) return {Kind::kBf16, c.bf16->n, c.bf16->k, c.bf16->data.get(), c.bf16->bytes()};
   return {Kind::kRows, int64_t(c.rows->size()), 1, c.rows->data(), c.rows->size() * 4};
 }
 
 Kind kind_of(const CachedWeight& c) {
-  return c.fp8 ? Kind::kFp8 : c.int8 ? Kind::kInt8 : c.bf16 ? Kind::kBf16 : Kind::kRows;
+  return c.fp8    ? Kind::kFp8
+         : c.int8 ? Kind::kInt8
+         : c.int4 ? Kind::kInt4
+         : c.bf16 ? Kind::kBf16
+                  : Kind::kRows;
 }
 
 // The bytes an entry of this kind and shape must have: {data, scales}.
@@ -96,6 +109,8 @@ std::pair<uint64_t, uint64_t> expected_bytes(Kind kind, int64_t n, int64_t k) {
               uint64_t((n + 127) / 128) * kb * sizeof(float)};
     case Kind::kInt8:
       return {panels * kb * uint64_t(PackedInt8Weight::kTileBytes), panels * kb * 64 * 4};
+    case Kind::kInt4:
+      return {panels * kb * uint64_t(PackedInt4Weight::kTileBytes), panels * kb * 2 * 64 * 4};
     case Kind::kBf16:
       return {panels * kb * uint64_t(PackedBf16Weight::kTileElems) * 2, 0};
     case Kind::kRows:
@@ -297,6 +312,11 @@ Status load_weight_cache(const std::string& path, uint64_t key, std::span<Cached
       c.int8->data =
           std::shared_ptr<int8_t[]>(map, reinterpret_cast<int8_t*>(const_cast<uint8_t*>(p)));
       c.int8->scales.assign(scales, scales + n_scales);
+    } else if (c.int4) {
+      c.int4->n = e.n;
+      c.int4->k = e.k;
+      c.int4->data = std::shared_ptr<uint8_t[]>(map, const_cast<uint8_t*>(p));
+      c.int4->scales.assign(scales, scales + n_scales);
     } else if (c.bf16) {
       c.bf16->n = e.n;
       c.bf16->k = e.k;

@@ -23,6 +23,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm_fp8.h"
+#include "kernels/gemm_int4.h"
 #include "kernels/gemm_int8.h"
 
 namespace moeserve {
@@ -39,6 +40,7 @@ struct CachedWeight {
   PackedInt8Weight* int8 = nullptr;
   PackedBf16Weight* bf16 = nullptr;
   std::vector<int32_t>* rows = nullptr;  // plain int32 values (a compact lm_head's row ids)
+  PackedInt4Weight* int4 = nullptr;
 };
 
 std::string weight_cache_path(const std::string& dir, uint64_t key);

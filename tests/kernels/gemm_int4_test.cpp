@@ -109,6 +109,10 @@ TEST(GemmInt4, PackRequantizesEachRowAndKBlockAsymmetrically) {
       for (int64_t kk = k1; kk < kb * 128 + 128; ++kk) ASSERT_EQ(w.at(j, kk), 0) << "K padding";
     }
   }
+  // From the packed FP8 weight: the same bytes and scales.
+  PackedInt4Weight w2 = pack_int4_weight(p.packed);
+  EXPECT_EQ(std::memcmp(w2.data.get(), w.data.get(), w.tile_bytes()), 0);
+  EXPECT_EQ(w2.scales, w.scales);
   // A block of one value: sw = 0, the value in mw.
   std::vector<uint8_t> same(128 * 128, 0x38);  // 1.0
   std::vector<float> one(1, 0.25f);

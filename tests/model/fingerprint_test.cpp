@@ -57,6 +57,26 @@ TEST(Fingerprint, KvFormatAndComputePathChangeIt) {
   Result<uint64_t> mtp = model_fingerprint(a.dir.string(), DType::kBF16, ComputePath::kFast, true);
   ASSERT_TRUE(mtp.ok()) << mtp.status().to_string();
   EXPECT_TRUE(seen.insert(*mtp).second);
+  // The projections' and the routed experts' formats change the latent's bits too; an expert
+  // format equal to the projections' is no change.
+  for (bool int8 : {false, true}) {
+    for (WeightFormat e : {WeightFormat::kFp8, WeightFormat::kInt8, WeightFormat::kInt4}) {
+      Result<uint64_t> f =
+          model_fingerprint(a.dir.string(), DType::kBF16, ComputePath::kFast, false, int8, e);
+      ASSERT_TRUE(f.ok()) << f.status().to_string();
+      const bool same = (e == WeightFormat::kFp8 && !int8) || (e == WeightFormat::kInt8 && int8);
+      if (same) {
+        EXPECT_EQ(*f, int8 ? *model_fingerprint(a.dir.string(), DType::kBF16, ComputePath::kFast,
+                                                false, true)
+                           : a.fingerprint(DType::kBF16, ComputePath::kFast));
+      } else {
+        EXPECT_TRUE(seen.insert(*f).second) << int8 << " " << weight_format_name(e);
+      }
+    }
+  }
+  EXPECT_TRUE(
+      seen.insert(*model_fingerprint(a.dir.string(), DType::kBF16, ComputePath::kFast, false, true))
+          .second);
 }
 
 // Another model with the same architecture (every header identical, as DeepSeek-V3, V3-0324 and

@@ -1,7 +1,7 @@
 // The prepared weights on disk (model/weight_cache.h): the first start writes them, a later
 // start maps them (the checkpoint's projections are not read again) and computes the same bits;
-// the INT8 options get their own file; a damaged or truncated file is reported, prepared again
-// from the checkpoint and rewritten, never used.
+// the INT8 options and the INT4 experts get their own files; a damaged or truncated file is
+// reported, prepared again from the checkpoint and rewritten, never used.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -88,13 +88,21 @@ TEST_F(WeightCacheTest, TheSecondStartMapsTheFirstStartsWeightsAndGetsTheSameBit
   EXPECT_TRUE(same_bits(second, plain));
   // Another model key, or INT8 options: other files, their own bits.
   logits({}, {cache_dir_, 0x5678});
-  const std::vector<float> int8_plain = logits({true, true}, {});
-  const std::vector<float> int8_first = logits({true, true}, cache);
-  const std::vector<float> int8_second = logits({true, true}, cache);
-  EXPECT_EQ(cache_files(cache_dir_).size(), 3u);
+  const std::vector<float> int8_plain = logits({true, true, std::nullopt}, {});
+  const std::vector<float> int8_first = logits({true, true, std::nullopt}, cache);
+  const std::vector<float> int8_second = logits({true, true, std::nullopt}, cache);
+  GemmInt8Options int4;
+  int4.experts = WeightFormat::kInt4;
+  const std::vector<float> int4_plain = logits(int4, {});
+  const std::vector<float> int4_first = logits(int4, cache);
+  const std::vector<float> int4_second = logits(int4, cache);
+  EXPECT_EQ(cache_files(cache_dir_).size(), 4u);
   EXPECT_FALSE(same_bits(int8_plain, plain));
   EXPECT_TRUE(same_bits(int8_first, int8_plain));
   EXPECT_TRUE(same_bits(int8_second, int8_plain));
+  EXPECT_FALSE(same_bits(int4_plain, plain));
+  EXPECT_TRUE(same_bits(int4_first, int4_plain));
+  EXPECT_TRUE(same_bits(int4_second, int4_plain));
 }
 
 TEST_F(WeightCacheTest, ADamagedOrTruncatedFileIsPreparedAgainAndRewritten) {
