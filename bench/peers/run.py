@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""moeserve against llama.cpp on the same model and the same cores (docs/peers.md).
+
+The model (default: the `bench` preset, made if missing) is exported by tools/export_gguf.py to
+an exact F32 GGUF; llama.cpp's own llama-quantize makes Q8_0 and Q4_K_M from it. Each bit width
+pairs a llama.cpp file with moeserve options of about the same bits per weight:
+
+  8: Q8_0 (8.5 bits)     vs  --gemm-int8 --lm-head-int8           (8.25: INT8 per 1x128)
+     Q8_0                vs  --lm-head-int8                       (FP8 weights, 8-bit lm_head)
+  4: Q4_K_M (~4.9 bits)  vs  --expert-dtype int4 --gemm-int8 --lm-head-int8
+                             (routed experts 4.5 bits, the rest INT8)
+
+For each, in ROUNDS alternated rounds (DRAM bandwidth and the VM's share of the cores drift by
+the minute: only ratios from one run mean anything), both engines with --threads:
+  decode    batch-1 tokens/s: llama-bench -p 0 -n 64  |  moeserve-bench e2e --decode-tokens 64
+  prefill   512-token prompt tokens/s: llama-bench -p 512 -n 0  |  moeserve generate --max-tokens 1
+  serve32   output tokens/s of 32 streams, bench/load/loadgen.py against llama-server
+            (--parallel 32, continuous batching) and moeserve serve
+  serve1    the same with one stream
+  rss       peak RSS (kB) of a batch-1 run: llama-bench -p 0 -n 16 -r 1  |  moeserve generate
+Medians over rounds; ratios are moeserve / llama.cpp (rss_ratio: moeserve's RSS over
+llama.cpp's, lower is better). Prints progress on stderr and one JSON object on stdout.
+
+--check first compares the engines on the exact F32 file (llama-server's top-5 probabilities of
+20 greedy tokens against moeserve's reference path with an F32 KV cache): the conversion is
+right only if the tokens agree and the log-probabilities match closely.
+
+Usage: python3 bench/peers/run.py [--model DIR] [--rounds 2] [--widths 8,4] [--check]
+       [--threads 2] [--work build/peers] [--skip-serve]
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+MOESERVE = os.path.join(ROOT, "build", "moeserve")
+MOESERVE_BENCH = os.path.join(ROOT, "build", "moeserve-bench")
+
+CONFIGS = {  # width -> [(name, llama.cpp type, moeserve flags)]
+    "8": [("q8_0_vs_int8", "Q8_0", ["--gemm-int8", "--lm-head-int8"]),
+          ("q8_0_vs_fp8", "Q8_0", ["--lm-head-int8"])],
+    "4": [("q4_k_m_vs_int4", "Q4_K_M", ["--expert-dtype", "int4", "--gemm-int8",
+                                        "--lm-head-int8"])],
+}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    # llama.cpp's tools print pieces of tokens, not always whole UTF-8 sequences.
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, errors="replace", **kw)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peak_rss_kb(cmd):
+    """Peak RSS of a command, from wait4's rusage."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(p.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{cmd[0]} failed with status {status}")
+    return ru.ru_maxrss
+
+
+# ---- files ----
+
+def prepare_files(args, llama_bin, widths):
+    os.makedirs(args.work, exist_ok=True)
+    if not os.path.isdir(args.model):
+        log(f"making the bench preset at {args.model}")
+        run([MOESERVE, "make-model", "--preset", "bench", "--out", args.model])
+    stem = os.path.join(args.work, os.path.basename(os.path.normpath(args.model)))
+    f32 = stem + "-F32.gguf"
+    if not os.path.exists(f32):
+        log(f"exporting {f32}")
+        run([sys.executable, os.path.join(ROOT, "tools", "export_gguf.py"), args.model,
+             f32 + ".tmp"] + (["--tokenizer", args.tokenizer] if args.tokenizer else []))
+        os.rename(f32 + ".tmp", f32)
+    files = {"F32": f32}
+    for w in widths:
+        for _, qtype, _ in CONFIGS[w]:
+            out = f"{stem}-{qtype}.gguf"
+            if not os.path.exists(out):
+                log(f"llama-quantize {qtype}")
+                run([os.path.join(llama_bin, "llama-quantize"), f32, out + ".tmp", qtype,
+                     str(args.threads)])
+                os.rename(out + ".tmp", out)  # a cut-off run leaves no half file behind
+            files[qtype] = out
+    return files
+
+
+# ---- llama.cpp ----
+
+# llama.cpp's defaults put weights in its extra buffer types (AMX tiles, repacked layouts) where
+# the CPU has them; at 0c1e570 that aborts on DeepSeek's MoE on an AMX Xeon
+# (GGML_ASSERT(*cur_backend_id != -1) in ggml_backend_sched_split_graph). Each file is tried with
+# the defaults first; only where they abort does it run with repacking off (docs/peers.md).
+NO_REPACK = {}  # gguf path -> True when the defaults abort
+
+
+def llama_flags(llama_bin, gguf, tool):
+    if gguf not in NO_REPACK:
+        probe = subprocess.run([os.path.join(llama_bin, "llama-bench"), "-m", gguf, "-p", "8",
+                                "-n", "4", "-r", "1"], capture_output=True)
+        NO_REPACK[gguf] = probe.returncode != 0
+        if NO_REPACK[gguf]:
+            log(f"llama.cpp aborts on {os.path.basename(gguf)} with its defaults: --repack 0")
+    if not NO_REPACK[gguf]:
+        return []
+    return ["--repack", "0"] if tool == "llama-bench" else ["--no-repack"]
+
+
+def llama_bench(llama_bin, gguf, threads, p, n):
+    out = run([os.path.join(llama_bin, "llama-bench"), "-m", gguf, "-t", str(threads),
+               "-p", str(p), "-n", str(n), "-r", "2", "-o", "json",
+               *llama_flags(llama_bin, gguf, "llama-bench")]).stdout
+    return float(json.loads(out)[0]["avg_ts"])
+
+
+class Server:
+    """A server process on a free loopback port, killed at exit."""
+
+    def __init__(self, cmd, port, log_path):
+        self.port = port
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{cmd[0]} exited; see {log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                time.sleep(0.5)
+        raise RuntimeError(f"{cmd[0]} did not come up; see {log_path}")
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self):
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
+def loadgen(url, streams, seed):
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "load", "loadgen.py"), "--url", url,
+           "-c", str(streams), "-r", "1" if streams > 1 else "3", "--prompt-len", "64,128",
+           "--output-len", "32,32", "--seed", str(seed), "--json"]
+    j = json.loads(run(cmd).stdout)
+    if j.get("errors"):
+        raise RuntimeError(f"loadgen against {url}: {j.get('first_errors')}")
+    return float(j["output_tok_s"])
+
+
+def serve_figures(cmd, port, log_path, seed):
+    s = Server(cmd, port, log_path)
+    try:
+        return {"serve32": loadgen(s.url, 32, seed), "serve1": loadgen(s.url, 1, seed)}
+    finally:
+        s.close()
+
+
+# ---- one round ----
+
+def llama_round(args, llama_bin, gguf, seed):
+    r = {"decode": llama_bench(llama_bin, gguf, args.threads, 0, 64),
+         "prefill": llama_bench(llama_bin, gguf, args.threads, 512, 0),
+         "rss": peak_rss_kb([os.path.join(llama_bin, "llama-bench"), "-m", gguf, "-t",
+                             str(args.threads), "-p", "0", "-n", "16", "-r", "1",
+                             *llama_flags(llama_bin, gguf, "llama-bench")])}
+    if not args.skip_serve:
+        port = free_port()
+        r.update(serve_figures([os.path.join(llama_bin, "llama-server"), "-m", gguf, "-t",
+                                str(args.threads), "--parallel", "32", "-c", str(32 * 256),
+                                "--host", "127.0.0.1", "--port", str(port),
+                                *llama_flags(llama_bin, gguf, "llama-server")],
+                               port, os.path.join(args.work, "llama-server.log"), seed))
+    return r
+
+
+def moeserve_round(args, flags, seed):
+    cache = ["--weight-cache", args.weight_cache]
+    common = ["--model", args.model, "--threads", str(args.threads)]
+    e2e = json.loads(run([MOESERVE_BENCH, "e2e", "--model", args.model, "--decode-tokens", "64",
+                          "--threads", str(args.threads), "--json"] + flags).stdout)
+    prompt = ",".join(str((t * 37 + 11) % 5000 + 3) for t in range(512))
+    err = run([MOESERVE, "generate", *common, "--prompt-ids", prompt, "--max-tokens", "1",
+               *cache, *flags]).stderr
+    gen_s = float(re.findall(r" tokens in ([0-9.]+) s", err)[-1])
+    r = {"decode": float(e2e["tokens_per_s"]), "prefill": 512 / gen_s,
+         "rss": peak_rss_kb([MOESERVE, "generate", *common, "--prompt-ids", "1,2,3",
+                             "--max-tokens", "16", *cache, *flags])}
+    if not args.skip_serve:
+        port = free_port()
+        r.update(serve_figures([MOESERVE, "serve", *common, "--port", str(port),
+                                "--max-num-seqs", "32", *cache, *flags],
+                               port, os.path.join(args.work, "moeserve-serve.log"), seed))
+    return r
+
+
+# ---- the conversion check ----
+
+def check_conversion(args, llama_bin, f32):
+    prompt = [0] + [(t * 97 + 13) % 5000 + 3 for t in range(15)]
+    out = run([MOESERVE, "generate", "--model", args.model, "--compute", "reference",
+               "--kv-cache-dtype", "f32", "--prompt-ids", ",".join(map(str, prompt)),
+               "--max-tokens", "20", "--logprobs", "5", "--ignore-eos", "--json",
+               "--threads", str(args.threads)]).stdout
+    ours = json.loads(out.strip().splitlines()[0])
+    port = free_port()
+    s = Server([os.path.join(llama_bin, "llama-server"), "-m", f32, "-t", str(args.threads),
+                "-c", "256", "-ctk", "f32", "-ctv", "f32", "--host", "127.0.0.1", "--port",
+                str(port), *llama_flags(llama_bin, f32, "llama-server")], port,
+               os.path.join(args.work, "llama-server-check.log"))
+    try:
+        body = json.dumps({"prompt": prompt, "n_predict": 20, "n_probs": 5, "temperature": 0,
+                           "ignore_eos": True, "cache_prompt": False}).encode()
+        req = urllib.request.Request(f"{s.url}/completion", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            theirs = json.loads(r.read())
+    finally:
+        s.close()
+    steps = theirs["completion_probabilities"]
+    their_tokens = [st["id"] for st in steps]
+    max_delta, compared = 0.0, 0
+    for ours_top, st in zip(ours["top_logprobs"], steps):
+        mine = {t["id"]: t["logprob"] for t in ours_top}
+        for t in st["top_logprobs"]:
+            if t["id"] in mine:
+                max_delta = max(max_delta, abs(mine[t["id"]] - t["logprob"]))
+                compared += 1
+    return {"tokens_equal": ours["tokens"] == their_tokens, "moeserve_tokens": ours["tokens"],
+            "llama_cpp_tokens": their_tokens, "top5_logprobs_compared": compared,
+            "max_abs_logprob_delta": round(max_delta, 7)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="/tmp/benchmodel")
+    ap.add_argument("--tokenizer", help="tokenizer.json directory when the model lacks one")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--widths", default="8,4")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", default=os.path.join(ROOT, "build", "peers"))
+    ap.add_argument("--skip-serve", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    args.work = os.path.abspath(args.work)
+    widths = [w for w in args.widths.split(",") if w]
+    for w in widths:
+        if w not in CONFIGS:
+            sys.exit(f"run.py: no bit width {w} (have {', '.join(CONFIGS)})")
+    llama_bin = run(["bash", os.path.join(ROOT, "bench", "peers", "build_llama_cpp.sh"),
+                     args.work]).stdout.strip()
+    files = prepare_files(args, llama_bin, widths)
+    result = {"model": args.model, "threads": args.threads, "rounds": args.rounds}
+    result["llama_cpp_no_repack"] = NO_REPACK  # filled in as the files are first run
+    if args.check:
+        result["conversion_check"] = check_conversion(args, llama_bin, files["F32"])
+        log("conversion check:", json.dumps(result["conversion_check"]))
+    with tempfile.TemporaryDirectory() as cache:
+        args.weight_cache = cache
+        for w in widths:  # fill the weight cache (not timed)
+            for _, _, flags in CONFIGS[w]:
+                run([MOESERVE, "generate", "--model", args.model, "--prompt-ids", "1",
+                     "--max-tokens", "1", "--weight-cache", cache, *flags])
+        rows = {}
+        for r in range(args.rounds):
+            for w in widths:
+                for name, qtype, flags in CONFIGS[w]:
+                    ll = llama_round(args, llama_bin, files[qtype], 100 + r)
+                    ms = moeserve_round(args, flags, 100 + r)
+                    log(f"round {r + 1} {name}: llama.cpp {json.dumps(ll)} moeserve {json.dumps(ms)}")
+                    rows.setdefault(name, []).append((ll, ms))
+    for name, pairs in rows.items():
+        fig = {}
+        for engine, i in (("llama_cpp", 0), ("moeserve", 1)):
+            keys = pairs[0][i].keys()
+            fig[engine] = {k: round(statistics.median(p[i][k] for p in pairs), 2) for k in keys}
+        for k in ("decode", "prefill", "serve32", "serve1", "rss"):
+            if k in fig["llama_cpp"]:
+                fig[f"{k}_ratio"] = round(fig["moeserve"][k] / fig["llama_cpp"][k], 3)
+        result[name] = fig
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
