@@ -38,12 +38,7 @@ inline void add_int8_flags(CLI::App& app, GemmInt8Options& o) {
   bool& projections = o.projections;
   bool& lm_head = o.lm_head;
   app.add_option_function<std::string>(
-         "--expert-dtype",
-         [&o](const std::string& v) {
-           o.experts = v == "int4"   ? WeightFormat::kInt4
-                       : v == "int8" ? WeightFormat::kInt8
-                                     : WeightFormat::kFp8;
-         },
+         "--expert-dtype", [&o](const std::string& v) { o.experts = weight_format_from_name(v); },
          "The routed experts' weights: fp8 (the checkpoint's) | int8 (per 1x128, symmetric) | "
          "int4 (per 1x128, asymmetric: 0.5625 bytes per weight, DeepSeek-V3 in ~390 GB); "
          "requantized at load, changes numerics (docs/quantization.md). Default: the other "

@@ -38,11 +38,7 @@ int main(int argc, char** argv) {
   e2e->add_flag("--lm-head-int8", e2e_options.int8.lm_head, "the lm_head as an INT8 GEMM");
   e2e->add_option_function<std::string>(
          "--expert-dtype",
-         [&](const std::string& v) {
-           e2e_options.int8.experts = v == "int4"   ? WeightFormat::kInt4
-                                      : v == "int8" ? WeightFormat::kInt8
-                                                    : WeightFormat::kFp8;
-         },
+         [&](const std::string& v) { e2e_options.int8.experts = weight_format_from_name(v); },
          "the routed experts' format: fp8 | int8 | int4")
       ->check(CLI::IsMember({"fp8", "int8", "int4"}));
   e2e->add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024));

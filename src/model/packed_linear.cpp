@@ -18,6 +18,13 @@ const char* weight_format_name(WeightFormat f) {
   return "?";
 }
 
+std::optional<WeightFormat> weight_format_from_name(std::string_view name) {
+  for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kInt8, WeightFormat::kInt4}) {
+    if (name == weight_format_name(f)) return f;
+  }
+  return std::nullopt;
+}
+
 PackedLinear pack_linear(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k,
                          WeightFormat format) {
   PackedLinear p;

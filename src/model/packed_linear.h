@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 
 #include "core/thread_pool.h"
@@ -18,6 +20,8 @@ namespace moeserve {
 
 enum class WeightFormat : uint8_t { kFp8, kInt8, kInt4 };
 const char* weight_format_name(WeightFormat f);
+// The inverse of weight_format_name ("fp8", "int8", "int4"); nullopt for any other name.
+std::optional<WeightFormat> weight_format_from_name(std::string_view name);
 
 struct PackedLinear {
   PackedFp8Weight fp8;
