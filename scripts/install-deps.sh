@@ -27,8 +27,9 @@ if ! python3 -c "import openai" 2>/dev/null; then
     echo "install-deps: could not pip install openai (tests/cli/server_openai.sh needs it)" >&2
 fi
 # jsonschema validates the replies of tests/cli/structured_outputs.sh against their schemas;
-# jinja2 renders the chat templates in tests/cli/chat_templates.sh.
-for mod in jsonschema jinja2; do
+# jinja2 renders the chat templates in tests/cli/chat_templates.sh; gguf (llama.cpp's own
+# reader and writer) and ml_dtypes (an FP8 decoder) are tools/export_gguf.py and its test.
+for mod in jsonschema jinja2 gguf ml_dtypes; do
   if ! python3 -c "import $mod" 2>/dev/null; then
     python3 -m pip install --quiet "$mod" 2>/dev/null ||
       python3 -m pip install --quiet --user "$mod" 2>/dev/null ||

@@ -44,7 +44,8 @@ class Shards:
     DTYPES = {"F32": np.float32, "BF16": np.uint16, "F8_E4M3": np.uint8, "F16": np.float16,
               "I64": np.int64, "I32": np.int32, "U8": np.uint8}
 
-    def __init__(self, model_dir):
+    def __init__(self, model_dir, block=(128, 128)):
+        self.block = tuple(block)  # FP8 scale block (rows, cols): quantization_config
         self.where = {}  # name -> (path, dtype, shape, begin, end)
         files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
         if not files:
@@ -105,9 +106,11 @@ def f32_of(shards, name):
         if scale_name not in shards.where:
             sys.exit(f"export_gguf: FP8 tensor {name} has no {scale_name}")
         rows, cols = a.shape
-        s = f32_of(shards, scale_name)  # [ceil(rows/128), ceil(cols/128)]
-        br = -(-rows // s.shape[0])
-        bc = -(-cols // s.shape[1])
+        br, bc = shards.block  # the last block of a row or column may be partial
+        s = f32_of(shards, scale_name)  # [ceil(rows/br), ceil(cols/bc)]
+        if s.shape != (-(-rows // br), -(-cols // bc)):
+            sys.exit(f"export_gguf: {scale_name} has shape {list(s.shape)}, expected "
+                     f"{[-(-rows // br), -(-cols // bc)]} for {br}x{bc} blocks of {[rows, cols]}")
         scale = np.repeat(np.repeat(s, br, axis=0), bc, axis=1)[:rows, :cols]
         return E4M3[np.asarray(a)] * scale
     sys.exit(f"export_gguf: tensor {name}: cannot widen {dtype} to F32")
@@ -269,7 +272,8 @@ def main():
     tok_dir = args.tokenizer or args.model_dir
     if not os.path.exists(os.path.join(tok_dir, "tokenizer.json")):
         sys.exit(f"export_gguf: no tokenizer.json in {tok_dir} (give --tokenizer DIR)")
-    shards = Shards(args.model_dir)
+    block = cfg.get("quantization_config", {}).get("weight_block_size", [128, 128])
+    shards = Shards(args.model_dir, block)
     plan = tensor_plan(shards, cfg)
 
     w = gguf.GGUFWriter(args.out, "deepseek2")

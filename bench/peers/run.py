@@ -22,8 +22,9 @@ Medians over rounds; ratios are moeserve / llama.cpp (rss_ratio: moeserve's RSS 
 llama.cpp's, lower is better). Prints progress on stderr and one JSON object on stdout.
 
 --check first compares the engines on the exact F32 file (llama-server's top-5 probabilities of
-20 greedy tokens against moeserve's reference path with an F32 KV cache): the conversion is
-right only if the tokens agree and the log-probabilities match closely.
+20 greedy tokens against moeserve's reference path with an F32 KV cache): conversion_ok when the
+log-probabilities agree within 0.01 nats up to the first different token and that difference is
+a tie (moeserve's logprobs of the two tokens within 0.01 nats).
 
 Usage: python3 bench/peers/run.py [--model DIR] [--rounds 2] [--widths 8,4] [--check]
        [--threads 2] [--work build/peers] [--skip-serve]
@@ -247,16 +248,33 @@ def check_conversion(args, llama_bin, f32):
         s.close()
     steps = theirs["completion_probabilities"]
     their_tokens = [st["id"] for st in steps]
+    # Compare up to the first different token (after it the two continuations differ). On the
+    # random-weight presets a step's top two are often within a few thousandths of a nat, where
+    # the engines' F32 rounding (~1e-3 nats apart, docs/peers.md) may pick either: such a
+    # difference is a tie, anything else a conversion error.
+    same = 0
+    while same < min(len(ours["tokens"]), len(their_tokens)) and \
+            ours["tokens"][same] == their_tokens[same]:
+        same += 1
     max_delta, compared = 0.0, 0
-    for ours_top, st in zip(ours["top_logprobs"], steps):
+    for ours_top, st in list(zip(ours["top_logprobs"], steps))[:same + 1]:
         mine = {t["id"]: t["logprob"] for t in ours_top}
         for t in st["top_logprobs"]:
             if t["id"] in mine:
                 max_delta = max(max_delta, abs(mine[t["id"]] - t["logprob"]))
                 compared += 1
-    return {"tokens_equal": ours["tokens"] == their_tokens, "moeserve_tokens": ours["tokens"],
-            "llama_cpp_tokens": their_tokens, "top5_logprobs_compared": compared,
-            "max_abs_logprob_delta": round(max_delta, 7)}
+    result = {"tokens_equal": ours["tokens"] == their_tokens, "steps_equal": same,
+              "moeserve_tokens": ours["tokens"], "llama_cpp_tokens": their_tokens,
+              "top5_logprobs_compared": compared, "max_abs_logprob_delta": round(max_delta, 7)}
+    ok = max_delta < 0.01
+    if same < len(ours["tokens"]):
+        mine = {t["id"]: t["logprob"] for t in ours["top_logprobs"][same]}
+        theirs_tok = their_tokens[same] if same < len(their_tokens) else None
+        gap = mine[ours["tokens"][same]] - mine[theirs_tok] if theirs_tok in mine else None
+        result["first_difference_gap"] = None if gap is None else round(gap, 7)
+        ok = ok and gap is not None and gap < 0.01
+    result["conversion_ok"] = ok
+    return result
 
 
 def main():
