@@ -169,7 +169,7 @@ bool wanted(const GemmBenchOptions& opt, const char* kernel) {
 // The FP8 weights requantized for gemm_int8 (what --gemm-int8 does at load), when its cases run.
 std::vector<PackedInt8Weight> int8_copies(const GemmBenchOptions& opt,
                                           const std::vector<PackedFp8Weight>& w, ThreadPool& pool) {
-  if (!wanted(opt, "gemm_int8")) return {};
+  if (!wanted(opt, "gemm_int8") && !wanted(opt, "gemm_int8_grouped")) return {};
   std::vector<PackedInt8Weight> out(w.size());
   pool.parallel_for(int64_t(w.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) out[size_t(i)] = pack_int8_weight(w[size_t(i)]);
@@ -180,7 +180,7 @@ std::vector<PackedInt8Weight> int8_copies(const GemmBenchOptions& opt,
 // The same for gemm_int4 (what --expert-dtype int4 does to the routed experts at load).
 std::vector<PackedInt4Weight> int4_copies(const GemmBenchOptions& opt,
                                           const std::vector<PackedFp8Weight>& w, ThreadPool& pool) {
-  if (!wanted(opt, "gemm_int4")) return {};
+  if (!wanted(opt, "gemm_int4_grouped")) return {};
   std::vector<PackedInt4Weight> out(w.size());
   pool.parallel_for(int64_t(w.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) out[size_t(i)] = pack_int4_weight(w[size_t(i)]);

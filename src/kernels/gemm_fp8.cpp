@@ -173,11 +173,13 @@ PanelFn panel_fn_int8(Isa isa) {
   }
 }
 
-// The INT4 levels: VNNI on AVX-512 BF16's (and AMX's) CPUs, below them the scalar code.
+// The INT4 levels: AMX (VNNI at few rows), VNNI on AVX-512 BF16's CPUs, below them the scalar
+// code.
 PanelFn panel_fn_int4(Isa isa) {
   CHECK(isa_at_most(isa, cpu_isa()), "gemm_int4: ISA level above what this CPU supports");
   switch (isa) {
     case Isa::kAmx:
+      return gemm_detail::panels_int4_amx;
     case Isa::kAvx512Bf16:
       return gemm_detail::panels_int4_vnni;
     default:

@@ -55,6 +55,7 @@ void panels_int8_amx(const GemmJob& job, int64_t p0, int64_t p1);   // VNNI at f
 // The INT4 levels (gemm_int4.h): tiles are PackedInt4Weight's, scales its [2][64] per block.
 void panels_int4_scalar(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_int4_vnni(const GemmJob& job, int64_t p0, int64_t p1);  // AVX-512 VNNI
+void panels_int4_amx(const GemmJob& job, int64_t p0, int64_t p1);   // VNNI at few rows
 // Jobs of at most this many rows run the VNNI code at the AMX level.
 constexpr int64_t kInt8VnniMaxRows = 16;
 

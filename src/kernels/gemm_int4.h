@@ -17,7 +17,9 @@
 // depends on M or on the thread split.
 //
 // Levels: scalar; AVX-512 VNNI (`vpdpbusd` on the weights' unsigned nibbles, unpacked with two
-// shifts and masks per 128 weights; the AVX-512 BF16 and AMX levels' CPUs run it). Decode reads
+// shifts and masks per 128 weights; the AVX-512 BF16 level's CPUs run it, and the AMX level's
+// calls of at most 16 rows); AMX (calls of more rows: a panel's chunk of tiles unpacked to
+// gemm_int8's layout in L2, then TDPBSUD as gemm_int8's AMX level runs TDPBSSD). Decode reads
 // half the bytes of INT8. Layouts as gemm_fp8 (dense, grouped contiguous with or without
 // gathered rows, grouped masked).
 #pragma once
@@ -72,8 +74,8 @@ PackedInt4Weight pack_int4_weight(const uint8_t* w, const float* scale_inv, int6
 // From a packed FP8 weight (the same values as from the checkpoint).
 PackedInt4Weight pack_int4_weight(const PackedFp8Weight& w);
 
-// x: BF16 bits [m, w.k], row stride ldx. The INT4 levels: AVX-512 VNNI where the CPU has
-// AVX-512 BF16 (or AMX), else scalar.
+// x: BF16 bits [m, w.k], row stride ldx. The INT4 levels: AMX, AVX-512 VNNI where the CPU has
+// AVX-512 BF16, else scalar.
 void gemm_int4(const uint16_t* x, int64_t m, int64_t ldx, const PackedInt4Weight& w, GemmOutput y,
                ThreadPool* pool, Isa isa = cpu_isa());
 void gemm_int4_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
