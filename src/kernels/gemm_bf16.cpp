@@ -32,10 +32,19 @@ void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n,
       }
     }
   };
-  if (pool) {
+  if (!pool) {
+    rows(0, n);
+  } else if (n >= 64 * int64_t(pool->size()) || m < 8) {
     pool->parallel_for(n, rows, 64);
   } else {
-    rows(0, n);
+    // Few outputs per row and many rows (the MoE router: [tokens, 64..256 experts]): the
+    // threads take rows of X instead. Each output is the same dot product either way.
+    pool->parallel_for(
+        m,
+        [&](int64_t i0, int64_t i1) {
+          gemm_f32(x + i0 * ldx, i1 - i0, ldx, w, n, k, ldw, y + i0 * ldy, ldy, nullptr, isa);
+        },
+        4);
   }
 }
 
