@@ -25,8 +25,6 @@ namespace {
 
 constexpr int64_t kRank = 512, kRope = 64, kDim = kRank + kRope;  // DeepSeek-V3
 constexpr float kScale = 0.1352f;  // 1/sqrt(192) * YaRN mscale^2 for V3, about
-// Caches of all copies together span at least this many bytes (8x a 32 MiB L3).
-constexpr double kRotateBytes = 256.0 * (1 << 20);
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -62,8 +60,8 @@ struct CacheSet {
   double cache_bytes() const { return double(batch * context * kDim * 2); }  // per copy
 };
 
-// rotate: enough copies to span kRotateBytes (decode reads DRAM); otherwise two copies (prefill
-// is compute-bound many times over, and all-copy passes would take minutes).
+// rotate: enough copies to span dram_stream_bytes() (decode reads DRAM); otherwise two copies
+// (prefill is compute-bound many times over, and all-copy passes would take minutes).
 CacheSet make_cache(int64_t batch, int64_t context, int64_t queries, bool rotate, Rng& rng,
                     bool fp8 = false) {
   CacheSet c;
@@ -72,7 +70,8 @@ CacheSet make_cache(int64_t batch, int64_t context, int64_t queries, bool rotate
   c.queries = queries;
   c.copies = 2;
   const int64_t blocks_per_seq = (context + kMlaBlockTokens - 1) / kMlaBlockTokens;
-  if (rotate) c.copies = std::max<int64_t>(1, int64_t(std::ceil(kRotateBytes / c.cache_bytes())));
+  if (rotate)
+    c.copies = std::max<int64_t>(1, int64_t(std::ceil(dram_stream_bytes() / c.cache_bytes())));
   c.num_blocks = c.copies * batch * blocks_per_seq;
   const size_t elems = size_t(c.num_blocks * kMlaBlockTokens * kDim);
   c.pool.reset(static_cast<uint16_t*>(std::aligned_alloc(64, elems * 2)));

@@ -21,10 +21,6 @@
 namespace moeserve::bench {
 namespace {
 
-// Rotating through at least this many bytes of weights keeps every timed call reading from
-// DRAM (8x a 32 MiB L3).
-constexpr double kRotateBytes = 256.0 * (1 << 20);
-
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -88,7 +84,7 @@ double time_calls(const std::function<void(int)>& fn, int copies, double min_s) 
 }
 
 int copies_for(double bytes) {
-  return std::max(2, int(std::ceil(kRotateBytes / bytes)));
+  return std::max(2, int(std::ceil(dram_stream_bytes() / bytes)));
 }
 
 struct Case {

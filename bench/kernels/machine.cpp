@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "kernels/cpu_features.h"
 
@@ -27,11 +29,34 @@ uint64_t read_sum(const uint64_t* p, size_t n) {
   return s0 ^ s1 ^ s2 ^ s3;
 }
 
+// The largest cache of cpu0 in sysfs (index*/size, "32768K" or "480M"); 0 if none is listed.
+double largest_cache_bytes() {
+  double best = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    double v = 0;
+    std::string unit;
+    if (!(f >> v)) continue;
+    f >> unit;
+    const double mult = unit.rfind('K', 0) == 0   ? 1024.0
+                        : unit.rfind('M', 0) == 0 ? 1024.0 * 1024.0
+                        : unit.rfind('G', 0) == 0 ? 1024.0 * 1024.0 * 1024.0
+                                                  : 1.0;
+    best = std::max(best, v * mult);
+  }
+  return best;
+}
+
 }  // namespace
 
+double dram_stream_bytes() {
+  static const double bytes = std::max(256.0 * (1 << 20), 2 * largest_cache_bytes());
+  return bytes;
+}
+
 double measure_dram_read_gbps(ThreadPool& pool, int passes, double min_s) {
-  // 512 MiB (16x the L3 of the machines we target), written once and kept for later readings.
-  static const size_t bytes = size_t(512) << 20, words = bytes / 8;
+  // Twice dram_stream_bytes() (512 MiB at least), written once and kept for later readings.
+  static const size_t bytes = size_t(2 * dram_stream_bytes()) / 64 * 64, words = bytes / 8;
   static uint64_t* const buf = [] {
     auto* b = static_cast<uint64_t*>(std::aligned_alloc(64, bytes));
     for (size_t i = 0; i < words; ++i) b[i] = i;

@@ -26,6 +26,11 @@ struct Ceilings {
 
 Ceilings measure_ceilings(ThreadPool& pool);
 
+// Bytes a bench must stream through for its reads to come from DRAM: twice the last-level cache
+// the OS reports (sysfs; some Xeon VMs here report 480 MiB of L3), and at least 256 MiB (8x a
+// 32 MiB L3). The DRAM reading and the memory-bound kernel cases rotate through this much.
+double dram_stream_bytes();
+
 // DRAM read bandwidth alone: the best of at least `passes` passes (~20 ms each) and of as many
 // as fit in `min_s` seconds. The reading of the VM these benches were written on drifts by up to
 // 2x within minutes and swings within a second, so a memory-bound case is held to a reading
