@@ -3,7 +3,9 @@
 //   pd-bench transfer [--block-bytes B] [--tokens 2048,8192] [--repeats N]
 //     KV transfer GB/s: a hand-off of the tokens' blocks pulled from a KvTransferServer (the
 //     protocol: frames, checksums on both sides, acknowledgement) against a raw UCX stream of
-//     the same bytes in the same run, and a kernel TCP socket stream for reference. Default
+//     the same bytes in the same run (into one reused buffer: the wire alone; and each block
+//     into a buffer of its own, as a pull must keep them), and a kernel TCP socket stream for
+//     reference. Default
 //     block: DeepSeek-V3's BF16 latent block (61 layers x 64 tokens x 576 x 2 B).
 //   pd-bench balance [--requests N] [--ranks R] [--seed S]
 //     The prefill and decode balancers against round-robin on skewed traffic (prompt lengths
@@ -63,8 +65,10 @@ std::shared_ptr<KvHandoff> make_handoff(int64_t tokens, uint64_t block_bytes) {
   return h;
 }
 
-// Raw UCX: one stream, the same bytes in the same chunks, no framing, no checksums.
-double raw_ucx_seconds(const std::shared_ptr<UcxContext>& ctx, const KvHandoff& h) {
+// Raw UCX: one stream, the same bytes in the same chunks, no framing, no checksums. keep: each
+// block lands in its own buffer and stays there (KvBytes, as a pull's blocks: the receiver must
+// keep them); else every block goes to one reused buffer that stays in cache (the wire alone).
+double raw_ucx_seconds(const std::shared_ptr<UcxContext>& ctx, const KvHandoff& h, bool keep) {
   std::atomic<bool> sent{false};
   std::thread sender;
   auto l = UcxListener::listen(ctx, "127.0.0.1", 0, [&](std::unique_ptr<UcxStream> s) {
@@ -83,11 +87,15 @@ double raw_ucx_seconds(const std::shared_ptr<UcxContext>& ctx, const KvHandoff& 
   auto c = UcxStream::connect(ctx, "127.0.0.1", (*l)->port());
   if (!c.ok()) return -1;
   std::vector<uint8_t> buf(h.block_bytes);
+  std::vector<KvBytes> kept;
+  kept.reserve(h.blocks.size());
   const uint8_t go = 1;
   const auto t0 = Clock::now();
   if (!(*c)->send({&go, 1}, Clock::now() + std::chrono::seconds(30)).ok()) return -1;
   for (size_t b = 0; b < h.blocks.size(); ++b) {
-    if (!(*c)->recv(buf, Clock::now() + std::chrono::seconds(30)).ok()) return -1;
+    std::span<uint8_t> into = buf;
+    if (keep) into = kept.emplace_back(h.block_bytes);
+    if (!(*c)->recv(into, Clock::now() + std::chrono::seconds(30)).ok()) return -1;
   }
   const double dt = seconds_since(t0);
   (void)(*c)->send({&go, 1}, Clock::now() + std::chrono::seconds(30));
@@ -153,7 +161,7 @@ int run_transfer(uint64_t block_bytes, const std::vector<int64_t>& token_counts,
   for (int64_t tokens : token_counts) {
     auto h = make_handoff(tokens, block_bytes);
     const double bytes = double(h->blocks.size()) * double(block_bytes);
-    std::vector<double> pull, raw, tcp;
+    std::vector<double> pull, raw, raw_kept, tcp;
     for (int r = 0; r < repeats; ++r) {  // alternated, best of each
       const std::string handle = fmt::format("t{}-{}", tokens, r);
       if (!(*srv)->offer(handle, h).ok()) return 1;
@@ -165,17 +173,21 @@ int run_transfer(uint64_t block_bytes, const std::vector<int64_t>& token_counts,
         return 1;
       }
       pull.push_back(dt);
-      raw.push_back(raw_ucx_seconds(*ctx, *h));
+      raw.push_back(raw_ucx_seconds(*ctx, *h, false));
+      raw_kept.push_back(raw_ucx_seconds(*ctx, *h, true));
       tcp.push_back(tcp_seconds(*h));
     }
     const double p = *std::min_element(pull.begin(), pull.end());
     const double u = *std::min_element(raw.begin(), raw.end());
+    const double uk = *std::min_element(raw_kept.begin(), raw_kept.end());
     const double t = *std::min_element(tcp.begin(), tcp.end());
     out["cases"].push_back({{"tokens", tokens},
                             {"bytes", bytes},
                             {"pull_s", p},
                             {"pull_gb_s", bytes / p / 1e9},
                             {"raw_ucx_gb_s", bytes / u / 1e9},
+                            {"raw_ucx_kept_gb_s", bytes / uk / 1e9},
+                            {"vs_raw_ucx_kept", uk / p},
                             {"tcp_socket_gb_s", bytes / t / 1e9},
                             {"vs_raw_ucx", u / p}});
   }
