@@ -238,6 +238,7 @@ int run_serve(ServeOptions o) {
       timespec tick{0, 100 * 1000 * 1000};
       sig = sigtimedwait(&stop_signals, nullptr, &tick);
       if (sig > 0) break;
+      if (unit && unit->drain_requested()) break;  // the router's POST /admin/drain
       if (Status f = (*engine)->failure(); !f.ok()) {
         fmt::print(stderr, "serve: {}; answering 503 for {} s, then exiting\n", f.message(),
                    kDeadEngineGraceS);
@@ -247,10 +248,22 @@ int run_serve(ServeOptions o) {
         return 1;
       }
     }
-    fmt::print(stderr, "serve: {} received; finishing requests in flight (up to {} s)\n",
-               sig == SIGTERM ? "SIGTERM" : "SIGINT", o.front.http.shutdown_timeout_s);
+    fmt::print(stderr, "serve: {}; finishing requests in flight (up to {} s)\n",
+               sig == SIGTERM  ? "SIGTERM received"
+               : sig == SIGINT ? "SIGINT received"
+                               : "the router asked this unit to drain",
+               o.front.http.shutdown_timeout_s);
     if (unit) unit->drain();  // the router sends nothing new; what runs here finishes
     http.shutdown();
+    if (unit) {
+      // The hand-offs made before the drain stay until their decode units have pulled them.
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(int64_t(o.kv_lease_s * 1000));
+      if (const int64_t left = unit->wait_handoffs(until); left > 0) {
+        fmt::print(stderr, "serve: {} hand-off(s) not pulled within the lease; leaving them\n",
+                   left);
+      }
+    }
   }                 // the HTTP side is gone before the engine
   engine->reset();  // under EP this also stops the other ranks
   fmt::print(stderr, "serve: stopped\n");

@@ -440,6 +440,56 @@ Reply PdRouter::deregister(std::string_view body) {
   return json_reply(200, {{"status", "deregistered"}});
 }
 
+Reply PdRouter::drain_unit(std::string_view body) {
+  auto j = parse_json(body, "drain request");
+  if (!j.ok()) return error_reply(j.status());
+  if (!j->is_object() || !j->contains("unit") || !(*j)["unit"].is_string()) {
+    return error_reply(InvalidArgument("a drain request is {\"unit\": NAME} (GET /admin/units)"));
+  }
+  const std::string name = (*j)["unit"].get<std::string>();
+  std::string url;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = units_.find(name);
+    if (it == units_.end()) {
+      return Reply{404, "application/json",
+                   ApiError{404, fmt::format("unit {} is not registered", name),
+                            "invalid_request_error", std::nullopt, "unknown_unit"}
+                       .to_json(),
+                   nullptr};
+    }
+    it->second.draining = true;  // out of the choice from now on
+    url = it->second.info.url;
+  }
+  fmt::print(stderr, "router: draining unit {}\n", name);
+  std::string host;
+  int port = 0;
+  Status st = split_http_url(url, &host, &port);
+  if (st.ok()) {
+    httplib::Client c(host, port);
+    c.set_connection_timeout(2, 0);
+    c.set_read_timeout(5, 0);
+    c.set_write_timeout(5, 0);
+    if (!options_.api_key.empty()) c.set_bearer_token_auth(options_.api_key);
+    auto res = c.Post("/pd/v1/drain", "{}", "application/json");
+    if (!res) {
+      st = Unavailable(fmt::format("unit {} at {} does not answer ({})", name, url,
+                                   httplib::to_string(res.error())));
+    } else if (res->status != 200) {
+      st = Unavailable(
+          fmt::format("unit {} at {} answered {}: {}", name, url, res->status, res->body));
+    }
+  }
+  if (!st.ok()) {  // it still gets no new work from here
+    return Reply{502, "application/json",
+                 ApiError{502, st.message() + "; it gets no new work from this router",
+                          "server_error", std::nullopt, "unit_unreachable"}
+                     .to_json(),
+                 nullptr};
+  }
+  return json_reply(200, {{"unit", name}, {"state", "draining"}});
+}
+
 std::string PdRouter::units_json() const {
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
@@ -470,6 +520,7 @@ std::vector<HttpRoute> PdRouter::routes() {
        [this](std::string_view) {
          return Reply{200, "application/json", units_json(), nullptr};
        }},
+      {"POST", "/admin/drain", [this](std::string_view b) { return drain_unit(b); }},
   };
 }
 

@@ -5,7 +5,8 @@
 // pulls the KV from the prefill unit and streams the tokens back through here.
 //
 // Units register, heartbeat and deregister on the routes of routes(); a unit silent for
-// unit_timeout is taken out of the choice. GET /admin/units lists them.
+// unit_timeout is taken out of the choice. GET /admin/units lists them; POST /admin/drain takes
+// one out of service in an orderly way (docs/pd.md).
 //
 // Threading: the Engine methods from any thread; each request's flow runs on its own thread,
 // which makes its callbacks (in order).
@@ -73,6 +74,9 @@ class PdRouter final : public Engine {
   Reply register_unit(std::string_view body);
   Reply heartbeat(std::string_view body);
   Reply deregister(std::string_view body);
+  // POST /admin/drain {"unit": NAME}: the unit gets no new work from here on and is told to
+  // drain (POST /pd/v1/drain on it): it finishes what it runs, deregisters and exits 0.
+  Reply drain_unit(std::string_view body);
 
  private:
   struct Unit {

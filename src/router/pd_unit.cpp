@@ -109,7 +109,22 @@ std::vector<HttpRoute> PdUnit::routes() {
   if (options_.role != UnitRole::kPrefill) {
     r.push_back({"POST", "/pd/v1/decode", [this](std::string_view b) { return decode(b); }});
   }
+  r.push_back({"POST", "/pd/v1/drain",
+               [this](std::string_view) {
+                 drain_requested_.store(true);
+                 return Reply{200, "application/json",
+                              json{{"status", "draining"}, {"unit", info_.name}}.dump(), nullptr};
+               },
+               /*while_draining=*/true});
   return r;
+}
+
+int64_t PdUnit::wait_handoffs(Clock::time_point deadline) {
+  for (;;) {
+    const int64_t held = transport_.server_stats().leases;
+    if (held == 0 || Clock::now() >= deadline) return held;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 Reply PdUnit::prefill(std::string_view body) {

@@ -8,6 +8,7 @@
 //   decode:  POST /pd/v1/decode submits the request to resume from there (the serving rank
 //            pulls the KV) and streams its outputs (NDJSON, one RequestOutput per line).
 //   both:    either.
+//   POST /pd/v1/drain: the router asks the unit to leave (drain_requested()).
 //
 // Registration runs on a thread of its own: register, then a heartbeat every interval with the
 // engine's load; a router that does not know the unit (it restarted) gets a registration again,
@@ -57,6 +58,13 @@ class PdUnit {
   Reply decode(std::string_view body);
   // Stops taking work (heartbeats say draining) and deregisters; idempotent.
   void drain();
+  // POST /pd/v1/drain (the router's /admin/drain) was received: the process should leave as on
+  // SIGTERM (drain, finish what runs, wait_handoffs, exit 0).
+  bool drain_requested() const { return drain_requested_.load(); }
+  // Until every hand-off this rank offered has been pulled (or withdrawn, or its lease ran
+  // out), or `deadline`: a prefill unit that leaves must not take KV a decode unit still needs.
+  // Returns the hand-offs still held.
+  int64_t wait_handoffs(Clock::time_point deadline);
   // Prometheus lines of the transfer (appended to /metrics).
   std::string metrics_text();
   const UnitInfo& info() const { return info_; }
@@ -73,6 +81,7 @@ class PdUnit {
   PdUnitOptions options_;
   UnitInfo info_;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> drain_requested_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -49,6 +49,9 @@ struct HttpServer::Impl {
   std::thread listener;
   int port = 0;
   std::atomic<bool> draining{false};
+  // Calls of options.routes not finished yet, streams until their last byte (or their client's
+  // departure): shutdown() waits for them as for the API's requests.
+  std::atomic<int64_t> routes_in_flight{0};
   bool stopped = false;  // only the controlling thread touches it
 
   // The checks every route shares; false when `res` already holds the refusal.
@@ -75,10 +78,12 @@ struct HttpServer::Impl {
     return true;
   }
 
-  void send(httplib::Response& res, Reply reply) {
+  // counted: the reply of a route call, which gives its routes_in_flight back once sent.
+  void send(httplib::Response& res, Reply reply, bool counted = false) {
     res.status = reply.status;
     if (!reply.stream) {
       res.set_content(std::move(reply.body), reply.content_type);
+      if (counted) --routes_in_flight;
       return;
     }
     res.set_header("Cache-Control", "no-cache");
@@ -102,8 +107,10 @@ struct HttpServer::Impl {
           }
           return true;
         },
-        [stream](bool success) {
+        // (httplib calls this once, when the response ends or is dropped unsent.)
+        [this, stream, counted](bool success) {
           if (!success) stream->abandon();
+          if (counted) --routes_in_flight;
         });
   }
 
@@ -163,7 +170,9 @@ struct HttpServer::Impl {
     });
     for (const HttpRoute& r : options.routes) {
       auto handler = [this, &r](const httplib::Request& req, httplib::Response& res) {
-        if (admit(req, res, true, r.while_draining)) send(res, r.handler(req.body));
+        if (!admit(req, res, true, r.while_draining)) return;
+        ++routes_in_flight;
+        send(res, r.handler(req.body), /*counted=*/true);
       };
       if (r.method == "GET") {
         svr.Get(r.path, handler);
@@ -252,14 +261,15 @@ void HttpServer::shutdown() {
   m.stopped = true;
   m.draining = true;
   using Clock = std::chrono::steady_clock;
+  auto busy = [&] { return m.service.in_flight() > 0 || m.routes_in_flight.load() > 0; };
   auto wait_idle = [&](Clock::time_point deadline) {
-    while (m.service.in_flight() > 0 && Clock::now() < deadline) {
+    while (busy() && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   };
   wait_idle(Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                std::chrono::duration<double>(m.options.shutdown_timeout_s)));
-  if (m.service.in_flight() > 0) {
+  if (busy()) {
     m.service.cancel_all();
     // Cancelled requests end within an engine step; their streams then send [DONE].
     wait_idle(Clock::now() + std::chrono::seconds(10));

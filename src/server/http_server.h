@@ -61,9 +61,10 @@ class HttpServer {
   // The bound port (after start()).
   int port() const;
 
-  // Graceful stop: new requests get 503; requests in flight may finish until shutdown_timeout,
-  // then they are cancelled (their replies end with finish_reason "abort"); then the listener
-  // closes. Idempotent.
+  // Graceful stop: new requests get 503; requests in flight (the API's, and the calls of
+  // `routes` until their streams end: a decode unit's token streams) may finish until
+  // shutdown_timeout, then the API's are cancelled (their replies end with finish_reason
+  // "abort"); then the listener closes. Idempotent.
   void shutdown();
 
  private:

@@ -7,7 +7,8 @@
 #     completions, streamed and not, concurrent, get exactly the co-located tokens and logprobs;
 #   - bad input at the boundaries (a unit of another KV format registering, a decode of an
 #     unknown hand-off, malformed unit requests) gets a clear error and loses no request;
-#   - /admin/units and /metrics show the units and the hand-offs; SIGTERM drains a unit.
+#   - /admin/units and /metrics show the units and the hand-offs; SIGTERM drains a unit, and
+#     so does the router's POST /admin/drain, mid-stream, losing and changing no request.
 # Needs root (network namespaces); without the privilege it says so and is skipped (exit 77).
 set -euo pipefail
 bin=$(readlink -f "$1")
@@ -183,6 +184,71 @@ assert st == 200 and json.loads(body)["usage"]["completion_tokens"] == 5, (st, b
 print("bad input refused with clear errors; requests after it served")
 PY
 
+  if [[ $kv == bf16 ]]; then
+    # Both units leave through the router's POST /admin/drain while 6 streams run: every stream
+    # ends whole and equal to co-located serving, both units deregister and exit 0.
+    in_ns "$nsR" python3 - "$ipR" <<'PY' || fail "a drain during load lost or changed a request"
+import concurrent.futures as cf, json, sys, threading, time, urllib.error, urllib.request
+import openai
+host = sys.argv[1]
+pd = openai.OpenAI(base_url=f"http://{host}:8000/v1", api_key="none", max_retries=0)
+co = openai.OpenAI(base_url=f"http://{host}:8100/v1", api_key="none", max_retries=0)
+prompts = [f"def f{i}(x):\n    return x + {i}\n" for i in range(6)]
+args = dict(model="tiny-py", max_tokens=48, temperature=0, extra_body={"ignore_eos": True})
+started = [threading.Event() for _ in prompts]
+def streamed(i):
+    text, n = "", 0
+    for ch in pd.completions.create(prompt=prompts[i], stream=True, **args):
+        if ch.choices:
+            text += ch.choices[0].text
+            n += 1
+            started[i].set()
+    return text
+def admin(path, body=None):
+    req = urllib.request.Request(f"http://{host}:8000{path}", json.dumps(body).encode() if body else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+want = [co.completions.create(prompt=p, **args).choices[0].text for p in prompts]
+units = {u["role"]: u["name"] for u in admin("/admin/units")[1]["units"]}
+st, body = admin("/admin/drain", {"unit": "nobody:1"})
+assert st == 404 and "not registered" in body["error"]["message"], (st, body)
+st, body = admin("/admin/drain", {"units": 1})
+assert st == 400, (st, body)
+with cf.ThreadPoolExecutor(len(prompts)) as ex:
+    futs = [ex.submit(streamed, i) for i in range(len(prompts))]
+    for e in started:
+        assert e.wait(60), "a stream did not start"
+    for role in ("prefill", "decode"):  # mid-stream: every request is past its prefill
+        st, body = admin("/admin/drain", {"unit": units[role]})
+        assert st == 200 and body["state"] == "draining", (role, st, body)
+    got = [f.result(timeout=120) for f in futs]
+assert got == want, f"streams after the drain differ:\n{got}\n{want}"
+for _ in range(100):  # both deregister
+    if not admin("/admin/units")[1]["units"]:
+        break
+    time.sleep(0.1)
+assert not admin("/admin/units")[1]["units"], admin("/admin/units")
+try:
+    pd.completions.create(prompt="x", max_tokens=2, model="tiny-py")
+    raise AssertionError("a request without units succeeded")
+except openai.APIStatusError as e:
+    assert e.status_code == 503 and "no prefill unit" in str(e), e
+print("both units drained mid-stream through /admin/drain: 6 of 6 streams whole and exact")
+PY
+    for pid in "$prefill" "$decode"; do
+      set +e; wait "$pid"; rc=$?; set -e
+      [[ $rc -eq 0 ]] || fail "a unit drained by the router exited with $rc"
+    done
+    grep -q "the router asked this unit to drain" "$dir/prefill-$kv.log" ||
+      fail "the prefill unit did not say why it left"
+    kill -TERM "$router" "$colocated"
+    wait "$router" "$colocated" || true
+    continue
+  fi
   # SIGTERM on the decode unit: it deregisters and exits 0.
   kill -TERM "$decode"
   set +e; wait "$decode"; rc=$?; set -e
