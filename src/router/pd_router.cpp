@@ -1,5 +1,7 @@
 #include "router/pd_router.h"
 
+#include <condition_variable>
+
 #include <fmt/format.h>
 #include <httplib.h>
 #include <xxhash.h>
@@ -349,7 +351,35 @@ Status PdRouter::run_decode(Flow& f, const PrefillReply& reply) {
     }
     return !f.cancelled.load();
   };
+  // A unit that stops answering without closing the stream (stopped, hung, cut off) would hold
+  // the request until decode_idle_timeout: a watch ends the stream once the unit's heartbeats
+  // are older than unit_timeout. (A unit that deregistered while draining is not watched: it
+  // finishes what it runs.)
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool streaming = true;
+  int64_t silent_ms = -1;  // set when the watch ended the stream
+  std::thread watch([&] {
+    std::unique_lock<std::mutex> wl(watch_mu);
+    while (!watch_cv.wait_for(wl, std::chrono::milliseconds(100), [&] { return !streaming; })) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = units_.find(name);
+      if (it == units_.end()) continue;
+      const auto quiet = Clock::now() - it->second.last_seen;
+      if (quiet > options_.unit_timeout) {
+        silent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(quiet).count();
+        c.stop();
+        return;
+      }
+    }
+  });
   auto res = c.send(req);
+  {
+    std::lock_guard<std::mutex> wl(watch_mu);
+    streaming = false;
+  }
+  watch_cv.notify_all();
+  watch.join();
   release();
   if (finished) return Status::Ok();
   if (!line_error.ok()) return line_error;
@@ -359,6 +389,12 @@ Status PdRouter::run_decode(Flow& f, const PrefillReply& reply) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = units_.find(name);
     if (it != units_.end()) ++it->second.failures;
+  }
+  if (silent_ms >= 0) {
+    return Unavailable(fmt::format(
+        "decode unit {} stopped answering mid-stream (no heartbeat for {} ms; --unit-timeout-ms "
+        "{})",
+        name, silent_ms, options_.unit_timeout.count()));
   }
   return Unavailable(
       fmt::format("decode unit {} went away mid-stream ({})", name,
