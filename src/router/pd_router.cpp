@@ -17,6 +17,15 @@ using nlohmann::json;
 
 namespace {
 
+// 404 for a unit name the router does not have (heartbeat, drain).
+Reply unknown_unit_reply(const std::string& name) {
+  return Reply{404, "application/json",
+               ApiError{404, fmt::format("unit {} is not registered", name),
+                        "invalid_request_error", std::nullopt, "unknown_unit"}
+                   .to_json(),
+               nullptr};
+}
+
 Reply json_reply(int status, const json& j) {
   return Reply{status, "application/json", j.dump(), nullptr};
 }
@@ -455,11 +464,7 @@ Reply PdRouter::heartbeat(std::string_view body) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = units_.find(l->name);
   if (it == units_.end()) {
-    return Reply{404, "application/json",
-                 ApiError{404, fmt::format("unit {} is not registered", l->name),
-                          "invalid_request_error", std::nullopt, "unknown_unit"}
-                     .to_json(),
-                 nullptr};
+    return unknown_unit_reply(l->name);
   }
   it->second.load = *l;
   it->second.last_seen = Clock::now();
@@ -488,11 +493,7 @@ Reply PdRouter::drain_unit(std::string_view body) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = units_.find(name);
     if (it == units_.end()) {
-      return Reply{404, "application/json",
-                   ApiError{404, fmt::format("unit {} is not registered", name),
-                            "invalid_request_error", std::nullopt, "unknown_unit"}
-                       .to_json(),
-                   nullptr};
+      return unknown_unit_reply(name);
     }
     it->second.draining = true;  // out of the choice from now on
     url = it->second.info.url;
