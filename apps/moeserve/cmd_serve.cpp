@@ -49,6 +49,7 @@ struct ServeOptions {
   std::string transfer_host;   // where the KV transfer server listens (default: advertise)
   int transfer_port = 0;       // 0: any free port
   double kv_lease_s = 30;      // a hand-off nobody pulls is dropped after this
+  double kv_retain_s = 600;    // a pulled one is kept this long for failover (unless released)
 };
 
 // Ranks other than 0 serve the requests rank 0 hands them until rank 0 stops the group, the
@@ -159,6 +160,7 @@ int run_serve(ServeOptions o) {
     to.host = o.transfer_host.empty() ? o.advertise_host : o.transfer_host;
     to.port = rank == 0 ? uint16_t(o.transfer_port) : 0;  // (ranks > 0: any free port)
     to.lease = std::chrono::milliseconds(int64_t(o.kv_lease_s * 1000));
+    to.retain = std::chrono::milliseconds(int64_t(o.kv_retain_s * 1000));
     auto t = PdTransport::start(*role, to, PullOptions{});
     if (!t.ok()) {
       fmt::print(stderr, "serve{}: {}\n", ep ? fmt::format(" (rank {})", rank) : "",
@@ -327,6 +329,12 @@ Subcommand add_serve_command(CLI::App& parent) {
                   "Seconds a prefill unit keeps a hand-off's KV for the decode unit to pull")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app->add_option("--kv-retain", o->kv_retain_s,
+                  "Seconds a prefill unit keeps a pulled hand-off for a second pull when its "
+                  "decode unit is lost, unless the router releases it first (its request ended; "
+                  "docs/fault-tolerance.md); 0: dropped once pulled")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   add_ep_flags(*app, o->ep);
   add_spec_flags(*app, o->spec);
   return {app, [o] { return run_serve(*o); }};

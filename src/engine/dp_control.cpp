@@ -82,8 +82,9 @@ void DpControl::take_pulls() {
     end.prompt_tokens = int64_t(p.request.prompt.size());
     Status st = p.result.ok() ? Status::Ok() : p.result.status();
     if (p.result.ok()) {
+      st = extend_handoff(**p.result, p.request.resume_generated, p.request.sampling);
       p.request.resume = std::move(*p.result);
-      if (validate_resume_) st = validate_resume_(p.request);
+      if (st.ok() && validate_resume_) st = validate_resume_(p.request);
     }
     if (p.cancelled) {
       end.finish_reason = FinishReason::kCancelled;

@@ -52,6 +52,11 @@ struct EngineRequest {
   // arrives the request counts as loading; a failed pull ends it with the error.
   std::string resume_from;
   std::string resume_handle;
+  // A request re-bound to this unit after its decode unit was lost (docs/fault-tolerance.md):
+  // every token the client already has, the hand-off's own first. Those past the hand-off's are
+  // appended to it (their KV computed here, the prompt's is not) and the sampler is advanced
+  // past them; the callbacks bring the tokens after them. Empty: none past the hand-off's.
+  std::vector<int32_t> resume_generated;
   friend bool operator==(const EngineRequest&, const EngineRequest&) = default;
 };
 

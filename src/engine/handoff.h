@@ -71,6 +71,16 @@ struct KvHandoff {
   friend bool operator==(const KvHandoff&, const KvHandoff&) = default;
 };
 
+struct SamplingParams;
+
+// A hand-off extended to where a re-bound request stands (EngineRequest::resume_generated):
+// `generated` must begin with the hand-off's own generated tokens; the rest are appended, and
+// the sampler is advanced one draw per appended token when the request samples (each token the
+// engine emits costs exactly one std::mt19937_64 draw at temperature > 0, none when greedy:
+// kernels/sampling.h). InvalidArgument when the tokens disagree.
+Status extend_handoff(KvHandoff& h, const std::vector<int32_t>& generated,
+                      const SamplingParams& sampling);
+
 // How a unit's engine moves hand-offs, on the rank that runs the request (a unit of several
 // DP-attention ranks included: the KV goes to and from that rank, never through rank 0). Set by
 // the unit (src/router/pd_transport.h); empty functions: none.

@@ -71,6 +71,11 @@ class LlmEngine final : public Engine {
   }
 
   Status submit(EngineRequest r, OutputCallback cb) override {
+    if (r.resume && !r.resume_generated.empty()) {  // (a pulled one is extended as it arrives)
+      auto h = std::make_shared<KvHandoff>(*r.resume);
+      RETURN_IF_ERROR(extend_handoff(*h, r.resume_generated, r.sampling));
+      r.resume = std::move(h);
+    }
     RETURN_IF_ERROR(validate(r));
     if (dp_.rank() != 0) return Unavailable("requests are submitted to rank 0 of the EP group");
     {

@@ -101,6 +101,7 @@ void put_request(Writer& w, const EngineRequest& r) {
   w.put<uint8_t>(r.hand_off);
   w.str(r.resume_from);
   w.str(r.resume_handle);
+  w.vec(r.resume_generated);
   w.put<uint8_t>(r.grammar.has_value());
   if (r.grammar) {
     w.put<uint8_t>(uint8_t(r.grammar->kind));
@@ -129,6 +130,7 @@ EngineRequest get_request(Reader& rd) {
   r.hand_off = rd.get<uint8_t>() != 0;
   r.resume_from = rd.str();
   r.resume_handle = rd.str();
+  r.resume_generated = rd.vec<int32_t>();
   if (rd.get<uint8_t>() != 0) {
     GrammarSpec g;
     const uint8_t kind = rd.get<uint8_t>();

@@ -164,6 +164,7 @@ json to_json(const PdRequest& p) {
   }
   if (!p.transfer.empty()) j["transfer"] = p.transfer;
   if (!p.handle.empty()) j["handle"] = p.handle;
+  if (!r.resume_generated.empty()) j["generated"] = r.resume_generated;
   return j;
 }
 
@@ -181,7 +182,8 @@ Result<PdRequest> pd_request_from_json(const json& j) {
       !get(j, "stop_token_ids", &r.stop_token_ids, &err) ||
       !get(j, "logprobs", &r.logprobs, &err) || !get(j, "top_logprobs", &r.top_logprobs, &err) ||
       (has_seed && !get(j, "seed", &seed, &err)) || !get(j, "transfer", &p.transfer, &err, false) ||
-      !get(j, "handle", &p.handle, &err, false)) {
+      !get(j, "handle", &p.handle, &err, false) ||
+      !get(j, "generated", &r.resume_generated, &err, false)) {
     return bad("PD request", err);
   }
   if (has_seed) r.seed = seed;
@@ -219,7 +221,10 @@ json to_json(const RequestOutput& o) {
             {"prompt_tokens", o.prompt_tokens},
             {"cached_prompt_tokens", o.cached_prompt_tokens}};
   if (o.finished) j["finish_reason"] = reason_name(o.finish_reason);
-  if (!o.error.ok()) j["error"] = o.error.message();
+  if (!o.error.ok()) {
+    j["error"] = o.error.message();
+    j["error_code"] = status_code_name(o.error.code());
+  }
   return j;
 }
 
@@ -252,8 +257,14 @@ Result<RequestOutput> request_output_from_json(const json& j) {
     }
     std::string msg;
     if (o.finish_reason == FinishReason::kError) {
+      std::string code;
       (void)get(j, "error", &msg, &err, false);
-      o.error = Unavailable(msg.empty() ? "the unit reported an error" : msg);
+      (void)get(j, "error_code", &code, &err, false);
+      StatusCode c = StatusCode::kUnavailable;  // (a unit that names no code)
+      for (int k = int(StatusCode::kInvalidArgument); k <= int(StatusCode::kInternal); ++k) {
+        if (code == status_code_name(StatusCode(k))) c = StatusCode(k);
+      }
+      o.error = Status(c, msg.empty() ? "the unit reported an error" : msg);
     }
   }
   return o;

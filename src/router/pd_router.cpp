@@ -2,6 +2,8 @@
 
 #include <condition_variable>
 
+#include "transfer/kv_transfer.h"
+
 #include <fmt/format.h>
 #include <httplib.h>
 #include <xxhash.h>
@@ -170,17 +172,72 @@ void PdRouter::run(Flow& f) {
   first.finished = false;
   first.handoff.reset();
   if (!first.tokens.empty()) f.callback(first);
-  if (f.cancelled.load()) {
-    f.callback(error_output(Status::Ok()));  // (the lease at the prefill unit runs out)
-    return;
-  }
-  st = run_decode(f, reply);
-  if (!st.ok()) {
+  std::vector<int32_t> delivered;  // what the client has: a re-bound request goes on from there
+  for (const GeneratedToken& t : first.tokens) delivered.push_back(t.id);
+  std::vector<std::string> avoid;
+  DecodeEnd end = DecodeEnd::kDone;
+  for (int attempt = 0; attempt < options_.decode_attempts && !f.cancelled.load(); ++attempt) {
+    end = run_decode(f, reply, &delivered, &avoid, &st);
+    if (end == DecodeEnd::kDone || end == DecodeEnd::kFailed || f.cancelled.load()) break;
+    if (attempt + 1 == options_.decode_attempts) break;
+    fmt::print(stderr, "router: request {} re-bound after {} token(s): {}\n", f.request.id,
+               delivered.size(), st.message());
     {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.rebinds;
+    }
+    if (end != DecodeEnd::kNoKv) continue;
+    // The KV is gone (its prefill unit lost, or the retention over): prefill again. The prompt's
+    // full blocks are mostly in the prefill units' prefix caches, and the same seed gives the
+    // same first token and sampler, so the decode unit goes on from `delivered` as before.
+    release(reply);
+    PrefillReply again;
+    st = run_prefill(f, &again, &unit);
+    if (st.ok() && (again.output.finish_reason != FinishReason::kHandedOff ||
+                    again.output.tokens.empty() || delivered.empty() ||
+                    again.output.tokens[0].id != delivered[0])) {
+      st = Internal(fmt::format(
+          "request {}: prefilled again for a new decode unit, it did not reach the same first "
+          "token; ending it rather than changing its output",
+          f.request.id));
+    }
+    if (!st.ok()) {
+      if (!again.handle.empty()) release(again);
+      end = DecodeEnd::kFailed;
+      break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.reprefills;
+    }
+    reply = std::move(again);
+  }
+  if (end != DecodeEnd::kDone || f.cancelled.load()) {
+    if (!f.cancelled.load()) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.failed;
     }
     f.callback(error_output(f.cancelled.load() ? Status::Ok() : st));
+  }
+  release(reply);
+}
+
+// The request has ended: its prefill unit may drop the hand-off it retained for failover.
+void PdRouter::release(const PrefillReply& reply) {
+  if (reply.handle.empty() || reply.transfer.empty()) return;
+  std::shared_ptr<UcxContext> ctx;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ucx_) {
+      auto c = UcxContext::create();
+      if (!c.ok()) return;  // (the retention bounds it)
+      ucx_ = *c;
+    }
+    ctx = ucx_;
+  }
+  if (release_kv(ctx, reply.transfer, reply.handle).ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.released;
   }
 }
 
@@ -277,15 +334,23 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
   return last.ok() ? Unavailable("no prefill unit is registered and alive") : last;
 }
 
-Status PdRouter::run_decode(Flow& f, const PrefillReply& reply) {
-  std::string name, url;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
+PdRouter::DecodeEnd PdRouter::run_decode(Flow& f, const PrefillReply& reply,
+                                          std::vector<int32_t>* delivered,
+                                          std::vector<std::string>* avoid, Status* error) {
+  std::string name, url, key;
+  const int64_t blocks = blocks_for(int64_t(f.request.prompt.size()) + f.request.max_tokens);
+  // A re-bound request waits a while for a decode unit (one restarting, say); a new one does not.
+  const auto wait_until = Clock::now() + (avoid->empty() ? Clock::duration::zero()
+                                                          : Clock::duration(options_.rebind_wait));
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mu_);
     const auto now = Clock::now();
     std::vector<std::string> names;
     std::vector<RankLoad> loads;
     for (auto& [nm, u] : units_) {
       if (u.info.role == UnitRole::kPrefill) continue;
+      const std::string k = fmt::format("{}#{}", nm, u.epoch);
+      if (std::find(avoid->begin(), avoid->end(), k) != avoid->end()) continue;
       names.push_back(nm);
       RankLoad l;
       l.accepting = alive(u, now);
@@ -294,26 +359,36 @@ Status PdRouter::run_decode(Flow& f, const PrefillReply& reply) {
       l.kv_total = u.load.kv_blocks_total > 0 ? u.load.kv_blocks_total : u.info.kv_blocks_total;
       loads.push_back(l);
     }
-    const int64_t blocks = blocks_for(int64_t(f.request.prompt.size()) + f.request.max_tokens);
-    auto pick = choose_decode(loads, blocks);
-    if (!pick) return Unavailable("no decode unit is registered and alive");
-    name = names[*pick];
-    Unit& u = units_[name];
-    url = u.info.url;
-    ++u.decodes;
-    ++u.decodes_total;
+    if (auto pick = choose_decode(loads, blocks)) {
+      name = names[*pick];
+      Unit& u = units_[name];
+      url = u.info.url;
+      key = fmt::format("{}#{}", name, u.epoch);
+      ++u.decodes;
+      ++u.decodes_total;
+      break;
+    }
+    if (now >= wait_until || f.cancelled.load() || stopping_) {
+      *error = Unavailable(avoid->empty() ? std::string("no decode unit is registered and alive")
+                                          : fmt::format("no other decode unit is registered and "
+                                                        "alive (waited {} ms)",
+                                                        options_.rebind_wait.count()));
+      return DecodeEnd::kFailed;
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  auto release = [&] {
+  auto release_slot = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = units_.find(name);
     if (it != units_.end()) it->second.decodes = std::max<int64_t>(0, it->second.decodes - 1);
   };
   std::string host;
   int port = 0;
-  Status st = split_http_url(url, &host, &port);
-  if (!st.ok()) {
-    release();
-    return st;
+  if (Status st = split_http_url(url, &host, &port); !st.ok()) {
+    release_slot();
+    *error = st;
+    return DecodeEnd::kFailed;
   }
   httplib::Client c(host, port);
   c.set_connection_timeout(2, 0);
@@ -322,13 +397,16 @@ Status PdRouter::run_decode(Flow& f, const PrefillReply& reply) {
   if (!options_.api_key.empty()) c.set_bearer_token_auth(options_.api_key);
   std::string pending;  // a partial line
   bool finished = false;
-  Status line_error;
+  Status line_error, unit_error;  // a malformed line; the unit's own error output
+  int64_t tokens_here = 0;        // tokens this unit sent
   std::string error_body;
   int status = 0;
+  PdRequest pr{f.request, reply.transfer, reply.handle};
+  if (delivered->size() > 1) pr.request.resume_generated = *delivered;
   httplib::Request req;
   req.method = "POST";
   req.path = "/pd/v1/decode";
-  req.body = to_json(PdRequest{f.request, reply.transfer, reply.handle}).dump();
+  req.body = to_json(pr).dump();
   req.set_header("Content-Type", "application/json");
   req.response_handler = [&](const httplib::Response& r) {
     status = r.status;
@@ -350,10 +428,24 @@ Status PdRouter::run_decode(Flow& f, const PrefillReply& reply) {
         line_error = o.status().with_context("decode unit " + name);
         return false;
       }
+      if (o->finished && o->finish_reason == FinishReason::kError) {
+        // Not the client's yet: another unit may be able to go on (run() decides).
+        unit_error = o->error.with_context("decode unit " + name);
+        for (const GeneratedToken& t : o->tokens) delivered->push_back(t.id);
+        if (!o->tokens.empty()) {
+          RequestOutput part = *o;
+          part.finished = false;
+          part.error = Status::Ok();
+          f.callback(part);
+        }
+        return false;
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         generated_tokens_ += int64_t(o->tokens.size());
       }
+      tokens_here += int64_t(o->tokens.size());
+      for (const GeneratedToken& t : o->tokens) delivered->push_back(t.id);
       if (o->finished) finished = true;
       f.callback(*o);
       if (finished) return true;
@@ -389,25 +481,55 @@ Status PdRouter::run_decode(Flow& f, const PrefillReply& reply) {
   }
   watch_cv.notify_all();
   watch.join();
-  release();
-  if (finished) return Status::Ok();
-  if (!line_error.ok()) return line_error;
-  if (status != 0 && status != 200) return status_of_reply(status, error_body, name);
-  if (f.cancelled.load()) return Status::Ok();
-  {
+  release_slot();
+  if (finished || f.cancelled.load()) return DecodeEnd::kDone;
+  if (!line_error.ok()) {
+    *error = line_error;
+    return DecodeEnd::kFailed;
+  }
+  auto count_failure = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = units_.find(name);
     if (it != units_.end()) ++it->second.failures;
+  };
+  if (status != 0 && status != 200) {
+    *error = status_of_reply(status, error_body, name);
+    if (status == 503 || status == 429) {  // draining, stopping or full: another one may take it
+      avoid->push_back(key);
+      return DecodeEnd::kRefused;
+    }
+    return DecodeEnd::kFailed;
   }
+  if (!unit_error.ok()) {
+    *error = unit_error;
+    count_failure();
+    switch (unit_error.code()) {
+      case StatusCode::kNotFound:  // the hand-off is not at the prefill unit any more
+        return DecodeEnd::kNoKv;
+      case StatusCode::kUnavailable:  // before any token: the pull could not reach the KV
+        if (tokens_here == 0) return DecodeEnd::kNoKv;
+        avoid->push_back(key);
+        return DecodeEnd::kLost;
+      case StatusCode::kInternal:  // the unit's engine failed
+        avoid->push_back(key);
+        return DecodeEnd::kLost;
+      default:
+        return DecodeEnd::kFailed;
+    }
+  }
+  count_failure();
+  avoid->push_back(key);
   if (silent_ms >= 0) {
-    return Unavailable(fmt::format(
+    *error = Unavailable(fmt::format(
         "decode unit {} stopped answering mid-stream (no heartbeat for {} ms; --unit-timeout-ms "
         "{})",
         name, silent_ms, options_.unit_timeout.count()));
+  } else {
+    *error = Unavailable(
+        fmt::format("decode unit {} went away mid-stream ({})", name,
+                    res ? std::string("the stream ended early") : httplib::to_string(res.error())));
   }
-  return Unavailable(
-      fmt::format("decode unit {} went away mid-stream ({})", name,
-                  res ? std::string("the stream ended early") : httplib::to_string(res.error())));
+  return DecodeEnd::kLost;
 }
 
 EngineStats PdRouter::stats() const {
@@ -445,6 +567,7 @@ Reply PdRouter::register_unit(std::string_view body) {
   }
   Unit& u = units_[info->name];
   const bool rejoin = !u.info.name.empty();
+  u.epoch = ++registrations_;  // (a re-bound request avoids a lost unit, not its restart)
   u.info = *info;
   u.load = UnitLoad{};
   u.load.name = info->name;
@@ -575,6 +698,14 @@ std::string PdRouter::metrics_text() const {
        double(s.handed_off), "counter");
   line("moeserve_router_prefill_retries_total",
        "Prefill units that did not answer, tried elsewhere", double(s.prefill_retries), "counter");
+  line("moeserve_router_rebinds_total",
+       "Requests moved to another decode unit after theirs was lost mid-stream", double(s.rebinds),
+       "counter");
+  line("moeserve_router_reprefills_total",
+       "Re-bound requests whose KV was gone, prefilled again first", double(s.reprefills),
+       "counter");
+  line("moeserve_router_releases_total", "Hand-offs released at their prefill units",
+       double(s.released), "counter");
   line("moeserve_router_failed_total", "Requests that ended in an error", double(s.failed),
        "counter");
   line("moeserve_router_cache_aware_choices_total", "Prefill choices decided by a cached prefix",

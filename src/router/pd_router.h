@@ -5,7 +5,11 @@
 // pulls the KV from the prefill unit and streams the tokens back through here.
 //
 // Units register, heartbeat and deregister on the routes of routes(); a unit silent for
-// unit_timeout is taken out of the choice. GET /admin/units lists them; POST /admin/drain takes
+// unit_timeout is taken out of the choice. A decode unit lost mid-stream (its connection gone,
+// or its heartbeats older than unit_timeout) does not end its requests: each is re-bound to
+// another decode unit with the tokens the client already has, which pulls the KV again from the
+// prefill unit (retained there until the router releases it at the request's end), or, when
+// that KV is gone, after a new prefill (docs/fault-tolerance.md). GET /admin/units lists them; POST /admin/drain takes
 // one out of service in an orderly way (docs/pd.md).
 //
 // Threading: the Engine methods from any thread; each request's flow runs on its own thread,
@@ -29,6 +33,7 @@
 #include "router/balancers.h"
 #include "router/pd_protocol.h"
 #include "server/http_server.h"
+#include "transfer/ucx_stream.h"
 
 namespace moeserve {
 
@@ -42,6 +47,9 @@ struct RouterOptions {
   std::chrono::milliseconds decode_idle_timeout{std::chrono::seconds(120)};  // between outputs
   double cache_slack = 0.25;                 // choose_prefill's slack for cache awareness
   int prefill_attempts = 3;                  // prefill units tried when one cannot be reached
+  int decode_attempts = 4;                   // decode units tried per request (re-binds + 1)
+  // How long a re-bound request waits for another decode unit to be alive (one restarting).
+  std::chrono::milliseconds rebind_wait{std::chrono::seconds(10)};
   int64_t prefix_blocks_per_unit = 1 << 16;  // block hashes remembered per prefill unit
   std::string api_key;  // sent to the units (one key for the deployment); empty: none
 };
@@ -50,6 +58,9 @@ struct RouterStats {
   int64_t requests = 0;
   int64_t handed_off = 0;
   int64_t prefill_retries = 0;  // prefill units that could not be reached, tried elsewhere
+  int64_t rebinds = 0;          // requests moved to another decode unit mid-stream
+  int64_t reprefills = 0;       // re-binds whose KV was gone: prefilled again first
+  int64_t released = 0;         // hand-offs released at their prefill units
   int64_t failed = 0;
   int64_t by_cache = 0;  // prefill choices decided by the cached prefix
 };
@@ -84,6 +95,7 @@ class PdRouter final : public Engine {
     UnitLoad load;
     Clock::time_point last_seen;
     bool draining = false;
+    int64_t epoch = 0;  // which registration: a unit that restarts under its name is new
     // The router's own view, exact and immediate (heartbeats lag behind).
     int64_t input_tokens = 0;  // prompt tokens sent to prefill, not answered yet
     double attention = 0;
@@ -101,9 +113,21 @@ class PdRouter final : public Engine {
     std::thread thread;
   };
 
+  // How one decode attempt ended.
+  enum class DecodeEnd {
+    kDone,       // finished (or the client went away)
+    kLost,       // the unit went away or fell silent mid-stream: re-bind, same KV
+    kNoKv,       // the unit could not get the KV (gone from the prefill unit): prefill again
+    kRefused,    // the unit would not take it (draining, full): another unit, same KV
+    kFailed,     // an error re-binding would not cure
+  };
   void run(Flow& f);
   Status run_prefill(Flow& f, PrefillReply* reply, std::string* unit);
-  Status run_decode(Flow& f, const PrefillReply& reply);
+  // delivered: the tokens the client has (in), with those this attempt forwarded (out);
+  // avoid: units not to choose (the lost ones), this attempt's unit appended.
+  DecodeEnd run_decode(Flow& f, const PrefillReply& reply, std::vector<int32_t>* delivered,
+                       std::vector<std::string>* avoid, Status* error);
+  void release(const PrefillReply& reply);
   bool alive(const Unit& u, Clock::time_point now) const;
   std::vector<uint64_t> block_hashes(const std::vector<int32_t>& prompt) const;
   void reap_locked();
@@ -113,7 +137,9 @@ class PdRouter final : public Engine {
   std::map<std::string, Unit> units_;  // by name
   std::list<Flow> flows_;
   RouterStats stats_;
+  std::shared_ptr<UcxContext> ucx_;  // for releases (made at the first)
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  int64_t registrations_ = 0;
   bool stopping_ = false;
 };
 

@@ -65,7 +65,13 @@ std::string PdTransport::metrics_text() {
     line("moeserve_pd_transfer_bytes_sent_total", "KV bytes sent to decode units", s.bytes_sent);
     line("moeserve_pd_transfer_frames_rejected_total", "Malformed or corrupt frames received",
          s.frames_rejected);
-    line("moeserve_pd_leases", "Hand-offs held now", s.leases, "gauge");
+    line("moeserve_pd_handoffs_released_total", "Hand-offs released (their requests ended)",
+         s.released);
+    line("moeserve_pd_handoffs_evicted_total",
+         "Pulled hand-offs dropped unreleased (for room or at the end of --kv-retain)", s.evicted);
+    line("moeserve_pd_leases", "Hand-offs held now, not pulled yet", s.leases, "gauge");
+    line("moeserve_pd_retained", "Pulled hand-offs kept now for failover", s.retained, "gauge");
+    line("moeserve_pd_retained_bytes", "Their KV bytes", s.retained_bytes, "gauge");
   }
   if (role_ != UnitRole::kPrefill) {
     line("moeserve_pd_pulls_total", "KV pulls that arrived whole", pulls_ok_.load());

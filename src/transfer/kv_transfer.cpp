@@ -85,17 +85,28 @@ std::string KvTransferServer::address() const {
   return fmt::format("{}:{}", options_.host, listener_->port());
 }
 
+void KvTransferServer::erase_locked(std::unordered_map<std::string, Lease>::iterator it,
+                                    int64_t KvTransferStats::*counter) {
+  const int64_t bytes = int64_t(it->second.bytes);
+  if (it->second.pulled) {
+    stats_.retained_bytes -= bytes;
+    --stats_.retained;
+  } else {
+    stats_.leased_bytes -= bytes;
+    --stats_.leases;
+  }
+  leases_.erase(it);
+  ++(stats_.*counter);
+}
+
 void KvTransferServer::expire_locked(Clock::time_point now) {
   for (auto it = leases_.begin(); it != leases_.end();) {
+    auto next = std::next(it);
     if (it->second.expires <= now) {
-      stats_.leased_bytes -= int64_t(it->second.bytes);
-      ++stats_.expired;
-      it = leases_.erase(it);
-    } else {
-      ++it;
+      erase_locked(it, it->second.pulled ? &KvTransferStats::evicted : &KvTransferStats::expired);
     }
+    it = next;
   }
-  stats_.leases = int64_t(leases_.size());
 }
 
 Status KvTransferServer::offer(const std::string& handle, std::shared_ptr<const KvHandoff> h) {
@@ -116,9 +127,21 @@ Status KvTransferServer::offer(const std::string& handle, std::shared_ptr<const 
         fmt::format("hand-offs held ({} bytes) + this one ({}) exceed the limit ({} bytes)",
                     stats_.leased_bytes, bytes, options_.max_lease_bytes));
   }
+  // Room from the retained ones, those closest to the end of their retention first.
+  while (uint64_t(stats_.leased_bytes + stats_.retained_bytes) + bytes >
+         options_.max_lease_bytes) {
+    auto oldest = leases_.end();
+    for (auto it = leases_.begin(); it != leases_.end(); ++it) {
+      if (it->second.pulled &&
+          (oldest == leases_.end() || it->second.expires < oldest->second.expires)) {
+        oldest = it;
+      }
+    }
+    erase_locked(oldest, &KvTransferStats::evicted);  // (one exists: leased alone fit above)
+  }
   leases_[handle] = Lease{std::move(held), Clock::now() + options_.lease, bytes};
   stats_.leased_bytes += int64_t(bytes);
-  stats_.leases = int64_t(leases_.size());
+  ++stats_.leases;
   ++stats_.offered;
   return Status::Ok();
 }
@@ -127,14 +150,36 @@ void KvTransferServer::withdraw(const std::string& handle) {
   erase(handle, &KvTransferStats::withdrawn);
 }
 
+void KvTransferServer::release(const std::string& handle) {
+  erase(handle, &KvTransferStats::released);
+}
+
 void KvTransferServer::erase(const std::string& handle, int64_t KvTransferStats::*counter) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = leases_.find(handle);
+  if (it != leases_.end()) erase_locked(it, counter);
+}
+
+// A puller has every block: the lease ends and the retention begins (or, without retention,
+// the hand-off goes).
+void KvTransferServer::pulled(const std::string& handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(handle);
   if (it == leases_.end()) return;
-  stats_.leased_bytes -= int64_t(it->second.bytes);
-  leases_.erase(it);
-  stats_.leases = int64_t(leases_.size());
-  ++(stats_.*counter);
+  if (options_.retain.count() <= 0) {
+    erase_locked(it, &KvTransferStats::completed);
+    return;
+  }
+  ++stats_.completed;
+  Lease& l = it->second;
+  if (!l.pulled) {
+    l.pulled = true;
+    stats_.leased_bytes -= int64_t(l.bytes);
+    --stats_.leases;
+    stats_.retained_bytes += int64_t(l.bytes);
+    ++stats_.retained;
+  }
+  l.expires = Clock::now() + options_.retain;
 }
 
 std::shared_ptr<const KvTransferServer::Held> KvTransferServer::find(const std::string& handle) {
@@ -191,14 +236,20 @@ void KvTransferServer::serve(UcxStream& s) {
       handle = pull->handle;
       if (!serve_pull(s, *pull).ok()) return;
     } else if (std::holds_alternative<DoneMsg>(*m) && !handle.empty()) {
-      erase(handle, &KvTransferStats::completed);
+      pulled(handle);
+      (void)send_msg(s, DoneMsg{}, deadline);
+      return;
+    } else if (auto* rel = std::get_if<ReleaseMsg>(&*m); rel && handle.empty()) {
+      release(rel->handle);
       (void)send_msg(s, DoneMsg{}, deadline);
       return;
     } else if (std::holds_alternative<AbortMsg>(*m)) {
       if (!handle.empty()) erase(handle, &KvTransferStats::withdrawn);
       return;
     } else {
-      reject(InvalidArgument("a puller sends a pull first, then done or abort"), deadline);
+      reject(InvalidArgument("a puller sends a pull first, then done or abort (or a release "
+                             "alone)"),
+             deadline);
       return;
     }
   }
@@ -339,6 +390,29 @@ Status pull_once(UcxStream& s, const std::string& handle, uint64_t fingerprint,
   }
   return Status::Ok();
 }
+
+}  // namespace
+
+Status release_kv(std::shared_ptr<UcxContext> ctx, const std::string& address,
+                  const std::string& handle, std::chrono::milliseconds timeout) {
+  std::string host;
+  uint16_t port = 0;
+  RETURN_IF_ERROR(split_address(address, &host, &port));
+  const auto deadline = Clock::now() + timeout;
+  auto s = UcxStream::connect(ctx, host, port);
+  if (!s.ok()) return s.status();
+  RETURN_IF_ERROR(send_msg(**s, ReleaseMsg{handle}, deadline));
+  auto m = recv_msg(**s, kMaxControlBody, deadline);
+  if (!m.ok()) return m.status();
+  if (auto* a = std::get_if<AbortMsg>(&*m)) return abort_status(*a, (*s)->peer());
+  if (!std::holds_alternative<DoneMsg>(*m)) {
+    return InvalidArgument(
+        fmt::format("the unit at {} did not acknowledge the release of '{}'", address, handle));
+  }
+  return Status::Ok();
+}
+
+namespace {
 
 // Worth another connection: the peer went away or was silent, or a block was damaged on the way.
 bool retriable(const Status& st) {

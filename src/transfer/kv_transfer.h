@@ -3,7 +3,11 @@
 // (ucx_stream.h) in the frames of kv_wire.h.
 //
 // KvTransferServer (prefill side) holds each hand-off under a lease until a puller has verified
-// every block and said so (DoneMsg), an AbortMsg withdraws it, or the lease runs out. pull_kv()
+// every block and said so (DoneMsg), an AbortMsg withdraws it, or the lease runs out. A pulled
+// hand-off is then retained for failover (a decode unit that takes over the request when the
+// first one is lost pulls it again: docs/fault-tolerance.md) until it is released (ReleaseMsg,
+// release_kv(): its request has ended), its retention runs out, or room is needed for a new
+// offer (retained hand-offs go first, oldest first). pull_kv()
 // (decode side) checks every block's checksum; a lost connection or a bad block is retried on a
 // new connection that resumes at the first block not yet verified, within the pull's deadline.
 // Every wait has a timeout (KvTransferOptions, PullOptions); every error names the peer.
@@ -33,13 +37,17 @@ struct KvTransferOptions {
   std::chrono::milliseconds lease{30000};
   // One frame's send or receive, and the wait for a puller's next message.
   std::chrono::milliseconds io_timeout{10000};
-  // Bytes of KV held under lease at most; offer() refuses beyond it.
+  // A pulled hand-off is kept this long for a second pull (failover) unless released first;
+  // 0: dropped once pulled.
+  std::chrono::milliseconds retain{std::chrono::minutes(10)};
+  // Bytes of KV held (leased and retained) at most: offer() drops retained hand-offs to make
+  // room, and refuses when the leased ones alone leave none.
   uint64_t max_lease_bytes = uint64_t(8) << 30;
 };
 
 struct KvTransferStats {
   int64_t offered = 0;
-  int64_t completed = 0;        // pulled and acknowledged
+  int64_t completed = 0;        // pulled and acknowledged (a second pull of a retained one too)
   int64_t expired = 0;          // leases that ran out
   int64_t withdrawn = 0;        // by withdraw() or a puller's abort
   int64_t refused = 0;          // offers over max_lease_bytes
@@ -47,8 +55,12 @@ struct KvTransferStats {
   int64_t pull_errors = 0;      // pulls answered with an abort (unknown handle, fingerprint)
   int64_t frames_rejected = 0;  // malformed, oversized or corrupt frames received
   int64_t bytes_sent = 0;       // block bytes
-  int64_t leases = 0;           // now
-  int64_t leased_bytes = 0;     // now
+  int64_t released = 0;         // by a ReleaseMsg (the request ended)
+  int64_t evicted = 0;          // retained hand-offs dropped for room or at the end of retain
+  int64_t leases = 0;           // now, not pulled yet
+  int64_t leased_bytes = 0;     // now, not pulled yet
+  int64_t retained = 0;         // now, pulled and kept for failover
+  int64_t retained_bytes = 0;   // now
 };
 
 class KvTransferServer {
@@ -59,10 +71,12 @@ class KvTransferServer {
 
   // "host:port", what pullers connect to.
   std::string address() const;
-  // Holds `h` under `handle` until it is pulled, withdrawn or its lease ends. Errors:
-  // ResourceExhausted (over max_lease_bytes), InvalidArgument (the handle is in use).
+  // Holds `h` under `handle` until it is pulled, withdrawn or its lease ends (then retained, see
+  // above). Errors: ResourceExhausted (over max_lease_bytes), InvalidArgument (the handle is in
+  // use).
   Status offer(const std::string& handle, std::shared_ptr<const KvHandoff> h);
   void withdraw(const std::string& handle);
+  void release(const std::string& handle);
   KvTransferStats stats();
 
  private:
@@ -74,8 +88,9 @@ class KvTransferServer {
   };
   struct Lease {
     std::shared_ptr<const Held> held;
-    Clock::time_point expires;
+    Clock::time_point expires;  // of the lease, then (pulled) of the retention
     uint64_t bytes = 0;
+    bool pulled = false;
   };
   struct Connection {
     std::thread thread;
@@ -89,6 +104,9 @@ class KvTransferServer {
   Status serve_pull(UcxStream& s, const PullMsg& pull);
   std::shared_ptr<const Held> find(const std::string& handle);
   void erase(const std::string& handle, int64_t KvTransferStats::*counter);
+  void erase_locked(std::unordered_map<std::string, Lease>::iterator it,
+                    int64_t KvTransferStats::*counter);
+  void pulled(const std::string& handle);
   void expire_locked(Clock::time_point now);
 
   std::shared_ptr<UcxContext> ctx_;
@@ -115,6 +133,12 @@ struct PullStats {
   int corrupt_frames = 0;     // frames that failed their checksum (then retried)
   uint64_t resumed_from = 0;  // the block the last attempt started at
 };
+
+// Tells the KvTransferServer at `address` that hand-off `handle` is no longer needed (its
+// request ended): it drops it, pulled or not. OK also when it was not there (any more).
+Status release_kv(std::shared_ptr<UcxContext> ctx, const std::string& address,
+                  const std::string& handle,
+                  std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
 
 // Pulls the hand-off `handle` from the KvTransferServer at `address` ("host:port"); `fingerprint`
 // is the puller's KV fingerprint (the server refuses a hand-off of another). Errors: NotFound

@@ -71,6 +71,7 @@ MsgType type_of(const KvMessage& m) {
         if constexpr (std::is_same_v<T, HeaderMsg>) return MsgType::kHeader;
         if constexpr (std::is_same_v<T, BlockMsg>) return MsgType::kBlock;
         if constexpr (std::is_same_v<T, DoneMsg>) return MsgType::kDone;
+        if constexpr (std::is_same_v<T, ReleaseMsg>) return MsgType::kRelease;
         return MsgType::kAbort;
       },
       m);
@@ -99,6 +100,8 @@ std::vector<uint8_t> body_of(const KvMessage& m) {
         } else if constexpr (std::is_same_v<T, AbortMsg>) {
           w.u64(v.code);
           w.str(v.reason);
+        } else if constexpr (std::is_same_v<T, ReleaseMsg>) {
+          w.str(v.handle);
         }
       },
       m);
@@ -134,7 +137,7 @@ Status check_header(const FrameHeader& h, uint64_t max_body) {
     return InvalidArgument(fmt::format("KV transfer frame of version {}, this build speaks {}",
                                        h.version, kKvWireVersion));
   }
-  if (h.type < uint16_t(MsgType::kPull) || h.type > uint16_t(MsgType::kAbort)) {
+  if (h.type < uint16_t(MsgType::kPull) || h.type > uint16_t(MsgType::kRelease)) {
     return InvalidArgument(fmt::format("KV transfer frame of unknown type {}", h.type));
   }
   if (h.length > max_body) {
@@ -189,6 +192,12 @@ Result<KvMessage> decode(const FrameHeader& h, std::span<const uint8_t> body) {
       AbortMsg m;
       ok = r.u64(&m.code) && r.str(&m.reason) && m.code > 0 &&
            m.code <= uint64_t(StatusCode::kInternal);
+      out = std::move(m);
+      break;
+    }
+    case MsgType::kRelease: {
+      ReleaseMsg m;
+      ok = r.str(&m.handle);
       out = std::move(m);
       break;
     }

@@ -11,6 +11,12 @@
 //                                           <- DoneMsg
 //   AbortMsg at any point, either way: the other side stops and says why.
 //
+// A pulled hand-off stays held (retained) for failover: a decode unit that takes over a
+// re-bound request pulls it again (docs/fault-tolerance.md). Whoever knows the request has
+// ended (the router) lets it go on a connection of its own:
+//   ReleaseMsg{handle} ->                      (the hand-off is dropped, pulled or not)
+//                                           <- DoneMsg
+//
 // A dropped connection resumes: the puller connects again and asks from the first block it has
 // not verified.
 #pragma once
@@ -31,7 +37,14 @@ inline constexpr uint16_t kKvWireVersion = 1;
 // 4.6 MB; a header with a 160K-token context ~0.7 MB.
 inline constexpr uint64_t kKvWireMaxBody = uint64_t(64) << 20;
 
-enum class MsgType : uint16_t { kPull = 1, kHeader = 2, kBlock = 3, kDone = 4, kAbort = 5 };
+enum class MsgType : uint16_t {
+  kPull = 1,
+  kHeader = 2,
+  kBlock = 3,
+  kDone = 4,
+  kAbort = 5,
+  kRelease = 6,
+};
 
 struct FrameHeader {
   uint32_t magic = kKvWireMagic;
@@ -72,7 +85,11 @@ struct AbortMsg {
   std::string reason;
 };
 
-using KvMessage = std::variant<PullMsg, HeaderMsg, BlockMsg, DoneMsg, AbortMsg>;
+struct ReleaseMsg {
+  std::string handle;  // the hand-off to drop: its request has ended
+};
+
+using KvMessage = std::variant<PullMsg, HeaderMsg, BlockMsg, DoneMsg, AbortMsg, ReleaseMsg>;
 
 // The header of a frame with this body (a block is sent as this header then its bytes, uncopied).
 FrameHeader frame_header(MsgType type, std::span<const uint8_t> body, uint64_t seq = 0);

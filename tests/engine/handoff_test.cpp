@@ -126,6 +126,59 @@ TEST(Handoff, DisaggregatedEqualsColocatedFp8) {
 }
 
 // A request that ends with its first token ends on the prefill unit; no hand-off.
+// Failover (docs/fault-tolerance.md): decode unit d1 is lost after k tokens; d2 resumes the
+// same hand-off with the tokens the client already has (EngineRequest::resume_generated),
+// computes their KV itself and goes on: the rest equals one engine's, token for token, logprobs
+// included, greedy and sampled (the sampler advanced one draw per token already emitted).
+void expect_rebound_equals_colocated(DType kv) {
+  SCOPED_TRACE(fmt::format("KV {}", dtype_name(kv)));
+  auto colocated = engine(options(kv));
+  auto p = engine(options(kv));
+  auto d2 = engine(options(kv));
+  ASSERT_TRUE(colocated && p && d2);
+  int salt = 40;
+  for (int n : {5, 64, 130}) {
+    for (bool sampled : {false, true}) {
+      const EngineRequest r =
+          request(fmt::format("f{}{}", n, sampled ? "s" : "g"), n, ++salt, 12, sampled);
+      Collector c;
+      run(*colocated, r, &c);
+      ASSERT_EQ(c.generated.size(), 12u);
+      EngineRequest first = r;
+      first.hand_off = true;
+      Collector pc;
+      run(*p, first, &pc);
+      ASSERT_TRUE(pc.handoff) << r.id;
+      for (size_t k : {size_t(1), size_t(2), size_t(7), size_t(11)}) {  // tokens the client has
+        EngineRequest rest = r;
+        rest.id = fmt::format("{}-{}", r.id, k);
+        rest.resume = pc.handoff;
+        for (size_t i = 0; i < k; ++i) rest.resume_generated.push_back(c.generated[i].id);
+        Collector dc;
+        run(*d2, rest, &dc);
+        EXPECT_EQ(dc.reason, FinishReason::kLength) << rest.id << " " << dc.error.to_string();
+        const std::vector<GeneratedToken> want(c.generated.begin() + long(k), c.generated.end());
+        EXPECT_EQ(dc.generated, want) << rest.id;
+      }
+      // Tokens that do not begin with the hand-off's are refused at submit.
+      EngineRequest bad = r;
+      bad.id = r.id + "-bad";
+      bad.resume = pc.handoff;
+      bad.resume_generated = {c.generated[0].id + 1, c.generated[1].id};
+      Collector bc;
+      EXPECT_EQ(d2->submit(bad, bc.callback()).code(), StatusCode::kInvalidArgument);
+    }
+  }
+  EXPECT_EQ(d2->stats().running, 0);
+}
+
+TEST(Handoff, ReboundAfterALostDecodeUnitEqualsColocatedBf16) {
+  expect_rebound_equals_colocated(DType::kBF16);
+}
+TEST(Handoff, ReboundAfterALostDecodeUnitEqualsColocatedFp8) {
+  expect_rebound_equals_colocated(DType::kF8E4M3);
+}
+
 TEST(Handoff, RequestEndingAtItsFirstTokenIsNotHandedOff) {
   auto p = engine(options(DType::kBF16));
   ASSERT_TRUE(p);

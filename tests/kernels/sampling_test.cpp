@@ -199,3 +199,28 @@ TEST(VerifyDrafts, GreedyKeepsTheLongestMatchingPrefixAndTheBonus) {
 
 }  // namespace
 }  // namespace moeserve
+
+namespace moeserve {
+namespace {
+
+// A re-bound request's sampler is advanced one draw per token it already emitted
+// (engine/handoff.h extend_handoff): every sampled token costs exactly one mt19937_64 draw,
+// whatever the cuts, and a greedy one none.
+TEST(Sampling, EachSampledTokenCostsExactlyOneDraw) {
+  std::vector<float> l(1000);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = float((i * 7919) % 97) / 13.0f;
+  for (SamplingParams p : {SamplingParams{0.8f, 1.0f, 0}, SamplingParams{0.8f, 0.9f, 0},
+                           SamplingParams{1.2f, 1.0f, 40}, SamplingParams{0.7f, 0.5f, 100},
+                           SamplingParams{0.0f, 1.0f, 0}}) {
+    std::mt19937_64 rng(99), ref(99);
+    for (int t = 0; t < 50; ++t) {
+      (void)sample_token(l.data(), int64_t(l.size()), p, rng);
+      if (p.temperature > 0) ref.discard(1);
+      ASSERT_EQ(rng, ref) << "temperature " << p.temperature << " top_p " << p.top_p
+                          << " top_k " << p.top_k << " token " << t;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moeserve

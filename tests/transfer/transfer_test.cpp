@@ -57,7 +57,7 @@ std::unique_ptr<KvTransferServer> server(KvTransferOptions o = {}) {
   return s.ok() ? std::move(*s) : nullptr;
 }
 
-TEST(KvTransfer, PulledHandoffEqualsOfferedAndEndsTheLease) {
+TEST(KvTransfer, PulledHandoffEqualsOfferedIsRetainedForFailoverUntilReleased) {
   auto srv = server();
   ASSERT_TRUE(srv);
   auto h = handoff(5, 64 * 1024);
@@ -69,14 +69,79 @@ TEST(KvTransfer, PulledHandoffEqualsOfferedAndEndsTheLease) {
   EXPECT_EQ(**got, *h);
   EXPECT_EQ(ps.attempts, 1);
   EXPECT_EQ(ps.bytes, 5 * 64 * 1024);
-  const KvTransferStats st = srv->stats();
+  KvTransferStats st = srv->stats();
   EXPECT_EQ(st.completed, 1);
-  EXPECT_EQ(st.leases, 0);
+  EXPECT_EQ(st.leases, 0);  // the lease ended: a leaving unit does not wait for it
   EXPECT_EQ(st.leased_bytes, 0);
+  EXPECT_EQ(st.retained, 1);
+  EXPECT_EQ(st.retained_bytes, 5 * 64 * 1024);
   EXPECT_EQ(st.bytes_sent, 5 * 64 * 1024);
-  // Taken: a second pull finds nothing.
+  // A second decode unit (the first was lost) pulls the same bytes again.
   auto again = pull_kv(context(), srv->address(), "req-1", h->fingerprint);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(**again, *h);
+  EXPECT_EQ(srv->stats().completed, 2);
+  EXPECT_EQ(srv->stats().retained, 1);
+  // The request ended: released, it is gone; releasing it again (or an unknown one) is fine.
+  ASSERT_TRUE(release_kv(context(), srv->address(), "req-1").ok());
+  ASSERT_TRUE(release_kv(context(), srv->address(), "req-1").ok());
+  st = srv->stats();
+  EXPECT_EQ(st.released, 1);
+  EXPECT_EQ(st.retained, 0);
+  EXPECT_EQ(st.retained_bytes, 0);
+  auto gone = pull_kv(context(), srv->address(), "req-1", h->fingerprint);
+  EXPECT_EQ(gone.status().code(), StatusCode::kNotFound) << gone.status().to_string();
+  // An unpulled one can be released too (a request cancelled before its decode).
+  ASSERT_TRUE(srv->offer("req-2", h).ok());
+  ASSERT_TRUE(release_kv(context(), srv->address(), "req-2").ok());
+  EXPECT_EQ(srv->stats().leases, 0);
+  EXPECT_EQ(srv->stats().released, 2);
+  // A release to no server fails, naming nothing worse than the address.
+  EXPECT_FALSE(release_kv(context(), "127.0.0.1:1", "req-1", 300ms).ok());
+}
+
+TEST(KvTransfer, WithoutRetentionAPulledHandoffIsGone) {
+  KvTransferOptions o;
+  o.retain = 0ms;
+  auto srv = server(o);
+  ASSERT_TRUE(srv);
+  auto h = handoff(2);
+  ASSERT_TRUE(srv->offer("r", h).ok());
+  ASSERT_TRUE(pull_kv(context(), srv->address(), "r", h->fingerprint).ok());
+  EXPECT_EQ(srv->stats().retained, 0);
+  auto again = pull_kv(context(), srv->address(), "r", h->fingerprint);
   EXPECT_EQ(again.status().code(), StatusCode::kNotFound) << again.status().to_string();
+}
+
+TEST(KvTransfer, RetainedHandoffsMakeRoomOldestFirstAndRunOut) {
+  KvTransferOptions o;
+  o.max_lease_bytes = 3 * 4096;
+  o.retain = 300ms;
+  auto srv = server(o);
+  ASSERT_TRUE(srv);
+  auto a = handoff(1), b = handoff(1);
+  ASSERT_TRUE(srv->offer("a", a).ok());
+  ASSERT_TRUE(pull_kv(context(), srv->address(), "a", a->fingerprint).ok());
+  std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(srv->offer("b", b).ok());
+  ASSERT_TRUE(pull_kv(context(), srv->address(), "b", b->fingerprint).ok());
+  EXPECT_EQ(srv->stats().retained, 2);
+  // Two blocks more: only one retained block has to go, the older ("a").
+  ASSERT_TRUE(srv->offer("c", handoff(2)).ok());
+  KvTransferStats st = srv->stats();
+  EXPECT_EQ(st.evicted, 1);
+  EXPECT_EQ(st.retained, 1);
+  EXPECT_EQ(pull_kv(context(), srv->address(), "a", a->fingerprint).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_TRUE(pull_kv(context(), srv->address(), "b", b->fingerprint).ok());
+  // Leased bytes are never dropped for room: one block more than the unpulled ones leave.
+  EXPECT_EQ(srv->offer("d", handoff(2)).code(), StatusCode::kResourceExhausted);
+  // The retention runs out.
+  std::this_thread::sleep_for(350ms);
+  st = srv->stats();
+  EXPECT_EQ(st.retained, 0);
+  EXPECT_EQ(st.retained_bytes, 0);
+  EXPECT_EQ(st.evicted, 2);
 }
 
 TEST(KvTransfer, ZeroBlocksAndManyConcurrentPulls) {
