@@ -24,12 +24,14 @@ struct OutputQueue {
   std::deque<RequestOutput> outputs;
   bool finished = false;
 
-  OutputCallback callback() {
-    return [this](const RequestOutput& o) {
-      std::lock_guard<std::mutex> lock(mu);
-      outputs.push_back(o);
-      if (o.finished) finished = true;
-      cv.notify_all();
+  // The engine may call it after the waiting side has gone (an abandoned stream, a prefill
+  // that timed out, the cancel's own final output): it holds the queue, not a pointer to it.
+  static OutputCallback callback(std::shared_ptr<OutputQueue> q) {
+    return [q = std::move(q)](const RequestOutput& o) {
+      std::lock_guard<std::mutex> lock(q->mu);
+      q->outputs.push_back(o);
+      if (o.finished) q->finished = true;
+      q->cv.notify_all();
     };
   }
 };
@@ -137,7 +139,7 @@ Reply PdUnit::prefill(std::string_view body) {
   const std::string id = r.id;
   r.hand_off = true;
   auto q = std::make_shared<OutputQueue>();
-  if (Status st = engine_.submit(std::move(r), q->callback()); !st.ok()) return error_reply(st);
+  if (Status st = engine_.submit(std::move(r), OutputQueue::callback(q)); !st.ok()) return error_reply(st);
   PrefillReply reply;
   {
     std::unique_lock<std::mutex> lock(q->mu);
@@ -183,7 +185,7 @@ Reply PdUnit::decode(std::string_view body) {
   r.resume_handle = p->handle;
   const std::string id = r.id;
   auto q = std::make_shared<OutputQueue>();
-  if (Status st = engine_.submit(std::move(r), q->callback()); !st.ok()) return error_reply(st);
+  if (Status st = engine_.submit(std::move(r), OutputQueue::callback(q)); !st.ok()) return error_reply(st);
   Reply reply;
   reply.content_type = "application/x-ndjson";
   reply.stream = std::make_shared<DecodeStream>(engine_, id, std::move(q));
