@@ -2,8 +2,6 @@
 
 #include <condition_variable>
 
-#include "transfer/kv_transfer.h"
-
 #include <fmt/format.h>
 #include <httplib.h>
 #include <xxhash.h>
@@ -12,6 +10,7 @@
 #include "cache/kv_cache.h"
 #include "router/pd_http.h"
 #include "server/api_error.h"
+#include "transfer/kv_transfer.h"
 
 namespace moeserve {
 
@@ -193,9 +192,9 @@ void PdRouter::run(Flow& f) {
     release(reply);
     PrefillReply again;
     st = run_prefill(f, &again, &unit);
-    if (st.ok() && (again.output.finish_reason != FinishReason::kHandedOff ||
-                    again.output.tokens.empty() || delivered.empty() ||
-                    again.output.tokens[0].id != delivered[0])) {
+    if (st.ok() &&
+        (again.output.finish_reason != FinishReason::kHandedOff || again.output.tokens.empty() ||
+         delivered.empty() || again.output.tokens[0].id != delivered[0])) {
       st = Internal(fmt::format(
           "request {}: prefilled again for a new decode unit, it did not reach the same first "
           "token; ending it rather than changing its output",
@@ -335,13 +334,13 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
 }
 
 PdRouter::DecodeEnd PdRouter::run_decode(Flow& f, const PrefillReply& reply,
-                                          std::vector<int32_t>* delivered,
-                                          std::vector<std::string>* avoid, Status* error) {
+                                         std::vector<int32_t>* delivered,
+                                         std::vector<std::string>* avoid, Status* error) {
   std::string name, url, key;
   const int64_t blocks = blocks_for(int64_t(f.request.prompt.size()) + f.request.max_tokens);
   // A re-bound request waits a while for a decode unit (one restarting, say); a new one does not.
   const auto wait_until = Clock::now() + (avoid->empty() ? Clock::duration::zero()
-                                                          : Clock::duration(options_.rebind_wait));
+                                                         : Clock::duration(options_.rebind_wait));
   for (;;) {
     std::unique_lock<std::mutex> lock(mu_);
     const auto now = Clock::now();
@@ -428,10 +427,16 @@ PdRouter::DecodeEnd PdRouter::run_decode(Flow& f, const PrefillReply& reply,
         line_error = o.status().with_context("decode unit " + name);
         return false;
       }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        generated_tokens_ += int64_t(o->tokens.size());
+      }
+      tokens_here += int64_t(o->tokens.size());
+      for (const GeneratedToken& t : o->tokens) delivered->push_back(t.id);
       if (o->finished && o->finish_reason == FinishReason::kError) {
-        // Not the client's yet: another unit may be able to go on (run() decides).
+        // The error is not the client's yet: another unit may go on (run() decides); the
+        // tokens before it are.
         unit_error = o->error.with_context("decode unit " + name);
-        for (const GeneratedToken& t : o->tokens) delivered->push_back(t.id);
         if (!o->tokens.empty()) {
           RequestOutput part = *o;
           part.finished = false;
@@ -440,12 +445,6 @@ PdRouter::DecodeEnd PdRouter::run_decode(Flow& f, const PrefillReply& reply,
         }
         return false;
       }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        generated_tokens_ += int64_t(o->tokens.size());
-      }
-      tokens_here += int64_t(o->tokens.size());
-      for (const GeneratedToken& t : o->tokens) delivered->push_back(t.id);
       if (o->finished) finished = true;
       f.callback(*o);
       if (finished) return true;

@@ -9,8 +9,8 @@
 // or its heartbeats older than unit_timeout) does not end its requests: each is re-bound to
 // another decode unit with the tokens the client already has, which pulls the KV again from the
 // prefill unit (retained there until the router releases it at the request's end), or, when
-// that KV is gone, after a new prefill (docs/fault-tolerance.md). GET /admin/units lists them; POST /admin/drain takes
-// one out of service in an orderly way (docs/pd.md).
+// that KV is gone, after a new prefill (docs/fault-tolerance.md). GET /admin/units lists them; POST
+// /admin/drain takes one out of service in an orderly way (docs/pd.md).
 //
 // Threading: the Engine methods from any thread; each request's flow runs on its own thread,
 // which makes its callbacks (in order).
@@ -45,9 +45,9 @@ struct RouterOptions {
   std::chrono::milliseconds unit_timeout{2500};  // no heartbeat for this long: out of the choice
   std::chrono::milliseconds prefill_timeout{std::chrono::minutes(10)};       // one prefill call
   std::chrono::milliseconds decode_idle_timeout{std::chrono::seconds(120)};  // between outputs
-  double cache_slack = 0.25;                 // choose_prefill's slack for cache awareness
-  int prefill_attempts = 3;                  // prefill units tried when one cannot be reached
-  int decode_attempts = 4;                   // decode units tried per request (re-binds + 1)
+  double cache_slack = 0.25;  // choose_prefill's slack for cache awareness
+  int prefill_attempts = 3;   // prefill units tried when one cannot be reached
+  int decode_attempts = 4;    // decode units tried per request (re-binds + 1)
   // How long a re-bound request waits for another decode unit to be alive (one restarting).
   std::chrono::milliseconds rebind_wait{std::chrono::seconds(10)};
   int64_t prefix_blocks_per_unit = 1 << 16;  // block hashes remembered per prefill unit
@@ -115,11 +115,11 @@ class PdRouter final : public Engine {
 
   // How one decode attempt ended.
   enum class DecodeEnd {
-    kDone,       // finished (or the client went away)
-    kLost,       // the unit went away or fell silent mid-stream: re-bind, same KV
-    kNoKv,       // the unit could not get the KV (gone from the prefill unit): prefill again
-    kRefused,    // the unit would not take it (draining, full): another unit, same KV
-    kFailed,     // an error re-binding would not cure
+    kDone,     // finished (or the client went away)
+    kLost,     // the unit went away or fell silent mid-stream: re-bind, same KV
+    kNoKv,     // the unit could not get the KV (gone from the prefill unit): prefill again
+    kRefused,  // the unit would not take it (draining, full): another unit, same KV
+    kFailed,   // an error re-binding would not cure
   };
   void run(Flow& f);
   Status run_prefill(Flow& f, PrefillReply* reply, std::string* unit);

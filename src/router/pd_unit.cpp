@@ -139,7 +139,8 @@ Reply PdUnit::prefill(std::string_view body) {
   const std::string id = r.id;
   r.hand_off = true;
   auto q = std::make_shared<OutputQueue>();
-  if (Status st = engine_.submit(std::move(r), OutputQueue::callback(q)); !st.ok()) return error_reply(st);
+  if (Status st = engine_.submit(std::move(r), OutputQueue::callback(q)); !st.ok())
+    return error_reply(st);
   PrefillReply reply;
   {
     std::unique_lock<std::mutex> lock(q->mu);
@@ -185,7 +186,8 @@ Reply PdUnit::decode(std::string_view body) {
   r.resume_handle = p->handle;
   const std::string id = r.id;
   auto q = std::make_shared<OutputQueue>();
-  if (Status st = engine_.submit(std::move(r), OutputQueue::callback(q)); !st.ok()) return error_reply(st);
+  if (Status st = engine_.submit(std::move(r), OutputQueue::callback(q)); !st.ok())
+    return error_reply(st);
   Reply reply;
   reply.content_type = "application/x-ndjson";
   reply.stream = std::make_shared<DecodeStream>(engine_, id, std::move(q));

@@ -128,8 +128,7 @@ Status KvTransferServer::offer(const std::string& handle, std::shared_ptr<const 
                     stats_.leased_bytes, bytes, options_.max_lease_bytes));
   }
   // Room from the retained ones, those closest to the end of their retention first.
-  while (uint64_t(stats_.leased_bytes + stats_.retained_bytes) + bytes >
-         options_.max_lease_bytes) {
+  while (uint64_t(stats_.leased_bytes + stats_.retained_bytes) + bytes > options_.max_lease_bytes) {
     auto oldest = leases_.end();
     for (auto it = leases_.begin(); it != leases_.end(); ++it) {
       if (it->second.pulled &&

@@ -5,8 +5,8 @@ when every stream has --at tokens (0: at once), runs --then (a shell command: th
 notes the time. Every stream is compared with the same request, unstreamed, on --ref (a
 co-located serve): text, finish reason and every token's logprob. Prints one JSON line:
 requests lost (ended in an error), changed (whole but different), the longest gap between two
-tokens of a stream (or before its first), and the recovery time (from the kill to the last
-first-token-after-the-kill over the streams). Exits 1 when a request was lost or changed, unless
+tokens of a stream (or before its first), and the recovery time (from the kill to the end of
+the longest gap after it, the latest over the streams). Exits 1 when a request was lost or changed, unless
 --expect-errors, where every request must instead have ended (no hang) within --end-within s.
 """
 import argparse
@@ -109,8 +109,14 @@ for i, r in enumerate(results):
     gap = max([gap] + [b - x for x, b in zip(ts, ts[1:])])
 recovery = None
 if kill_at[0] is not None:
-    after = [min([x for x in ts if x > kill_at[0]], default=None) for ts in times]
-    after = [x - kill_at[0] for x in after if x is not None]
+    # Per stream, the end of its longest gap among those ending after the kill (a stream of the
+    # failed unit: when its tokens came again; the others: soon after the kill).
+    after = []
+    for i, r in enumerate(results):
+        ts = [r["start"]] + times[i]
+        gaps = [(b - x, b) for x, b in zip(ts, ts[1:]) if b > kill_at[0]]
+        if gaps:
+            after.append(max(gaps)[1] - kill_at[0])
     recovery = max(after) if after else None
 ended = max(r["end"] for r in results) - (kill_at[0] or 0) if kill_at[0] else None
 out = dict(label=a.label, requests=a.n, lost=len(lost), changed=len(changed),

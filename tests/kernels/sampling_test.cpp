@@ -97,7 +97,6 @@ TEST(Sampling, VocabularySizedCutsMatchTheFullSort) {
   }
 }
 
-
 // ---- verify_drafts: speculative verification keeps the target distribution ----
 
 // The tempered, top-k-cut softmax of logits, by definition (full sort).
@@ -172,8 +171,8 @@ TEST(VerifyDrafts, KeepsTheTargetDistributionExactly) {
   // 24 degrees of freedom (21 with top-k 4: one token cut, 9 zero cells): the 0.1% critical
   // value is 51.2; the wrong sampler lands in the thousands with these many trials.
   constexpr double kCritical = 51.2;
-  for (const SamplingParams& sp :
-       {SamplingParams{1.0f, 1.0f, 0}, SamplingParams{0.7f, 1.0f, 0}, SamplingParams{1.3f, 1.0f, 4}}) {
+  for (const SamplingParams& sp : {SamplingParams{1.0f, 1.0f, 0}, SamplingParams{0.7f, 1.0f, 0},
+                                   SamplingParams{1.3f, 1.0f, 4}}) {
     const double right = joint_chi_square(sp, false, 200000);
     const double wrong = joint_chi_square(sp, true, 200000);
     EXPECT_LT(right, kCritical) << "temperature " << sp.temperature << " top_k " << sp.top_k;
@@ -216,8 +215,8 @@ TEST(Sampling, EachSampledTokenCostsExactlyOneDraw) {
     for (int t = 0; t < 50; ++t) {
       (void)sample_token(l.data(), int64_t(l.size()), p, rng);
       if (p.temperature > 0) ref.discard(1);
-      ASSERT_EQ(rng, ref) << "temperature " << p.temperature << " top_p " << p.top_p
-                          << " top_k " << p.top_k << " token " << t;
+      ASSERT_EQ(rng, ref) << "temperature " << p.temperature << " top_p " << p.top_p << " top_k "
+                          << p.top_k << " token " << t;
     }
   }
 }
