@@ -22,10 +22,8 @@
 #include "ep/expert_load_counter.h"
 #include "ep_flags.h"
 #include "eplb/expert_loads.h"
-#include "model/checkpoint.h"
-#include "model/deepseek.h"
 #include "model/expert_store.h"
-#include "model/fingerprint.h"
+#include "model/loaded_model.h"
 #include "spec_flags.h"
 #include "tokenizer/chat_messages_json.h"
 #include "tokenizer/chat_template.h"
@@ -146,6 +144,106 @@ Result<std::vector<std::vector<int32_t>>> collect_prompts(const GenerateOptions&
   return prompts;
 }
 
+// stdout: one line per prompt (JSON with --json: ids, tokens, text, top logprobs).
+void print_results(const GenerateOptions& o, const std::vector<GenerateRequest>& requests,
+                   const std::vector<GenerateResult>& results, const std::optional<Tokenizer>& tok,
+                   int64_t vocab_size) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    const GenerateResult& r = results[i];
+    if (o.json) {
+      nlohmann::json j;
+      j["prompt_ids"] = requests[i].prompt;
+      j["tokens"] = r.tokens;
+      j["finish_reason"] = r.finish == FinishReason::kStop ? "stop" : "length";
+      if (o.spec.enabled()) {
+        j["draft_tokens"] = r.draft_tokens;
+        j["accepted_draft_tokens"] = r.accepted_draft_tokens;
+      }
+      if (tok && tok->vocab_size() <= vocab_size) j["text"] = tok->decode(r.tokens, true);
+      if (o.logprobs > 0) {
+        nlohmann::json steps = nlohmann::json::array();
+        for (const auto& step : r.top_logprobs) {
+          nlohmann::json s = nlohmann::json::array();
+          for (const TokenLogprob& t : step) s.push_back({{"id", t.id}, {"logprob", t.logprob}});
+          steps.push_back(s);
+        }
+        j["top_logprobs"] = steps;
+      }
+      fmt::print("{}\n", j.dump());
+    } else {
+      if (tok && tok->vocab_size() <= vocab_size) {
+        fmt::print("prompt {}: {}\n", i, tok->decode(r.tokens, true));
+      } else {
+        fmt::print("prompt {}: {}\n", i, fmt::join(r.tokens, " "));
+      }
+    }
+  }
+}
+
+// --speculative: acceptance per draft position on stderr (and as JSON with --json).
+void print_speculative(const GenerateOptions& o, const EngineCoreStats& s, double tokens_per_s) {
+  std::string per_pos;
+  for (int64_t k = 0; k < o.spec.num_draft_tokens; ++k) {
+    const double v = double(s.spec_verified[size_t(k)]);
+    per_pos += fmt::format(" {:.3f}", v > 0 ? double(s.spec_accepted[size_t(k)]) / v : 0.0);
+  }
+  const double steps = double(std::max<int64_t>(1, s.spec_verify_steps));
+  fmt::print(stderr,
+             "speculative: acceptance per draft position{}, {:.3f} tokens per verify step, "
+             "{} of {} steps without drafts (load policy)\n",
+             per_pos, double(s.spec_verify_tokens) / steps, s.spec_off_steps, s.steps);
+  if (o.json) {
+    nlohmann::json j;
+    j["speculative"] = {
+        {"num_draft_tokens", o.spec.num_draft_tokens},
+        {"verified", std::vector<int64_t>(s.spec_verified.begin(),
+                                          s.spec_verified.begin() + o.spec.num_draft_tokens)},
+        {"accepted", std::vector<int64_t>(s.spec_accepted.begin(),
+                                          s.spec_accepted.begin() + o.spec.num_draft_tokens)},
+        {"verify_steps", s.spec_verify_steps},
+        {"verify_tokens", s.spec_verify_tokens},
+        {"steps", s.steps},
+        {"off_steps", s.spec_off_steps},
+        {"tokens_per_s", tokens_per_s}};
+    fmt::print("{}\n", j.dump());
+  }
+}
+
+// The bring-up's options from the flags; the KV cache holds every prompt with all its tokens.
+ModelOptions model_options(const GenerateOptions& o, const std::vector<GenerateRequest>& requests,
+                           bool progress) {
+  ModelOptions mo;
+  mo.model_dir = o.model;
+  mo.threads = o.threads;
+  mo.compute = o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast;
+  mo.attention = o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed;
+  mo.int8 = o.int8;
+  mo.weight_cache_dir = o.weight_cache;
+  mo.kv_dtype = o.kv_dtype;
+  int64_t n_blocks = 0;
+  for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
+  mo.kv_blocks = n_blocks;
+  mo.kv_disk_dir = o.kv_disk;
+  mo.kv_disk_gb = o.kv_disk_gb;
+  mo.mtp = o.spec.enabled();
+  mo.overlap = !o.ep.no_overlap;
+  mo.overlap_min_tokens = o.ep.overlap_min_tokens;
+  mo.progress = progress;
+  return mo;
+}
+
+// Under mpirun or --ep: this rank's place in the EP group, sized for the largest step (every
+// prompt at once, or every draft).
+Result<EpGroup> join_group(const GenerateOptions& o, const std::vector<GenerateRequest>& requests) {
+  ASSIGN_OR_RETURN(ModelConfig config, load_model_config(o.model + "/config.json"));
+  int64_t max_tokens = 0;
+  for (const auto& r : requests) {
+    max_tokens += int64_t(r.prompt.size()) + 1 + (o.spec.enabled() ? o.spec.num_draft_tokens : 0);
+  }
+  return join_ep_group(o.ep, config, max_tokens, /*bf16_rows=*/o.compute != "reference",
+                       /*mtp=*/o.spec.enabled());
+}
+
 int run_generate(const GenerateOptions& o) {
   // The tokenizer: --tokenizer, else the model directory when it has one.
   std::optional<Tokenizer> tok;
@@ -180,84 +278,33 @@ int run_generate(const GenerateOptions& o) {
     return 2;
   }
   auto t0 = std::chrono::steady_clock::now();
-  LoadOptions load;
-  load.progress = true;
   std::optional<EpGroup> ep;
   if (std::string usage = check_ep_flags(o.ep); !usage.empty()) {
     fmt::print(stderr, "generate: {}\n", usage);
     return 2;
   }
-  load.mtp = o.spec.enabled();
   if (o.ep.enabled()) {
-    auto config = load_model_config(o.model + "/config.json");
-    if (!config.ok()) {
-      fmt::print(stderr, "generate: {}\n", config.status().message());
-      return 1;
-    }
-    int64_t max_tokens = 0;  // most tokens of one step: every prompt at once (or every draft)
-    for (const auto& r : requests) {
-      max_tokens += int64_t(r.prompt.size()) + 1 + (o.spec.enabled() ? o.spec.num_draft_tokens : 0);
-    }
-    auto group = join_ep_group(o.ep, *config, max_tokens, /*bf16_rows=*/o.compute != "reference",
-                               /*mtp=*/o.spec.enabled());
+    auto group = join_group(o, requests);
     if (!group.ok()) {
       fmt::print(stderr, "generate: {}\n", group.status().message());
       return 1;
     }
     ep = std::move(*group);
-    load.progress = ep->comm->rank() == 0;
-    load.holds_layer_expert = [d = ep->dispatcher.get()](int64_t moe_layer, int32_t e) {
-      return d->holds_layer_expert(moe_layer, e);
-    };
   }
   const bool print = !ep || ep->comm->rank() == 0;
-  auto ck = Checkpoint::open(o.model, load);
-  if (!ck.ok()) {
-    fmt::print(stderr, "generate: {}\n", ck.status().message());
+  auto loaded =
+      LoadedModel::open(model_options(o, requests, print), ep ? ep->dispatcher.get() : nullptr);
+  if (!loaded.ok()) {
+    fmt::print(stderr, "generate: {}\n", loaded.status().message());
     return 1;
   }
-  const ModelConfig& c = (*ck)->config();
-  const ComputePath path = o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast;
-  if (Status st = DeepseekModel::supports(c, path); !st.ok()) {
-    fmt::print(stderr, "generate: {}: {}\n", o.model, st.message());
-    return 1;
-  }
-  const KvLayout layout = kv_cache_layout(c, o.kv_dtype, o.spec.enabled());
-  if (Status st = kv_token_format_status(layout.token); !st.ok()) {
-    fmt::print(stderr, "generate: {}: {}\n", o.model, st.message());
-    return 1;
-  }
-  double load_s = seconds_since(t0);
-
-  ThreadPool pool(o.threads);
-  LocalDispatcher local(c.n_routed_experts, /*bf16_rows=*/o.compute != "reference");
-  Dispatcher& dispatcher = ep ? static_cast<Dispatcher&>(*ep->dispatcher) : local;
-  auto fingerprint = model_fingerprint(o.model, o.kv_dtype, path, o.spec.enabled(),
-                                       o.int8.projections, o.int8.experts);
-  if (!fingerprint.ok()) {
-    fmt::print(stderr, "generate: {}\n", fingerprint.status().message());
-    return 1;
-  }
-  DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool,
-                      o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed,
-                      path,
-                      /*overlap=*/!o.ep.no_overlap, /*progress=*/print, o.int8,
-                      WeightCacheOptions{o.weight_cache, *fingerprint});
-  model.set_overlap_min_tokens(o.ep.overlap_min_tokens);
+  const ModelConfig& c = (*loaded)->config();
+  CausalLm& model = (*loaded)->model();
+  KvCache& cache = (*loaded)->cache();
+  ThreadPool& pool = (*loaded)->pool();
+  DiskTier* disk = (*loaded)->disk();
+  const double load_s = seconds_since(t0);  // the checkpoint mapped and its weights prepared
   const SpeculativeConfig spec = o.spec.config();
-  int32_t n_blocks = 0;
-  for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
-  std::unique_ptr<DiskTier> disk;  // outlives the cache, which borrows it
-  if (!o.kv_disk.empty()) {
-    auto t = DiskTier::open({o.kv_disk, o.kv_disk_gb}, *fingerprint, layout.block_bytes());
-    if (!t.ok()) {
-      fmt::print(stderr, "generate: {}\n", t.status().message());
-      return 1;
-    }
-    disk = std::move(*t);
-  }
-  KvCache cache(layout, n_blocks, *fingerprint);
-  cache.set_tier(disk.get());
   Generator gen(model, cache, &pool, spec);
   const int rank = ep ? ep->comm->rank() : 0;
   std::optional<Tracer> tracer;
@@ -265,7 +312,6 @@ int run_generate(const GenerateOptions& o) {
     tracer.emplace(rank);
     model.set_tracer(&*tracer);
   }
-  double prepare_s = seconds_since(t0) - load_s;  // weight repacking for the fast path
   // Online EPLB: the balancer moves weights through the model after every step; the step
   // times (forward + balancer) show what a migration costs.
   std::vector<double> step_ms;
@@ -322,69 +368,11 @@ int run_generate(const GenerateOptions& o) {
   }
   if (!print) return 0;
   int64_t n_gen = 0;
-  for (size_t i = 0; i < results->size(); ++i) {
-    const GenerateResult& r = (*results)[i];
-    n_gen += int64_t(r.tokens.size());
-    if (o.json) {
-      nlohmann::json j;
-      j["prompt_ids"] = requests[i].prompt;
-      j["tokens"] = r.tokens;
-      j["finish_reason"] = r.finish == FinishReason::kStop ? "stop" : "length";
-      if (o.spec.enabled()) {
-        j["draft_tokens"] = r.draft_tokens;
-        j["accepted_draft_tokens"] = r.accepted_draft_tokens;
-      }
-      if (tok && tok->vocab_size() <= c.vocab_size) j["text"] = tok->decode(r.tokens, true);
-      if (o.logprobs > 0) {
-        nlohmann::json steps = nlohmann::json::array();
-        for (const auto& step : r.top_logprobs) {
-          nlohmann::json s = nlohmann::json::array();
-          for (const TokenLogprob& t : step) s.push_back({{"id", t.id}, {"logprob", t.logprob}});
-          steps.push_back(s);
-        }
-        j["top_logprobs"] = steps;
-      }
-      fmt::print("{}\n", j.dump());
-    } else {
-      if (tok && tok->vocab_size() <= c.vocab_size) {
-        fmt::print("prompt {}: {}\n", i, tok->decode(r.tokens, true));
-      } else {
-        fmt::print("prompt {}: {}\n", i, fmt::join(r.tokens, " "));
-      }
-    }
-  }
-  fmt::print(stderr,
-             "generate: load {:.2f} s, prepare {:.2f} s, {} tokens in {:.2f} s ({:.1f} tokens/s, "
-             "batch {})\n",
-             load_s, prepare_s, n_gen, gen_s, double(n_gen) / gen_s, requests.size());
-  if (o.spec.enabled()) {
-    const EngineCoreStats& s = gen.stats();
-    std::string per_pos;
-    for (int64_t k = 0; k < spec.num_draft_tokens; ++k) {
-      const double v = double(s.spec_verified[size_t(k)]);
-      per_pos += fmt::format(" {:.3f}", v > 0 ? double(s.spec_accepted[size_t(k)]) / v : 0.0);
-    }
-    const double steps = double(std::max<int64_t>(1, s.spec_verify_steps));
-    fmt::print(stderr,
-               "speculative: acceptance per draft position{}, {:.3f} tokens per verify step, "
-               "{} of {} steps without drafts (load policy)\n",
-               per_pos, double(s.spec_verify_tokens) / steps, s.spec_off_steps, s.steps);
-    if (o.json) {
-      nlohmann::json j;
-      j["speculative"] = {
-          {"num_draft_tokens", spec.num_draft_tokens},
-          {"verified", std::vector<int64_t>(s.spec_verified.begin(),
-                                            s.spec_verified.begin() + spec.num_draft_tokens)},
-          {"accepted", std::vector<int64_t>(s.spec_accepted.begin(),
-                                            s.spec_accepted.begin() + spec.num_draft_tokens)},
-          {"verify_steps", s.spec_verify_steps},
-          {"verify_tokens", s.spec_verify_tokens},
-          {"steps", s.steps},
-          {"off_steps", s.spec_off_steps},
-          {"tokens_per_s", double(n_gen) / gen_s}};
-      fmt::print("{}\n", j.dump());
-    }
-  }
+  for (const GenerateResult& r : *results) n_gen += int64_t(r.tokens.size());
+  print_results(o, requests, *results, tok, c.vocab_size);
+  fmt::print(stderr, "generate: load {:.2f} s, {} tokens in {:.2f} s ({:.1f} tokens/s, batch {})\n",
+             load_s, n_gen, gen_s, double(n_gen) / gen_s, requests.size());
+  if (o.spec.enabled()) print_speculative(o, gen.stats(), double(n_gen) / gen_s);
   return 0;
 }
 

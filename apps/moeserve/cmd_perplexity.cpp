@@ -17,11 +17,7 @@
 
 #include "cache/kv_cache.h"
 #include "commands.h"
-#include "core/thread_pool.h"
-#include "ep/dispatcher.h"
-#include "model/checkpoint.h"
-#include "model/deepseek.h"
-#include "model/fingerprint.h"
+#include "model/loaded_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moeserve::cli {
@@ -81,23 +77,18 @@ int run_perplexity(const PerplexityArgs& a) {
     fmt::print(stderr, "perplexity: {}\n", ids.status().message());
     return 1;
   }
-  auto ck = Checkpoint::open(a.model, LoadOptions{});
-  if (!ck.ok()) {
-    fmt::print(stderr, "perplexity: {}\n", ck.status().message());
+  auto config = load_model_config(a.model + "/config.json");  // (checks before the weights)
+  if (!config.ok()) {
+    fmt::print(stderr, "perplexity: {}\n", config.status().message());
     return 1;
   }
-  const ModelConfig& c = (*ck)->config();
+  const ModelConfig& c = *config;
   for (size_t i = 0; i < ids->size(); ++i) {
     if ((*ids)[i] < 0 || (*ids)[i] >= c.vocab_size) {
       fmt::print(stderr, "perplexity: token {} ({}) is outside the vocabulary (0..{})\n", i,
                  (*ids)[i], c.vocab_size - 1);
       return 1;
     }
-  }
-  const ComputePath path = a.compute == "reference" ? ComputePath::kReference : ComputePath::kFast;
-  if (Status st = DeepseekModel::supports(c, path); !st.ok()) {
-    fmt::print(stderr, "perplexity: {}: {}\n", a.model, st.message());
-    return 1;
   }
   if (a.window > c.max_position_embeddings) {
     fmt::print(stderr, "perplexity: --window {} is longer than the model's context ({} tokens)\n",
@@ -111,23 +102,24 @@ int run_perplexity(const PerplexityArgs& a) {
                a.window);
     return 1;
   }
-  ThreadPool pool(a.threads);
-  LocalDispatcher local(c.n_routed_experts, /*bf16_rows=*/path == ComputePath::kFast);
-  WeightCacheOptions weight_cache{a.weight_cache, 0};
-  if (!a.weight_cache.empty()) {
-    auto fp =
-        model_fingerprint(a.model, a.kv_dtype, path, false, a.int8.projections, a.int8.experts);
-    if (!fp.ok()) {
-      fmt::print(stderr, "perplexity: {}\n", fp.status().message());
-      return 1;
-    }
-    weight_cache.model_key = *fp;
+  ModelOptions mo;
+  mo.model_dir = a.model;
+  mo.threads = a.threads;
+  mo.compute = a.compute == "reference" ? ComputePath::kReference : ComputePath::kFast;
+  mo.int8 = a.int8;
+  mo.weight_cache_dir = a.weight_cache;
+  mo.kv_dtype = a.kv_dtype;
+  mo.kv_blocks = blocks_for(a.window);
+  auto loaded = LoadedModel::open(mo);
+  if (!loaded.ok()) {
+    fmt::print(stderr, "perplexity: {}\n", loaded.status().message());
+    return 1;
   }
-  DeepseekModel model(c, (*ck)->weights(), local, &pool, AttentionMode::kAbsorbed, path,
-                      /*overlap=*/true, /*progress=*/false, a.int8, weight_cache);
+  CausalLm& model = (*loaded)->model();
+  KvCache& cache = (*loaded)->cache();
+  ThreadPool& pool = (*loaded)->pool();
   std::vector<int32_t> table;
   for (int32_t b = 0; int64_t(b) * kKvBlockSize < a.window; ++b) table.push_back(b);
-  KvCache cache(kv_cache_layout(c, a.kv_dtype), int32_t(table.size()));
   const int64_t V = c.vocab_size;
   double nll = 0;
   int64_t n = 0;

@@ -8,8 +8,7 @@
 #include "cache/kv_cache.h"
 #include "ep/dispatcher.h"
 #include "kernels/sampling.h"
-#include "model/checkpoint.h"
-#include "model/deepseek.h"
+#include "model/loaded_model.h"
 
 namespace moeserve::bench {
 
@@ -79,20 +78,23 @@ double bytes_per_token(const ModelConfig& c, const ModelWeights& w, int64_t cont
 
 }  // namespace
 
-int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
-  auto ck = Checkpoint::open(o.model_dir);
-  if (!ck.ok()) {
-    fmt::print(stderr, "e2e: {}\n", ck.status().message());
+int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, const ThreadPool& pool) {
+  const int64_t total = o.prompt_tokens + o.decode_tokens;
+  ModelOptions mo;  // the served defaults: fast path, absorbed attention, BF16 latent cache
+  mo.model_dir = o.model_dir;
+  mo.threads = pool.size();
+  mo.int8 = o.int8;
+  mo.kv_blocks = blocks_for(total);
+  auto loaded = LoadedModel::open(mo);
+  if (!loaded.ok()) {
+    fmt::print(stderr, "e2e: {}\n", loaded.status().message());
     return 1;
   }
-  const ModelConfig& c = (*ck)->config();
-  LocalDispatcher dispatcher(c.n_routed_experts, /*bf16_rows=*/true);
-  DeepseekModel model(c, (*ck)->weights(), dispatcher, &pool, AttentionMode::kAbsorbed,
-                      ComputePath::kFast, /*overlap=*/true, /*progress=*/false, o.int8);
-  const int64_t total = o.prompt_tokens + o.decode_tokens;
+  const ModelConfig& c = (*loaded)->config();
+  CausalLm& model = (*loaded)->model();
+  KvCache& cache = (*loaded)->cache();
   std::vector<int32_t> table;
   for (int32_t b = 0; int64_t(b) * kKvBlockSize < total; ++b) table.push_back(b);
-  KvCache cache(kv_cache_layout(c, DType::kBF16), int32_t(table.size()));
   std::vector<int32_t> tokens;
   for (int i = 0; i < o.prompt_tokens; ++i)
     tokens.push_back(int32_t((i * 7919 + 17) % c.vocab_size));
@@ -116,8 +118,8 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, ThreadPool& pool) {
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double tps = o.decode_tokens / secs;
-  double bytes =
-      bytes_per_token(c, (*ck)->weights(), o.prompt_tokens + o.decode_tokens / 2, o.int8);
+  double bytes = bytes_per_token(c, (*loaded)->checkpoint().weights(),
+                                 o.prompt_tokens + o.decode_tokens / 2, o.int8);
   double roofline = ceil.dram_read_gbps * 1e9 / bytes;
   if (o.json) {
     nlohmann::ordered_json j = {{"kernel", "e2e"},

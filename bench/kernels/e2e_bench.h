@@ -19,6 +19,7 @@ struct E2eOptions {
 };
 
 // Returns a process exit code.
-int run_e2e_bench(const E2eOptions& options, const Ceilings& ceilings, ThreadPool& pool);
+// The model runs on a pool of its own with as many threads as `pool`.
+int run_e2e_bench(const E2eOptions& options, const Ceilings& ceilings, const ThreadPool& pool);
 
 }  // namespace moeserve::bench

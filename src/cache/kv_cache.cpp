@@ -14,7 +14,10 @@ KvCache::KvCache(const KvLayout& layout, int32_t num_blocks, uint64_t fingerprin
       fingerprint_(fingerprint),
       allocator_(num_blocks),
       info_(size_t(num_blocks)) {
-  CHECK(kv_token_format_status(layout.token).ok(), "latent cache format (checked by the caller)");
+  CHECK(kv_layout_status(layout).ok(), "KV layout (checked by the caller)");
+  latent_part_.resize(size_t(layout.n_layers));
+  for (int64_t l = 0; l < layout.n_layers; ++l)
+    latent_part_[size_t(l)] = layout.find_part(l, KvPartKind::kLatent);
   data_.resize(size_t(num_blocks) * layout.block_bytes());
 }
 
@@ -228,9 +231,10 @@ const uint8_t* KvCache::block_ptr(int32_t block) const {
 size_t KvCache::token_offset(int64_t layer, int32_t block, int64_t slot) const {
   CHECK(layer >= 0 && layer < layout_.n_layers && block >= 0 && block < num_blocks(),
         "bad KV slot");
-  size_t token =
-      (size_t(block) * size_t(layout_.n_layers) + size_t(layer)) * kKvBlockSize + size_t(slot);
-  return token * layout_.token_bytes();
+  const int64_t part = latent_part_[size_t(layer)];
+  CHECK(part >= 0, "a latent read or written in a layer that keeps none");
+  return size_t(block) * layout_.block_bytes() + layout_.part_offset(layer, size_t(part)) +
+         size_t(slot) * layout_.token_bytes();
 }
 
 void KvCache::write(int64_t layer, std::span<const int32_t> table, int64_t pos, const float* v) {
@@ -249,6 +253,16 @@ void KvCache::read(int64_t layer, std::span<const int32_t> table, int64_t pos, f
 
 const uint8_t* KvCache::layer_base(int64_t layer) const {
   return data_.data() + token_offset(layer, 0, 0);
+}
+
+uint8_t* KvCache::part_base(int64_t layer, size_t part) {
+  CHECK(layer >= 0 && layer < layout_.n_layers && part < layout_.layer(layer).parts.size(),
+        "bad KV part");
+  return data_.data() + layout_.part_offset(layer, part);
+}
+
+const uint8_t* KvCache::part_base(int64_t layer, size_t part) const {
+  return const_cast<KvCache*>(this)->part_base(layer, part);
 }
 
 // ---- Blocks as objects ----

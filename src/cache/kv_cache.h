@@ -2,13 +2,14 @@
 // counts), the prefix index (hash chain of full blocks), the bytes, and the hooks of a lower
 // tier (docs/engine.md "The block owner").
 //
-// Bytes. A block holds kKvBlockSize (64) tokens of every layer, block-major:
-// [block][layer][token in block][token bytes], a token being kv_lora_rank normalised latent
-// values then qk_rope_head_dim rotated rope-key values (FlashMLA's per-layer layout inside a
-// block) in one of the formats of kernels/kv_token.h: F32 (reference path), BF16 (the served
-// default: 1,152 bytes per token per layer for V3) or FlashMLA's FP8 with scale (656 bytes).
-// One block is therefore one contiguous object (export_block / import_block, the disk tier, PD
-// hand-off); a layer's view of the pool is a base pointer plus a block stride.
+// Bytes. A block holds kKvBlockSize (64) tokens of every layer, block-major, as its KvLayout
+// (cache/kv_layout.h) says: [block][layer][part][entry][entry bytes]. For V2/V3 every layer has
+// one part, the latent per token: kv_lora_rank normalised latent values then qk_rope_head_dim
+// rotated rope-key values (FlashMLA's per-layer layout inside a block) in one of the formats of
+// kernels/kv_token.h: F32 (reference path), BF16 (the served default: 1,152 bytes per token per
+// layer for V3) or FlashMLA's FP8 with scale (656 bytes). One block is one contiguous object
+// whatever its parts (export_block / import_block, the disk tier, PD hand-off); a layer's view
+// of one part of the pool is a base pointer plus a block stride.
 //
 // Prefix index. A full block whose tokens are final is registered under its chain hash:
 // hash(block 0) = H(fingerprint, tokens of block 0), hash(block i) = H(hash(block i - 1),
@@ -42,12 +43,12 @@
 #include <vector>
 
 #include "cache/block_allocator.h"
+#include "cache/kv_layout.h"
 #include "core/dtype.h"
 #include "kernels/kv_token.h"
 
 namespace moeserve {
 
-inline constexpr int64_t kKvBlockSize = 64;
 // Bump when the byte layout of a block changes: it is part of the fingerprint.
 inline constexpr uint32_t kKvLayoutVersion = 2;  // 2: block-major [block][layer][token][dim]
 
@@ -55,16 +56,6 @@ inline constexpr uint32_t kKvLayoutVersion = 2;  // 2: block-major [block][layer
 inline int32_t blocks_for(int64_t n_tokens) {
   return int32_t((n_tokens + kKvBlockSize - 1) / kKvBlockSize);
 }
-
-// Valid when kv_token_format_status(token) is ok (callers check at their boundary).
-struct KvLayout {
-  int64_t n_layers = 0;
-  KvTokenFormat token;  // one token of one layer: dtype, kv_lora_rank, rope_dim
-
-  size_t token_bytes() const { return size_t(token.bytes()); }
-  size_t block_bytes() const { return size_t(n_layers) * kKvBlockSize * token_bytes(); }
-  friend bool operator==(const KvLayout&, const KvLayout&) = default;
-};
 
 // One block as an object of its own: what export_block gives and import_block takes.
 struct KvBlock {
@@ -188,15 +179,19 @@ class KvCache {
   // ---- Bytes ----
   // Stores dim values as token `pos` of the sequence with this block table (rounded or
   // quantized to the layout's format: kv_token_store).
+  // (The layer's kLatent part.)
   void write(int64_t layer, std::span<const int32_t> block_table, int64_t pos, const float* v);
   // Reads dim values back as floats (the stored values, exactly).
   void read(int64_t layer, std::span<const int32_t> block_table, int64_t pos, float* out) const;
   // One layer's view of the pool: block b's kKvBlockSize tokens of layout().token_bytes() each
   // start at layer_base(layer) + b * block_stride_bytes().
   const uint8_t* layer_base(int64_t layer) const;
-  int64_t block_stride_bytes() const {
-    return layout_.n_layers * kKvBlockSize * int64_t(layout_.token_bytes());
-  }
+  // Any part: block b's entries of layer `layer`'s part `part` (an index into its parts), of
+  // layout().layer(layer).parts[part].entry_bytes() each, start at part_base(layer, part) +
+  // b * block_stride_bytes().
+  uint8_t* part_base(int64_t layer, size_t part);
+  const uint8_t* part_base(int64_t layer, size_t part) const;
+  int64_t block_stride_bytes() const { return int64_t(layout_.block_bytes()); }
 
   // ---- Blocks as objects ----
   // A copy of block `block` (registered or not; tokens/hash/parent as registered, else empty).
@@ -234,6 +229,7 @@ class KvCache {
                     std::span<const int32_t> block_tokens);
 
   KvLayout layout_;
+  std::vector<int64_t> latent_part_;  // per layer: its kLatent part's index, -1 for none
   uint64_t fingerprint_;
   KvTier* tier_ = nullptr;
   BlockAllocator allocator_;

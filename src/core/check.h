@@ -1,4 +1,4 @@
-// CHECK(cond, msg): the broken-invariant tier of error handling (STYLE.md rule 6).
+// CHECK(cond, msg): the broken-invariant tier of error handling (CONTRIBUTING.md rule 6).
 //
 // Use only for conditions that no input can make false (a programming error). Bad input from a
 // user, a file or a peer returns a Status instead. On failure prints the condition text, the

@@ -1,4 +1,4 @@
-// Status and Result<T>: the expected-failure tier of error handling (STYLE.md rule 6).
+// Status and Result<T>: the expected-failure tier of error handling (CONTRIBUTING.md rule 6).
 //
 // A Status is either ok or carries a code and a message a user can act on ("model.safetensors:
 // tensor 'model.norm.weight': offset 812 past end of file (800 bytes)"). Result<T> holds a value

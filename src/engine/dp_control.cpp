@@ -15,31 +15,15 @@ DpControl::DpControl(Communicator* comm, EngineCore& core, Tracer* tracer)
       outstanding_(size_t(n_ranks_), 0),
       rank_stats_(size_t(n_ranks_)) {}
 
-DpControl::~DpControl() {
-  stop_pulls_.store(true);
-  for (Pull& p : pulls_) p.thread.join();
-}
-
 void DpControl::set_pd(PdHooks hooks, std::function<Status(const EngineRequest&)> validate,
                        std::function<void()> wake) {
+  pulls_.set(hooks, std::move(validate), std::move(wake));
   pd_ = std::move(hooks);
-  validate_resume_ = std::move(validate);
-  wake_ = std::move(wake);
 }
 
 void DpControl::start_local(EngineRequest r, Route route) {
-  if (!r.resume_from.empty() && !r.resume) {  // its KV first: pulled on a thread of its own
-    Pull& p = pulls_.emplace_back();
-    p.request = std::move(r);
-    p.route = std::move(route);
-    p.thread = std::thread([this, &p] {
-      p.result = pd_.pull ? pd_.pull(p.request.resume_from, p.request.resume_handle, &stop_pulls_)
-                          : Result<std::shared_ptr<KvHandoff>>(
-                                Unimplemented("this engine cannot pull hand-offs"));
-      p.done.store(true);
-      finished_pulls_.fetch_add(1);
-      if (wake_) wake_();
-    });
+  if (!r.resume_from.empty() && !r.resume) {  // its KV first
+    pulls_.start(std::move(r), std::move(route));
     return;
   }
   add_to_core(std::move(r), std::move(route));
@@ -69,59 +53,14 @@ void DpControl::add_to_core(EngineRequest r, Route route) {
 // Pulls that ended: their requests join the core, or end (cancelled while pulling, the pull
 // failed, or the hand-off does not fit this engine).
 void DpControl::take_pulls() {
-  for (auto it = pulls_.begin(); it != pulls_.end();) {
-    Pull& p = *it;
-    if (!p.done.load()) {
-      ++it;
-      continue;
-    }
-    p.thread.join();
-    finished_pulls_.fetch_sub(1);
-    RequestOutput end;
-    end.finished = true;
-    end.prompt_tokens = int64_t(p.request.prompt.size());
-    Status st = p.result.ok() ? Status::Ok() : p.result.status();
-    if (p.result.ok()) {
-      st = extend_handoff(**p.result, p.request.resume_generated, p.request.sampling);
-      p.request.resume = std::move(*p.result);
-      if (st.ok() && validate_resume_) st = validate_resume_(p.request);
-    }
-    if (p.cancelled) {
-      end.finish_reason = FinishReason::kCancelled;
-      if (before_finish_) before_finish_();
-      p.route(p.request.id, end);
-    } else if (!st.ok()) {
-      end.finish_reason = FinishReason::kError;
-      end.error = st;
-      if (before_finish_) before_finish_();
-      p.route(p.request.id, end);
-    } else {
-      add_to_core(std::move(p.request), std::move(p.route));
-    }
-    it = pulls_.erase(it);
-  }
+  pulls_.take_finished(
+      [this](EngineRequest r, Route route) { add_to_core(std::move(r), std::move(route)); },
+      before_finish_);
 }
 
 void DpControl::cancel_local(const std::string& id) {
-  for (Pull& p : pulls_) {
-    if (p.request.id == id) p.cancelled = true;
-  }
+  pulls_.cancel(id);
   core_.cancel(id);
-}
-
-void DpControl::end_pulls(FinishReason reason, const Status& error) {
-  stop_pulls_.store(true);
-  for (Pull& p : pulls_) p.thread.join();
-  for (Pull& p : pulls_) {
-    RequestOutput end;
-    end.finished = true;
-    end.finish_reason = reason;
-    end.error = error;
-    end.prompt_tokens = int64_t(p.request.prompt.size());
-    p.route(p.request.id, end);
-  }
-  pulls_.clear();
-  finished_pulls_.store(0);
 }
 
 // Rank 0: hands one output of request `id` to its caller and keeps the load count.
@@ -239,7 +178,7 @@ Result<bool> DpControl::sync(Intake intake) {
 }
 
 Result<bool> DpControl::agree(bool have_work) {
-  const bool loading = !core_.scheduler().loading().empty() || !pulls_.empty();
+  const bool loading = !core_.scheduler().loading().empty() || pulls_.in_flight() > 0;
   if (!comm_) {  // e.g. nothing to run: waiting for blocks that cannot be freed, or for KV loads
     group_loading_ = loading;
     return have_work;
@@ -272,39 +211,7 @@ void DpControl::end_front_requests(FinishReason reason, const Status& error) {
 EngineStats DpControl::group_stats(EngineStats s) const {
   if (rank_ != 0) return s;
   for (int p = 1; p < n_ranks_; ++p) {
-    const EngineStats& o = rank_stats_[size_t(p)];
-    s.running += o.running;
-    s.waiting += o.waiting;
-    s.loading += o.loading;
-    s.kv_blocks_used += o.kv_blocks_used;
-    s.kv_blocks_total += o.kv_blocks_total;
-    s.prefix_queries += o.prefix_queries;
-    s.prefix_hits += o.prefix_hits;
-    s.prefix_hits_disk += o.prefix_hits_disk;
-    s.prompt_tokens += o.prompt_tokens;
-    s.generated_tokens += o.generated_tokens;
-    s.preemptions += o.preemptions;
-    s.kv_disk_hit_blocks += o.kv_disk_hit_blocks;
-    s.kv_disk_miss_blocks += o.kv_disk_miss_blocks;
-    for (size_t r = 0; r < s.kv_disk_rejected.size(); ++r) {
-      s.kv_disk_rejected[r] += o.kv_disk_rejected[r];
-    }
-    s.kv_disk_written += o.kv_disk_written;
-    s.kv_disk_write_drops += o.kv_disk_write_drops;
-    s.kv_disk_write_errors += o.kv_disk_write_errors;
-    s.kv_disk_writes_off += o.kv_disk_writes_off;
-    s.kv_disk_evicted += o.kv_disk_evicted;
-    s.kv_disk_bytes_read += o.kv_disk_bytes_read;
-    s.kv_disk_bytes_written += o.kv_disk_bytes_written;
-    for (size_t k = 0; k < s.spec_verified.size(); ++k) {
-      s.spec_verified[k] += o.spec_verified[k];
-      s.spec_accepted[k] += o.spec_accepted[k];
-    }
-    s.spec_verify_steps += o.spec_verify_steps;
-    s.spec_verify_tokens += o.spec_verify_tokens;
-    s.spec_off_steps += o.spec_off_steps;
-    s.grammar_tokens += o.grammar_tokens;
-    s.grammar_ns += o.grammar_ns;
+    s += rank_stats_[size_t(p)];
   }
   return s;
 }

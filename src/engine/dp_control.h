@@ -11,14 +11,11 @@
 // Used by the engine's step thread only.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <memory>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -27,6 +24,7 @@
 #include "core/trace.h"
 #include "engine/engine.h"
 #include "engine/engine_core.h"
+#include "engine/handoff_pulls.h"
 #include "engine/rank_messages.h"
 #include "ep/communicator.h"
 
@@ -48,7 +46,6 @@ class DpControl {
  public:
   // comm: the EP group (borrowed), or null for one process.
   DpControl(Communicator* comm, EngineCore& core, Tracer* tracer);
-  ~DpControl();  // joins pulls still in flight (end_pulls normally ended them)
 
   int rank() const { return rank_; }
   int n_ranks() const { return n_ranks_; }
@@ -58,16 +55,16 @@ class DpControl {
   void set_before_finish(std::function<void()> f) { before_finish_ = std::move(f); }
   // Prefill/decode hand-offs (docs/pd.md), on the rank that runs the request: a hand-off is
   // offered with hooks.offer (its output then carries the address); a request to resume from a
-  // prefill unit is pulled with hooks.pull on a thread of its own, checked with `validate`, and
-  // joins the core when it has arrived. `wake` is called (from the pulling thread) when a pull
-  // ends.
+  // prefill unit waits in HandoffPulls (engine/handoff_pulls.h: pulled with hooks.pull, checked
+  // with `validate`) and joins the core when it has arrived. `wake` is called (from the pulling
+  // thread) when a pull ends.
   void set_pd(PdHooks hooks, std::function<Status(const EngineRequest&)> validate,
               std::function<void()> wake);
   // Pulls that ended and wait for the next sync() (which starts them or ends them).
-  bool has_finished_pull() const { return finished_pulls_.load() > 0; }
-  int64_t pulls_in_flight() const { return int64_t(pulls_.size()); }
+  bool has_finished_pull() const { return pulls_.has_finished(); }
+  int64_t pulls_in_flight() const { return pulls_.in_flight(); }
   // Ends every pull in flight (stopping): their requests end with `reason`.
-  void end_pulls(FinishReason reason, const Status& error);
+  void end_pulls(FinishReason reason, const Status& error) { pulls_.end_all(reason, error); }
 
   // Before scheduling a step. Rank 0 gives its intake (workers: Intake{} or {stop = true}); the
   // requests and cancellations reach the rank that runs them, outputs of other ranks reach
@@ -95,15 +92,7 @@ class DpControl {
     int64_t outstanding = 0;  // tokens still counted against its rank
   };
 
-  using Route = std::function<void(const std::string&, const RequestOutput&)>;
-  struct Pull {
-    EngineRequest request;
-    Route route;
-    bool cancelled = false;
-    std::atomic<bool> done{false};
-    Result<std::shared_ptr<KvHandoff>> result{Internal("pending")};
-    std::thread thread;
-  };
+  using Route = HandoffPulls::Route;
 
   void start_local(EngineRequest r, Route route);
   void add_to_core(EngineRequest r, Route route);
@@ -128,11 +117,7 @@ class DpControl {
   EngineStats local_stats_;                                    // ranks > 0
 
   PdHooks pd_;
-  std::function<Status(const EngineRequest&)> validate_resume_;
-  std::function<void()> wake_;
-  std::list<Pull> pulls_;  // requests whose KV is on its way from a prefill unit
-  std::atomic<int> finished_pulls_{0};
-  std::atomic<bool> stop_pulls_{false};
+  HandoffPulls pulls_;  // requests whose KV is on its way from a prefill unit
 };
 
 }  // namespace moeserve

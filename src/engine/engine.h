@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/status.h"
@@ -129,8 +130,44 @@ struct EngineStats {
   // and applying their masks and advancing the grammars (summed over the sampling threads).
   int64_t grammar_tokens = 0;
   int64_t grammar_ns = 0;
+
+  // Every field that adds up over an EP group's ranks (all but `steps`: the ranks step
+  // together, so the group's steps are any rank's). A new counter is one member here, its
+  // entry in this list, and its metric (server/metrics.cpp).
+  static constexpr auto fields() {
+    using S = EngineStats;
+    return std::make_tuple(&S::running, &S::waiting, &S::loading, &S::kv_blocks_used,
+                           &S::kv_blocks_total, &S::prefix_queries, &S::prefix_hits,
+                           &S::prompt_tokens, &S::generated_tokens, &S::preemptions,
+                           &S::prefix_hits_disk, &S::kv_disk_hit_blocks, &S::kv_disk_miss_blocks,
+                           &S::kv_disk_rejected, &S::kv_disk_written, &S::kv_disk_write_drops,
+                           &S::kv_disk_write_errors, &S::kv_disk_writes_off, &S::kv_disk_evicted,
+                           &S::kv_disk_bytes_read, &S::kv_disk_bytes_written, &S::spec_verified,
+                           &S::spec_accepted, &S::spec_verify_steps, &S::spec_verify_tokens,
+                           &S::spec_off_steps, &S::grammar_tokens, &S::grammar_ns);
+  }
+  // Adds every field of fields() of `o` (another rank's figures) to this one's.
+  EngineStats& operator+=(const EngineStats& o) {
+    std::apply([&](auto... f) { (add(this->*f, o.*f), ...); }, fields());
+    return *this;
+  }
   friend bool operator==(const EngineStats&, const EngineStats&) = default;
+
+ private:
+  static void add(int64_t& a, int64_t b) { a += b; }
+  template <size_t N>
+  static void add(std::array<int64_t, N>& a, const std::array<int64_t, N>& b) {
+    for (size_t i = 0; i < N; ++i) a[i] += b[i];
+  }
 };
+// Every member is an int64_t or an array of them (no padding): the listed fields and `steps`
+// cover the struct exactly when their sizes add up to it, so a member left out fails here.
+static_assert(
+    sizeof(EngineStats) ==
+        sizeof(int64_t) +
+            std::apply([](auto... f) { return (sizeof(std::declval<EngineStats&>().*f) + ...); },
+                       EngineStats::fields()),
+    "EngineStats::fields() must list every member");
 
 class Engine {
  public:

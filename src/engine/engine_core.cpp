@@ -55,7 +55,7 @@ Status ModelRunner::run(const StepPlan& plan, StepResult* result) {
   return Status::Ok();
 }
 
-EngineCore::EngineCore(DeepseekModel& model, KvCache& cache, const SchedulerConfig& scheduling,
+EngineCore::EngineCore(CausalLm& model, KvCache& cache, const SchedulerConfig& scheduling,
                        ThreadPool* pool, Tracer* tracer, const SpeculativeConfig& speculative)
     : model_(model),
       cache_(cache),

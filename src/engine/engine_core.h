@@ -29,7 +29,7 @@
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "engine/step.h"
-#include "model/deepseek.h"
+#include "model/causal_lm.h"
 
 namespace moeserve {
 
@@ -39,12 +39,12 @@ class ModelRunner {
  public:
   // all_hidden: the final hidden row of every planned position, not only of those with logits
   // (the MTP module reads them all).
-  ModelRunner(DeepseekModel& model, KvCache& cache, bool all_hidden = false)
+  ModelRunner(CausalLm& model, KvCache& cache, bool all_hidden = false)
       : model_(model), cache_(cache), all_hidden_(all_hidden) {}
   Status run(const StepPlan& plan, StepResult* result);
 
  private:
-  DeepseekModel& model_;
+  CausalLm& model_;
   KvCache& cache_;
   bool all_hidden_;
   StepOutput out_;
@@ -66,22 +66,17 @@ struct SpeculativeConfig {
   int64_t max_rows = -1;
 };
 
-struct EngineCoreStats {
-  int64_t prompt_tokens = 0;  // of finished requests (errors excluded)
-  int64_t generated_tokens = 0;
-  int64_t steps = 0;
-  // Speculative decoding, as the EngineStats fields of the same names.
-  std::array<int64_t, EngineStats::kMaxDraftTokens> spec_verified{}, spec_accepted{};
-  int64_t spec_verify_steps = 0, spec_verify_tokens = 0, spec_off_steps = 0;
-  int64_t grammar_tokens = 0, grammar_ns = 0;  // as the EngineStats fields
-};
+// The figures EngineCore keeps: EngineStats' prompt_tokens (of finished requests, errors
+// excluded), generated_tokens, steps, spec_* and grammar_* (the rest stay zero; the engine
+// adds the scheduler's, the cache's and the disk tier's).
+using EngineCoreStats = EngineStats;
 
 class EngineCore {
  public:
   // With speculative.num_draft_tokens > 0 the model must have its MTP module and the cache
   // its layer (kv_cache_layout(..., mtp = true)).
-  EngineCore(DeepseekModel& model, KvCache& cache, const SchedulerConfig& scheduling,
-             ThreadPool* pool, Tracer* tracer = nullptr, const SpeculativeConfig& speculative = {});
+  EngineCore(CausalLm& model, KvCache& cache, const SchedulerConfig& scheduling, ThreadPool* pool,
+             Tracer* tracer = nullptr, const SpeculativeConfig& speculative = {});
 
   // Where requests with a grammar get their constraints (none: such requests end with an
   // error). Shared: the serving engine checks specs with it at its boundary.
@@ -121,7 +116,7 @@ class EngineCore {
               std::shared_ptr<const KvHandoff> handoff = nullptr);
   void hand_off(Sequence* s, std::vector<GeneratedToken> last);
 
-  DeepseekModel& model_;
+  CausalLm& model_;
   KvCache& cache_;
   ThreadPool* pool_;
   Tracer* tracer_;

@@ -16,7 +16,7 @@
 #include "engine/engine.h"
 #include "engine/engine_core.h"
 #include "kernels/sampling.h"
-#include "model/deepseek.h"
+#include "model/causal_lm.h"
 
 namespace moeserve {
 
@@ -42,10 +42,9 @@ struct GenerateResult {
 class Generator {
  public:
   // speculative: MTP speculative decoding (engine_core.h); the cache then needs the MTP layer.
-  Generator(DeepseekModel& model, KvCache& cache, ThreadPool* pool = nullptr,
+  Generator(CausalLm& model, KvCache& cache, ThreadPool* pool = nullptr,
             const SpeculativeConfig& speculative = {})
       : model_(model), cache_(cache), pool_(pool), spec_(speculative) {}
-
 
   // Prompts longer than `prefill_chunk` tokens are prefilled in several steps (0: one step).
   // InvalidArgument for a bad request, ResourceExhausted when the cache cannot hold them all.
@@ -58,7 +57,7 @@ class Generator {
   const EngineCoreStats& stats() const { return stats_; }
 
  private:
-  DeepseekModel& model_;
+  CausalLm& model_;
   KvCache& cache_;
   ThreadPool* pool_;
   SpeculativeConfig spec_;

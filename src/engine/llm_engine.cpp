@@ -13,16 +13,14 @@
 
 #include "cache/disk_tier.h"
 #include "cache/kv_cache.h"
-#include "core/thread_pool.h"
 #include "core/trace.h"
 #include "engine/dp_control.h"
 #include "engine/engine_core.h"
 #include "ep/communicator.h"
 #include "ep/dispatcher.h"
 #include "ep/expert_balancer.h"
-#include "model/checkpoint.h"
 #include "model/expert_store.h"
-#include "model/fingerprint.h"
+#include "model/loaded_model.h"
 
 namespace moeserve {
 
@@ -32,24 +30,16 @@ constexpr std::chrono::milliseconds kLoadPoll{1};
 
 class LlmEngine final : public Engine {
  public:
-  LlmEngine(const EngineOptions& o, const EngineParallel* par, std::unique_ptr<Checkpoint> ck,
-            int32_t num_blocks, uint64_t fingerprint, std::unique_ptr<DiskTier> disk)
+  LlmEngine(const EngineOptions& o, const EngineParallel* par, std::unique_ptr<LoadedModel> m)
       : options_(o),
-        ck_(std::move(ck)),
-        config_(ck_->config()),
+        loaded_(std::move(m)),
+        config_(loaded_->config()),
         heartbeat_(par ? par->idle_heartbeat : std::chrono::milliseconds(200)),
         balancer_(par ? par->balancer : nullptr),
         on_clean_stop_(par ? par->on_clean_stop : nullptr),
-        pool_(o.threads),
-        local_dispatcher_(config_.n_routed_experts, /*bf16_rows=*/o.compute == ComputePath::kFast),
-        model_(config_, ck_->weights(),
-               par && par->dispatcher ? *par->dispatcher : local_dispatcher_, &pool_, o.attention,
-               o.compute, o.overlap, o.progress, o.int8,
-               WeightCacheOptions{o.weight_cache_dir, fingerprint}),
-        disk_(std::move(disk)),
-        cache_(kv_cache_layout(config_, o.kv_dtype, o.speculative.num_draft_tokens > 0), num_blocks,
-               fingerprint),
-        core_(model_, cache_, {o.max_num_seqs, o.max_batch_tokens}, &pool_, o.tracer,
+        model_(loaded_->model()),
+        cache_(loaded_->cache()),
+        core_(model_, cache_, {o.max_num_seqs, o.max_batch_tokens}, &loaded_->pool(), o.tracer,
               o.speculative),
         dp_(par ? par->comm : nullptr, core_, o.tracer),
         max_context_(o.max_model_len > 0
@@ -202,8 +192,6 @@ class LlmEngine final : public Engine {
 
   void loop() {
     model_.set_tracer(options_.tracer);
-    model_.set_overlap_min_tokens(options_.overlap_min_tokens);
-    cache_.set_tier(disk_.get());
     Status failed;
     if (balancer_) balancer_->set_expert_host(std::make_unique<ModelExpertHost>(model_.experts()));
     dp_.set_before_finish([this] { publish_stats(); });
@@ -312,7 +300,7 @@ class LlmEngine final : public Engine {
 
   EngineStats local_stats() const {
     const Scheduler& sch = core_.scheduler();
-    EngineStats s;
+    EngineStats s = core_.stats();
     s.running = int64_t(sch.running().size());
     s.waiting = int64_t(sch.waiting().size());
     s.loading = int64_t(sch.loading().size()) + dp_.pulls_in_flight();
@@ -321,20 +309,9 @@ class LlmEngine final : public Engine {
     s.prefix_queries = sch.prefix_queries();
     s.prefix_hits = sch.prefix_hits();
     s.prefix_hits_disk = sch.prefix_hits_lower();
-    s.prompt_tokens = core_.stats().prompt_tokens;
-    s.generated_tokens = core_.stats().generated_tokens;
     s.preemptions = sch.preemptions();
-    s.steps = core_.stats().steps;
-    const EngineCoreStats& c = core_.stats();
-    s.spec_verified = c.spec_verified;
-    s.spec_accepted = c.spec_accepted;
-    s.spec_verify_steps = c.spec_verify_steps;
-    s.spec_verify_tokens = c.spec_verify_tokens;
-    s.spec_off_steps = c.spec_off_steps;
-    s.grammar_tokens = c.grammar_tokens;
-    s.grammar_ns = c.grammar_ns;
-    if (disk_) {
-      const DiskTierStats d = disk_->stats();
+    if (const DiskTier* disk = loaded_->disk()) {
+      const DiskTierStats d = disk->stats();
       s.kv_disk_hit_blocks = d.hits;
       s.kv_disk_miss_blocks = d.misses;
       static_assert(std::tuple_size_v<decltype(s.kv_disk_rejected)> == kDiskRejectKinds);
@@ -359,16 +336,13 @@ class LlmEngine final : public Engine {
   }
 
   EngineOptions options_;
-  std::unique_ptr<Checkpoint> ck_;
+  std::unique_ptr<LoadedModel> loaded_;  // the model, its KV cache, disk tier and threads
   const ModelConfig& config_;
   const std::chrono::milliseconds heartbeat_;
   ExpertBalancer* const balancer_;  // EPLB (may be null); used by the step thread
   const std::function<Status()> on_clean_stop_;
-  ThreadPool pool_;
-  LocalDispatcher local_dispatcher_;
-  DeepseekModel model_;
-  std::unique_ptr<DiskTier> disk_;  // may be null; outlives cache_, which borrows it
-  KvCache cache_;
+  CausalLm& model_;  // loaded_'s
+  KvCache& cache_;   // loaded_'s
   EngineCore core_;  // step-thread state from here to dp_
   DpControl dp_;
   bool stalled_ = false;  // the last schedule ran nothing while requests were live
@@ -402,38 +376,14 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
     return InvalidArgument(
         fmt::format("num_draft_tokens must be in [0, {}]", EngineStats::kMaxDraftTokens));
   }
-  LoadOptions load;
-  load.progress = o.progress;
-  load.mtp = mtp;
-  if (par && par->dispatcher) {
-    load.holds_layer_expert = [d = par->dispatcher](int64_t moe_layer, int32_t e) {
-      return d->holds_layer_expert(moe_layer, e);
-    };
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::open(o.model_dir, load));
-  const ModelConfig& c = ck->config();
-  RETURN_IF_ERROR(DeepseekModel::supports(c, o.compute).with_context(o.model_dir));
-  const KvLayout layout = kv_cache_layout(c, o.kv_dtype, mtp);
-  RETURN_IF_ERROR(kv_token_format_status(layout.token).with_context(o.model_dir));
-  const double bytes_per_block = double(layout.block_bytes());
-  int64_t num_blocks = int64_t(o.kv_cache_gb * 1e9 / bytes_per_block);
-  if (num_blocks < 1) {
-    return InvalidArgument(fmt::format("--kv-cache-gb {} holds no KV block ({} bytes each)",
-                                       o.kv_cache_gb, bytes_per_block));
-  }
-  if (num_blocks > INT32_MAX) num_blocks = INT32_MAX;
   if (o.max_num_seqs < 1 || o.max_batch_tokens < 1 || o.max_waiting < 0) {
     return InvalidArgument("max_num_seqs and max_batch_tokens must be >= 1");
   }
-  ASSIGN_OR_RETURN(uint64_t fingerprint, model_fingerprint(o.model_dir, o.kv_dtype, o.compute, mtp,
-                                                           o.int8.projections, o.int8.experts));
-  std::unique_ptr<DiskTier> disk;
-  if (!o.kv_disk_dir.empty()) {
-    ASSIGN_OR_RETURN(
-        disk, DiskTier::open({o.kv_disk_dir, o.kv_disk_gb}, fingerprint, layout.block_bytes()));
-  }
-  return std::unique_ptr<Engine>(
-      new LlmEngine(o, par, std::move(ck), int32_t(num_blocks), fingerprint, std::move(disk)));
+  ModelOptions mo = o;
+  mo.mtp = mtp;
+  ASSIGN_OR_RETURN(std::unique_ptr<LoadedModel> m,
+                   LoadedModel::open(mo, par ? par->dispatcher : nullptr));
+  return std::unique_ptr<Engine>(new LlmEngine(o, par, std::move(m)));
 }
 
 }  // namespace moeserve

@@ -1,5 +1,6 @@
-// make_engine: the concrete Engine (engine.h) over a DeepSeek checkpoint: one step thread
-// running Scheduler + DeepseekModel over a paged latent cache with prefix caching.
+// make_engine: the concrete Engine (engine.h) over a checkpoint of any model family: one step
+// thread running Scheduler + the family's forward pass (model/loaded_model.h brings both up)
+// over a paged KV cache with prefix caching.
 //
 // Expert parallelism with data-parallel attention (docs/ep-serving.md): with an EngineParallel,
 // one engine runs on every rank of an EP group and the engines step together. Each rank keeps
@@ -24,7 +25,8 @@
 #include "core/dtype.h"
 #include "engine/engine.h"
 #include "engine/engine_core.h"
-#include "model/deepseek.h"
+#include "model/family.h"
+#include "model/loaded_model.h"
 
 namespace moeserve {
 class Communicator;
@@ -35,34 +37,18 @@ class Tracer;
 
 namespace moeserve {
 
-struct EngineOptions {
-  std::string model_dir;
-  int threads = 0;            // compute threads (0: all cores)
-  double kv_cache_gb = 1.0;   // memory for the latent KV cache
+// The model's options (model/loaded_model.h: directory, compute path, KV format and size, disk
+// tier, threads, ...) and the engine's own.
+struct EngineOptions : ModelOptions {
   int64_t max_num_seqs = 64;  // running sequences
   // Tokens per step. Running decodes wait for the whole step, so on CPUs (~100-1000 prefill
   // tokens/s) a small budget keeps inter-token latency bounded while prompts stream in.
   int64_t max_batch_tokens = 256;
   int64_t max_waiting = 1024;  // queued requests beyond which submit() refuses
   int64_t max_model_len = 0;   // 0: the model's max_position_embeddings
-  // The latent KV cache's format (kernels/kv_token.h): kBF16, kF8E4M3 (FlashMLA's FP8 with
-  // scale: 656 bytes per token per layer for V3 against 1,152; needs kv_lora_rank % 128 == 0)
-  // or kF32 (the reference path's).
-  DType kv_dtype = DType::kBF16;
-  // The KV cache's disk tier (cache/disk_tier.h): a directory shared by any number of
-  // processes; empty: none. kv_disk_gb bounds it (0: no bound).
-  std::string kv_disk_dir;
-  double kv_disk_gb = 0;
-  AttentionMode attention = AttentionMode::kAbsorbed;
-  ComputePath compute = ComputePath::kFast;
-  GemmInt8Options int8;             // the fast path's opt-in INT8 GEMMs
-  std::string weight_cache_dir;     // prepared weights on disk (model/weight_cache.h); "": none
-  bool progress = false;            // loading progress on stderr
-  Tracer* tracer = nullptr;         // records each step's stages when set (borrowed)
-  bool overlap = true;              // EP: dual micro-batch overlap (DeepseekModel::set_overlap)
-  int64_t overlap_min_tokens = -1;  // EP: DeepseekModel::set_overlap_min_tokens (-1: auto)
-  // MTP speculative decoding (docs/mtp.md; one process only, for now): loads the checkpoint's
-  // MTP module and gives its layer a place in every KV block.
+  Tracer* tracer = nullptr;    // records each step's stages when set (borrowed)
+  // MTP speculative decoding (docs/mtp.md): loads the checkpoint's MTP module and gives its
+  // layer a place in every KV block (make_engine sets ModelOptions::mtp from it).
   SpeculativeConfig speculative;
   // Prefill/decode disaggregation (docs/pd.md): how hand-offs leave and arrive (every rank).
   PdHooks pd;

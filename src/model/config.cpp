@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/family.h"
+
 namespace moeserve {
 
 namespace {
@@ -103,11 +105,15 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
   ModelConfig c;
   c.model_type = r.string("model_type");
   RETURN_IF_ERROR(r.status());
-  bool v3 = c.model_type == "deepseek_v3";
-  if (!v3 && c.model_type != "deepseek_v2") {
-    return InvalidArgument(source + ": field 'model_type' is '" + c.model_type +
-                           "'; supported: deepseek_v3, deepseek_v2");
+  std::vector<std::string> architectures;
+  if (auto a = j.find("architectures"); a != j.end() && a->is_array()) {
+    for (const auto& x : *a) {
+      if (x.is_string()) architectures.push_back(x.get<std::string>());
+    }
   }
+  // Which architectures run at all is the family table's to say (model/family.h).
+  RETURN_IF_ERROR(find_model_family(c.model_type, architectures, source).status());
+  bool v3 = c.model_type == "deepseek_v3";
   if (r.has("hidden_act") && r.string("hidden_act") != "silu") {
     r.fail("hidden_act", "must be \"silu\"");
   }

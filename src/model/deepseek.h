@@ -1,5 +1,7 @@
-// DeepseekModel: the DeepSeek-V3/V2 forward pass (reference path: FP32 activations, weights
-// read in their checkpoint format, FP8 blocks dequantized on the fly).
+// DeepseekModel: the forward pass of the DeepSeek-V3/V2 family (V3, R1, V3.1, V2, V2-Lite;
+// model/family.h), a CausalLm. Its files: deepseek.cpp (the decoder layer and the residual
+// stream, top to bottom), deepseek_attention.cpp (MLA), deepseek_moe.cpp (routing, experts),
+// microbatch.cpp (the two-micro-batch driver) and fast_path.cpp (weight preparation).
 //
 // One call runs one engine step over a batch of sequences, each contributing a run of new tokens
 // (a prefill chunk or one decode token) at known positions; the latent KV of every new token is
@@ -29,72 +31,15 @@
 #include "ep/expert_migration.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/rope.h"
+#include "model/causal_lm.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/expert_store.h"
+#include "model/family.h"
 #include "model/packed_linear.h"
 #include "model/weight_cache.h"
 
 namespace moeserve {
-
-// How attention reads the latent cache (DeepSeek's model.py keeps both):
-//   naive: expand each cached latent into per-head K and V with kv_b_proj, then attend;
-//   absorbed: fold kv_b_proj into the query and the output, attend in the latent space.
-enum class AttentionMode { kNaive, kAbsorbed };
-
-// How projections are computed:
-//   reference: FP32 activations times weights dequantized on the fly (linear_ref), the path the
-//              Hugging Face fixtures are held to 2e-2;
-//   fast:      activations rounded to BF16 per GEMM (FP32 residual stream), FP8 weights repacked
-//              once at construction for gemm_fp8, BF16 weights through gemm_bf16 (the served
-//              path, held to 5e-2).
-enum class ComputePath { kReference, kFast };
-
-// The fast path's opt-in 8-bit GEMMs (docs/kernels-int8.md): they change numerics, so
-// `projections` is part of the model fingerprint (it changes the latent cache's bits; the
-// lm_head changes only the logits).
-struct GemmInt8Options {
-  bool projections = false;  // --gemm-int8: every FP8 projection (attention, MLPs, experts)
-  bool lm_head = false;      // --lm-head-int8: the BF16 lm_head requantized per 1x128
-  // --expert-dtype: the routed experts' format when given (docs/quantization.md); otherwise
-  // theirs is the other projections' (INT8 with --gemm-int8, else FP8).
-  std::optional<WeightFormat> experts;
-
-  WeightFormat projection_format() const {
-    return projections ? WeightFormat::kInt8 : WeightFormat::kFp8;
-  }
-  WeightFormat expert_format() const { return experts ? *experts : projection_format(); }
-};
-
-struct StepSequence {
-  std::span<const int32_t> tokens;       // new tokens this step
-  int64_t start_pos = 0;                 // position of tokens[0]
-  std::span<const int32_t> block_table;  // covers positions [0, start_pos + tokens.size())
-  int64_t n_logits = 1;                  // logits of the last n_logits new tokens (<= tokens)
-  // Final hidden rows of the last max(n_logits, n_hidden) new tokens (<= tokens): the MTP
-  // module reads every position's, logits are needed only for the last few.
-  int64_t n_hidden = 0;
-
-  int64_t hidden_rows() const { return std::max(n_logits, n_hidden); }
-};
-
-// forward()'s results, in batch order: logits of each sequence's last n_logits new tokens, and
-// final hidden rows of its last hidden_rows() (so a sequence's logits rows are the last n_logits
-// of its hidden rows).
-struct StepOutput {
-  std::vector<float> logits;  // [sum n_logits, vocab_size]
-  std::vector<float> hidden;  // [sum hidden_rows(), hidden_size] after the final norm (the
-                              // lm_head input; forward_mtp: after shared_head.norm)
-};
-
-// The latent KV cache layout of this model with tokens stored as kv_dtype (kBF16, kF8E4M3:
-// FlashMLA's FP8, or kF32). kv_token_format_status(layout.token) says whether the model can
-// use it (FP8 needs kv_lora_rank % 128 == 0); callers check at their boundary.
-// With mtp, one more layer after the main ones: the MTP module's (docs/mtp.md).
-inline KvLayout kv_cache_layout(const ModelConfig& c, DType kv_dtype, bool mtp = false) {
-  return KvLayout{c.num_hidden_layers + (mtp ? 1 : 0),
-                  {kv_dtype, c.kv_lora_rank, c.qk_rope_head_dim}};
-}
 
 // The two micro-batches of a step (docs/ep-overlap.md): indices into the batch, ascending, each
 // sequence in exactly one. Balances attention work (the sum over new tokens of their context
@@ -103,12 +48,18 @@ inline KvLayout kv_cache_layout(const ModelConfig& c, DType kv_dtype, bool mtp =
 std::array<std::vector<size_t>, 2> split_micro_batches(std::span<const StepSequence> batch,
                                                        int64_t min_tokens = 0);
 
-class DeepseekModel {
+class DeepseekModel final : public CausalLm {
  public:
   // Whether a checkpoint can run on `path`: the fast path's FP8 GEMMs need 128x128 scale
   // blocks (InvalidArgument naming quantization_config.weight_block_size otherwise). Checked
   // at load, before construction (the constructor CHECKs it).
   static Status supports(const ModelConfig& config, ComputePath path);
+  // The latent KV cache layout (docs/kv-cache.md): every layer keeps MLA's latent per token
+  // (kv_lora_rank normalised values, then qk_rope_head_dim rotated rope-key values) as
+  // kv_dtype (kBF16, kF8E4M3: FlashMLA's FP8, or kF32); with mtp, one more layer after the
+  // main ones: the MTP module's (docs/mtp.md). kv_layout_status says whether it can be used
+  // (FP8 needs kv_lora_rank % 128 == 0).
+  static KvLayout kv_layout(const ModelConfig& config, DType kv_dtype, bool mtp);
 
   DeepseekModel(const ModelConfig& config, const ModelWeights& weights, Dispatcher& dispatcher,
                 ThreadPool* pool, AttentionMode mode = AttentionMode::kAbsorbed,
@@ -116,7 +67,7 @@ class DeepseekModel {
                 bool progress = false, GemmInt8Options int8 = {},
                 const WeightCacheOptions& weight_cache = {});
 
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const override { return config_; }
 
   // One projection the fast path prepares (fast_path.cpp): from the checkpoint's tensor, into
   // its slot, in a format.
@@ -127,7 +78,7 @@ class DeepseekModel {
   };
 
   // Records per-layer stages (attention, gate, dispatch, experts, combine, ...) when non-null.
-  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+  void set_tracer(Tracer* tracer) override { tracer_ = tracer; }
 
   // Called after the gate of every MoE layer with the experts chosen for the rows it routed
   // ([rows, k] in the step's row order): for tests that compare routing between compute paths.
@@ -147,30 +98,30 @@ class DeepseekModel {
   // weights twice for little hidden communication. -1 (the default) = automatic:
   // 2 * kOverlapRidgeRows * n_routed_experts / (ranks * top_k); 0 = always split.
   static constexpr int64_t kOverlapRidgeRows = 9;  // docs/kernels-gemm.md: FP8 ridge M ~ 9
-  void set_overlap_min_tokens(int64_t n) { overlap_min_tokens_ = n; }
+  void set_overlap_min_tokens(int64_t n) override { overlap_min_tokens_ = n; }
   int64_t overlap_min_tokens() const;
 
   // Runs the step; `out` gets the logits and final hidden rows of the requested positions.
-  Status forward(std::span<const StepSequence> batch, KvCache& cache, StepOutput* out);
+  Status forward(std::span<const StepSequence> batch, KvCache& cache, StepOutput* out) override;
 
   // Whether the weights include the MTP module (LoadOptions::mtp); its latent cache is layer
   // num_hidden_layers of the cache, which then needs num_layers() layers.
-  bool has_mtp() const { return weights_.mtp.has_value(); }
+  bool has_mtp() const override { return weights_.mtp.has_value(); }
   // Every forward() and forward_mtp() is collective over the ranks of an EP group (each MoE
   // layer exchanges rows with all of them): callers make the same calls on every rank.
-  bool collective() const { return dispatcher_.world_size() > 1; }
-  int64_t num_layers() const { return int64_t(weights_.layers.size()); }
+  bool collective() const override { return dispatcher_.world_size() > 1; }
+  int64_t num_layers() const override { return int64_t(weights_.layers.size()); }
   // The MTP module (docs/mtp.md) over a batch laid out as for forward(): the row at position p
   // of a sequence carries the token t_{p+1} (in tokens) and, in `hidden` [rows, H] in the same
   // row order, the main model's final hidden row at p (or, chaining drafts, this module's own
   // output row at p - 1). Writes the module's latent KV at those positions; `out` gets its
   // logits (draft predictions of t_{p+2}) and its output rows after shared_head.norm.
   Status forward_mtp(std::span<const StepSequence> batch, const float* hidden, KvCache& cache,
-                     StepOutput* out);
+                     StepOutput* out) override;
 
   // The routed experts this rank holds now (EPLB installs and drops them through it, between
   // two forward() calls on its thread: model/expert_store.h).
-  ExpertStore& experts() { return experts_; }
+  ExpertStore& experts() override { return experts_; }
   const ExpertStore& experts() const { return experts_; }
 
  private:

@@ -17,7 +17,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
-#include "model/deepseek.h"
+#include "model/causal_lm.h"
 
 namespace moeserve {
 

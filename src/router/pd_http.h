@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/status.h"
-#include "server/openai_service.h"
+#include "server/reply.h"
 
 namespace moeserve {
 

@@ -28,7 +28,7 @@
 #include "router/pd_protocol.h"
 #include "router/pd_transport.h"
 #include "server/http_server.h"
-#include "server/openai_service.h"
+#include "server/reply.h"
 
 namespace moeserve {
 

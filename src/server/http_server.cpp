@@ -9,6 +9,7 @@
 #include "server/api_error.h"
 #include "server/auth.h"
 #include "server/chat_page.h"
+#include "server/openai_service.h"
 
 namespace moeserve {
 

@@ -24,9 +24,11 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "server/metrics.h"
-#include "server/openai_service.h"
+#include "server/reply.h"
 
 namespace moeserve {
+
+class OpenAiService;
 
 // A route besides the API's (the PD routes of a unit or the router, docs/pd.md): the same
 // checks as /v1 (header size, API key, draining), a body in, a Reply out.

@@ -21,30 +21,13 @@
 #include "engine/engine.h"
 #include "server/api_request.h"
 #include "server/metrics.h"
+#include "server/reply.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moeserve {
 
 class GenerationJob;
-
-// An SSE body produced as the engine generates.
-class ReplyStream {
- public:
-  virtual ~ReplyStream() = default;
-  // Appends the next SSE events to `out`, waiting up to `wait` for engine output when there is
-  // nothing to send yet. Returns false once the stream is complete (after "data: [DONE]").
-  virtual bool next(std::string& out, std::chrono::milliseconds wait) = 0;
-  // The client went away: cancels the engine requests.
-  virtual void abandon() = 0;
-};
-
-struct Reply {
-  int status = 200;
-  std::string content_type = "application/json";
-  std::string body;
-  std::shared_ptr<ReplyStream> stream;  // set for an SSE reply (then body is empty)
-};
 
 struct ServiceOptions {
   std::string served_model_name = "moeserve";

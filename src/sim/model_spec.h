@@ -2,8 +2,8 @@
 // (MLA attention, dense-then-MoE FFN, MTP), and where they come from.
 //
 // Filled from a preset name ("deepseek-v3", "deepseek-v2-lite") or from a Hugging Face
-// config.json; validated once at load (STYLE.md rule 7), plain value afterwards. No weights are
-// read: the simulator only counts FLOPs and bytes. Thread-compatible (immutable after load).
+// config.json; validated once at load (CONTRIBUTING.md rule 7), plain value afterwards. No weights
+// are read: the simulator only counts FLOPs and bytes. Thread-compatible (immutable after load).
 #pragma once
 
 #include <string>

@@ -36,7 +36,11 @@ def main():
         model = d.find_element(By.ID, "model").text
         assert model == "tiny-py", model
 
-        # A reply streams in: its text is seen growing before the reply is done.
+        # A reply streams in: its text is seen growing before the reply is done. Greedy: a
+        # sampled reply need not re-tokenize to the tokens it was sampled as (BPE merges another
+        # way), and then the second turn's prompt shares no whole block with the first's.
+        d.find_element(By.ID, "temperature").clear()
+        d.find_element(By.ID, "temperature").send_keys("0")
         d.find_element(By.ID, "max_tokens").clear()
         d.find_element(By.ID, "max_tokens").send_keys("160")
         d.find_element(By.ID, "ignore_eos").click()

@@ -1,0 +1,118 @@
+#include "cache/kv_layout.h"
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+
+namespace moeserve {
+
+const char* kv_part_kind_name(KvPartKind k) {
+  switch (k) {
+    case KvPartKind::kLatent:
+      return "latent";
+    case KvPartKind::kIndexKey:
+      return "index key";
+    case KvPartKind::kCompressed:
+      return "compressed";
+    case KvPartKind::kState:
+      return "state";
+  }
+  return "?";
+}
+
+int64_t KvPart::entries() const {
+  if (kind == KvPartKind::kState) return 1;
+  return ratio >= kKvBlockSize ? 1 : kKvBlockSize / ratio;
+}
+
+int64_t KvPart::entry_bytes() const {
+  switch (kind) {
+    case KvPartKind::kLatent:
+    case KvPartKind::kCompressed:
+      return token.bytes();
+    case KvPartKind::kIndexKey:
+      return index_dim + 4;  // e4m3 values, then the F32 scale
+    case KvPartKind::kState:
+      return state_bytes;
+  }
+  return 0;
+}
+
+int64_t KvLayerFormat::bytes() const {
+  int64_t b = 0;
+  for (const KvPart& p : parts) b += p.bytes();
+  return b;
+}
+
+KvLayout::KvLayout(int64_t n, KvTokenFormat t)
+    : KvLayout(std::vector<KvLayerFormat>(size_t(n), KvLayerFormat{{KvPart::latent(t)}, 0})) {}
+
+KvLayout::KvLayout(std::vector<KvLayerFormat> layers) : layers_(std::move(layers)) {
+  index();
+}
+
+void KvLayout::index() {
+  n_layers = int64_t(layers_.size());
+  token = {};
+  bool have_latent = false;
+  layer_offset_.assign(1, 0);
+  for (const KvLayerFormat& l : layers_) {
+    for (const KvPart& p : l.parts) {
+      if (p.kind != KvPartKind::kLatent) continue;
+      CHECK(!have_latent || p.token == token, "every latent part of a layout has one format");
+      token = p.token;
+      have_latent = true;
+    }
+    layer_offset_.push_back(layer_offset_.back() + size_t(l.bytes()));
+  }
+  block_bytes_ = layer_offset_.back();
+}
+
+size_t KvLayout::part_offset(int64_t l, size_t p) const {
+  size_t off = layer_offset_[size_t(l)];
+  const std::vector<KvPart>& parts = layers_[size_t(l)].parts;
+  for (size_t i = 0; i < p; ++i) off += size_t(parts[i].bytes());
+  return off;
+}
+
+int64_t KvLayout::find_part(int64_t l, KvPartKind kind) const {
+  const std::vector<KvPart>& parts = layers_[size_t(l)].parts;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].kind == kind) return int64_t(i);
+  }
+  return -1;
+}
+
+Status kv_layout_status(const KvLayout& layout) {
+  for (int64_t l = 0; l < layout.n_layers; ++l) {
+    const KvLayerFormat& layer = layout.layer(l);
+    if (layer.window < 0) return InvalidArgument(fmt::format("KV layer {}: negative window", l));
+    for (const KvPart& p : layer.parts) {
+      const std::string what = fmt::format("KV layer {}'s {} part", l, kv_part_kind_name(p.kind));
+      switch (p.kind) {
+        case KvPartKind::kLatent:
+        case KvPartKind::kCompressed:
+          if (Status st = kv_token_format_status(p.token); !st.ok()) return st;
+          break;
+        case KvPartKind::kIndexKey:
+          if (p.index_dim < 1) return InvalidArgument(what + ": index_dim must be >= 1");
+          break;
+        case KvPartKind::kState:
+          if (p.state_bytes < 1) return InvalidArgument(what + ": state_bytes must be >= 1");
+          break;
+      }
+      if (p.ratio < 1 || (p.ratio < kKvBlockSize && kKvBlockSize % p.ratio != 0) ||
+          (p.ratio > kKvBlockSize && p.ratio % kKvBlockSize != 0)) {
+        return InvalidArgument(fmt::format(
+            "{}: {} tokens per entry neither divides nor is a multiple of the {}-token block", what,
+            p.ratio, kKvBlockSize));
+      }
+      if (p.kind == KvPartKind::kLatent && p.ratio != 1) {
+        return InvalidArgument(what + ": a latent is one entry per token");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace moeserve

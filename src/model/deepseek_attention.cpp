@@ -1,0 +1,249 @@
+// MLA, DeepSeek-V2/V3's attention (docs/kernels-mla.md): the query through its low-rank
+// projection, the latent KV of the new tokens into the paged cache, then attention over every
+// cached position, naive (kv_b_proj expands each latent into per-head keys and values) or
+// absorbed (kv_b_proj folded into the query and the output: attention in the latent space, the
+// served form). Shapes: n = new tokens in the step, H = hidden_size, nh = heads, dn/dr/dv =
+// qk_nope/qk_rope/v head dims, R = kv_lora_rank, T = context length.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "kernels/convert.h"
+#include "kernels/gemm_bf16.h"
+#include "kernels/gemm_fp8_f32x.h"
+#include "kernels/mla_decode.h"
+#include "kernels/rmsnorm.h"
+#include "model/deepseek.h"
+#include "model/stage_span.h"
+
+namespace moeserve {
+
+namespace {
+
+// q_a_layernorm and kv_a_layernorm are built without the config's eps in DeepSeek's model.py,
+// its hub code and transformers: always 1e-6 (docs/hf-reference.md section 2).
+constexpr float kLoraNormEps = 1e-6f;
+
+// In-place softmax over v[0, n).
+void softmax(float* v, int64_t n) {
+  float mx = *std::max_element(v, v + n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = std::exp(v[i] - mx);
+    sum += v[i];
+  }
+  float inv = float(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) v[i] *= inv;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
+void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch, const float* x,
+                              int64_t n, KvCache& cache, float* out) {
+  const ModelConfig& c = config_;
+  const AttentionWeights& A = weights_.layers[size_t(layer)].attn;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads;
+  const int64_t dn = c.qk_nope_head_dim, dv = c.v_head_dim, dq = c.qk_head_dim();
+  const int64_t R = c.kv_lora_rank, D = c.kv_cache_dim();
+
+  // Buffers reused across layers and steps (attn_scratch_: tens of MB in a prefill step, which
+  // fresh allocations would page-fault in again for every layer); every element is written
+  // before it is read.
+  std::vector<float>& q = attn_scratch_.q;  // [n, nh, dn + dr]
+  q.resize(size_t(n * nh * dq));
+  if (A.q_a) {
+    const int64_t QR = A.q_a->rows;
+    std::vector<float>& qa = attn_scratch_.q_lora;  // [n, q_lora_rank]
+    qa.resize(size_t(n * QR));
+    linear(x, n, H, *A.q_a, qa.data(), QR);
+    norm(qa.data(), n, QR, QR, A.q_a_norm.data(), kLoraNormEps, qa.data(), QR);
+    linear(qa.data(), n, QR, A.q_b, q.data(), nh * dq);
+  } else {
+    linear(x, n, H, A.q_b, q.data(), nh * dq);
+  }
+  std::vector<float>& kv = attn_scratch_.kv;  // [n, R + dr]: latent, then the shared rope key
+  kv.resize(size_t(n * D));
+  linear(x, n, H, A.kv_a, kv.data(), D);
+  norm(kv.data(), n, R, D, A.kv_a_norm.data(), kLoraNormEps, kv.data(), D);
+
+  int64_t row = 0;
+  for (const StepSequence& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i, ++row) {
+      int64_t pos = s.start_pos + int64_t(i);
+      if (path_ == ComputePath::kFast) {                                // the same bits, vectorized
+        rope_.apply_fast(&q[size_t(row * nh * dq + dn)], nh, dq, pos);  // q_pe of every head
+        rope_.apply_fast(&kv[size_t(row * D + R)], 1, D, pos);          // k_pe
+      } else {
+        rope_.apply(&q[size_t(row * nh * dq + dn)], nh, dq, pos);  // q_pe of every head
+        rope_.apply(&kv[size_t(row * D + R)], 1, D, pos);          // k_pe
+      }
+      cache.write(layer, s.block_table, pos, &kv[size_t(row * D)]);
+    }
+  }
+
+  std::vector<float>& o = attn_scratch_.o;  // [n, nh, dv]
+  o.resize(size_t(n * nh * dv));
+  if (path_ == ComputePath::kFast && mode_ == AttentionMode::kAbsorbed) {
+    attend_absorbed_fast(layer, batch, q.data(), n, cache, o.data());
+    linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
+    return;
+  }
+  std::vector<float> kv_b(size_t(A.kv_b.rows * R));  // [nh * (dn + dv), R] dequantized
+  for (int64_t r = 0; r < A.kv_b.rows; ++r) A.kv_b.row_to_f32(r, &kv_b[size_t(r * R)]);
+
+  row = 0;
+  for (const StepSequence& s : batch) {
+    attend_sequence(layer, s, &q[size_t(row * nh * dq)], nh * dq, cache, kv_b,
+                    &o[size_t(row * nh * dv)], nh * dv);
+    row += int64_t(s.tokens.size());
+  }
+  linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
+}
+
+// Absorbed attention on the fast path: q_lat = W_UK^T q_nope per head (FP32 GEMM against
+// matrices dequantized at construction), the paged MLA kernel over the cache, then
+// o = W_UV o_lat per head.
+void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch,
+                                         const float* q, int64_t n, const KvCache& cache,
+                                         float* o) {
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
+  const AbsorbedWeights& W = absorbed_[size_t(layer)];
+
+  std::vector<float>& qa = attn_scratch_.q_lat;  // [n, nh, R + dr] absorbed queries
+  qa.resize(size_t(n * nh * D));
+  // Heads in parallel (one pool pass per projection, not one per head).
+  auto q_heads = [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(q + (i * nh + h) * dq + dn, dr, &qa[size_t((i * nh + h) * D + R)]);  // q_pe
+      }
+      if (!W.uk_t_fp8.empty()) {  // q_lat [n, R] of head h = q_nope W_UK
+        gemm_fp8_f32x(q + h * dq, n, nh * dq, W.uk_t_fp8[size_t(h)],
+                      GemmOutput{&qa[size_t(h * D)], DType::kF32, nh * D}, nullptr);
+        continue;
+      }
+      gemm_f32_kn(q + h * dq, n, nh * dq, &W.uk[size_t(h * dn * R)], R, dn, R, &qa[size_t(h * D)],
+                  nh * D, nullptr);
+    }
+  };
+  pool_ ? pool_->parallel_for(nh, q_heads) : q_heads(0, nh);
+
+  std::vector<float>& o_lat = attn_scratch_.o_lat;  // [n, nh, R]
+  o_lat.resize(size_t(n * nh * R));
+  MlaShape shape{nh, R, dr, float(c.softmax_scale())};
+  const MlaCacheView view{.blocks = cache.layer_base(layer),
+                          .token = cache.layout().token,
+                          .num_blocks = cache.num_blocks(),
+                          .block_stride = cache.block_stride_bytes()};
+  // The whole step in one kernel call (one pass over the pool, not one per sequence), with
+  // every sequence's KV cut at fixed 4-block (256-token) boundaries: a sequence's split, and so
+  // its rounding, never depends on what else is in the batch.
+  std::vector<MlaSequence> seqs;
+  for (const StepSequence& s : batch) {
+    const int64_t len = int64_t(s.tokens.size());
+    if (len > 0) seqs.push_back(MlaSequence{s.block_table, s.start_pos + len, len});
+  }
+  MlaOptions mla_options;
+  mla_options.split_blocks = 4;
+  MlaBatch mb{shape, view, seqs, qa.data(), DType::kF32, o_lat.data(), nullptr};
+  mla_decode(mb, pool_, mla_options);
+
+  auto o_heads = [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) {  // o [n, dv] of head h = o_lat W_UV^T
+      if (!W.uv_fp8.empty()) {
+        gemm_fp8_f32x(&o_lat[size_t(h * R)], n, nh * R, W.uv_fp8[size_t(h)],
+                      GemmOutput{o + h * dv, DType::kF32, nh * dv}, nullptr);
+        continue;
+      }
+      gemm_f32_kn(&o_lat[size_t(h * R)], n, nh * R, &W.uv_t[size_t(h * R * dv)], dv, R, dv,
+                  o + h * dv, nh * dv, nullptr);
+    }
+  };
+  pool_ ? pool_->parallel_for(nh, o_heads) : o_heads(0, nh);
+}
+
+void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const float* q,
+                                    int64_t ldq, const KvCache& cache,
+                                    const std::vector<float>& kv_b, float* o, int64_t ldo) {
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
+  const int64_t n_new = int64_t(s.tokens.size());
+  const int64_t T = s.start_pos + n_new;
+  const float scale = float(c.softmax_scale());
+  if (n_new == 0) return;
+
+  std::vector<float> ctx(size_t(T * D));  // [T, R + dr] cached latents and rope keys
+  for (int64_t t = 0; t < T; ++t) cache.read(layer, s.block_table, t, &ctx[size_t(t * D)]);
+
+  std::vector<float> kvx;  // naive only: [T, nh, dn + dv] per-head keys (nope part) and values
+  if (mode_ == AttentionMode::kNaive) {
+    const int64_t W = nh * (dn + dv);
+    kvx.resize(size_t(T * W));
+    auto expand = [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t r = 0; r < W; ++r) {
+          kvx[size_t(t * W + r)] = dot(&ctx[size_t(t * D)], &kv_b[size_t(r * R)], R);
+        }
+      }
+    };
+    pool_ ? pool_->parallel_for(T, expand) : expand(0, T);
+  }
+
+  auto heads = [&](int64_t h0, int64_t h1) {
+    std::vector<float> scores(static_cast<size_t>(T)), q_lat(static_cast<size_t>(R)),
+        o_lat(static_cast<size_t>(R));
+    for (int64_t h = h0; h < h1; ++h) {
+      const float* wk = &kv_b[size_t(h * (dn + dv) * R)];         // [dn, R] key rows of head h
+      const float* wv = &kv_b[size_t((h * (dn + dv) + dn) * R)];  // [dv, R] value rows
+      for (int64_t i = 0; i < n_new; ++i) {
+        const float* qh = q + i * ldq + h * dq;     // [dn + dr]
+        const int64_t n_ctx = s.start_pos + i + 1;  // causal: positions [0, pos]
+        float* oh = o + i * ldo + h * dv;           // [dv]
+        if (mode_ == AttentionMode::kNaive) {
+          const int64_t W = nh * (dn + dv);
+          for (int64_t t = 0; t < n_ctx; ++t) {
+            const float* k = &kvx[size_t(t * W + h * (dn + dv))];
+            scores[size_t(t)] =
+                (dot(qh, k, dn) + dot(qh + dn, &ctx[size_t(t * D + R)], dr)) * scale;
+          }
+          softmax(scores.data(), n_ctx);
+          std::fill(oh, oh + dv, 0.0f);
+          for (int64_t t = 0; t < n_ctx; ++t) {
+            const float* v = &kvx[size_t(t * W + h * (dn + dv) + dn)];
+            for (int64_t j = 0; j < dv; ++j) oh[j] += scores[size_t(t)] * v[j];
+          }
+        } else {
+          // q_lat = W_k^T q_nope: [R]
+          std::fill(q_lat.begin(), q_lat.end(), 0.0f);
+          for (int64_t d = 0; d < dn; ++d) {
+            for (int64_t r = 0; r < R; ++r) q_lat[size_t(r)] += qh[d] * wk[d * R + r];
+          }
+          for (int64_t t = 0; t < n_ctx; ++t) {
+            const float* kt = &ctx[size_t(t * D)];
+            scores[size_t(t)] = (dot(q_lat.data(), kt, R) + dot(qh + dn, kt + R, dr)) * scale;
+          }
+          softmax(scores.data(), n_ctx);
+          std::fill(o_lat.begin(), o_lat.end(), 0.0f);  // [R] attention-weighted latent
+          for (int64_t t = 0; t < n_ctx; ++t) {
+            const float* kt = &ctx[size_t(t * D)];
+            for (int64_t r = 0; r < R; ++r) o_lat[size_t(r)] += scores[size_t(t)] * kt[r];
+          }
+          for (int64_t j = 0; j < dv; ++j) oh[j] = dot(wv + j * R, o_lat.data(), R);
+        }
+      }
+    }
+  };
+  pool_ ? pool_->parallel_for(nh, heads) : heads(0, nh);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,89 @@
+#include "model/family.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "model/deepseek.h"
+
+namespace moeserve {
+
+namespace {
+
+std::unique_ptr<CausalLm> make_deepseek(const ModelConfig& config, const ModelWeights& weights,
+                                        Dispatcher& dispatcher, ThreadPool* pool,
+                                        const ForwardOptions& o,
+                                        const WeightCacheOptions& weight_cache) {
+  return std::make_unique<DeepseekModel>(config, weights, dispatcher, pool, o.attention, o.compute,
+                                         o.overlap, o.progress, o.int8, weight_cache);
+}
+
+// The table. V2 and V3 share MLA, the MoE layer and the checkpoint's tensor names; they differ
+// only in config fields (topk_method, scoring_func, q_lora_rank), which the forward pass reads.
+const std::vector<ModelFamily>& families() {
+  static const std::vector<ModelFamily> table = {
+      {.name = "deepseek_v3",
+       .models = "DeepSeek-V3, R1, V3.1, V2, V2-Lite (MLA, MoE)",
+       .model_types = {"deepseek_v3", "deepseek_v2"},
+       .architectures = {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"},
+       .supports = &DeepseekModel::supports,
+       .kv_layout = &DeepseekModel::kv_layout,
+       .make = &make_deepseek},
+  };
+  return table;
+}
+
+bool contains(const std::vector<std::string_view>& v, std::string_view x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+std::string supported_list() {
+  std::string s;
+  for (const ModelFamily& f : families()) {
+    if (!s.empty()) s += "; ";
+    s += fmt::format("{} (model_type {}: {})", f.name, fmt::join(f.model_types, " or "), f.models);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::span<const ModelFamily> model_families() {
+  return families();
+}
+
+Result<const ModelFamily*> find_model_family(std::string_view model_type,
+                                             std::span<const std::string> architectures,
+                                             const std::string& source) {
+  for (const ModelFamily& f : families()) {
+    if (!contains(f.model_types, model_type)) continue;
+    if (!architectures.empty() && !contains(f.architectures, architectures.front())) {
+      return InvalidArgument(fmt::format(
+          "{}: field 'architectures' is '{}', which the {} family does not run (it runs {}) for "
+          "model_type '{}'",
+          source, architectures.front(), f.name, fmt::join(f.architectures, ", "), model_type));
+    }
+    return &f;
+  }
+  const std::string arch =
+      architectures.empty() ? "" : fmt::format(", architectures '{}'", architectures.front());
+  return InvalidArgument(
+      fmt::format("{}: field 'model_type' is '{}'{}: no model family runs it; "
+                  "supported: {}",
+                  source, model_type, arch, supported_list()));
+}
+
+const ModelFamily& model_family(const ModelConfig& config) {
+  for (const ModelFamily& f : families()) {
+    if (contains(f.model_types, config.model_type)) return f;
+  }
+  CHECK(false, "a parsed config has a supported model_type");
+  return families().front();
+}
+
+KvLayout kv_cache_layout(const ModelConfig& config, DType kv_dtype, bool mtp) {
+  return model_family(config).kv_layout(config, kv_dtype, mtp);
+}
+
+}  // namespace moeserve

@@ -1,0 +1,102 @@
+#include "model/loaded_model.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "model/fingerprint.h"
+#include "model/weight_cache.h"
+
+namespace moeserve {
+
+namespace {
+
+// The family named by DIR/config.json, read before the checkpoint: its model_type and
+// architectures (the loader of that family then parses the rest).
+Result<const ModelFamily*> family_of(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument(path + ": not a JSON object");
+  auto type = j.find("model_type");
+  if (type == j.end() || !type->is_string()) {
+    return InvalidArgument(path + ": field 'model_type' is missing or not a string");
+  }
+  std::vector<std::string> architectures;
+  if (auto a = j.find("architectures"); a != j.end() && a->is_array()) {
+    for (const auto& x : *a) {
+      if (x.is_string()) architectures.push_back(x.get<std::string>());
+    }
+  }
+  return find_model_family(type->get<std::string>(), architectures, path);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LoadedModel>> LoadedModel::open(const ModelOptions& o, Dispatcher* ep) {
+  ASSIGN_OR_RETURN(const ModelFamily* family, family_of(o.model_dir));
+  LoadOptions load;
+  load.progress = o.progress;
+  load.mtp = o.mtp;
+  if (ep) {
+    load.holds_layer_expert = [ep](int64_t moe_layer, int32_t e) {
+      return ep->holds_layer_expert(moe_layer, e);
+    };
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::open(o.model_dir, load));
+  const ModelConfig& c = ck->config();
+  RETURN_IF_ERROR(family->supports(c, o.compute).with_context(o.model_dir));
+  const KvLayout layout = family->kv_layout(c, o.kv_dtype, o.mtp);
+  RETURN_IF_ERROR(kv_layout_status(layout).with_context(o.model_dir));
+  int64_t num_blocks = 0;
+  if (o.kv_blocks) {
+    num_blocks = *o.kv_blocks;
+    if (num_blocks < 1) return InvalidArgument("a KV cache needs at least one block");
+  } else {
+    const double bytes_per_block = double(layout.block_bytes());
+    num_blocks = int64_t(o.kv_cache_gb * 1e9 / bytes_per_block);
+    if (num_blocks < 1) {
+      return InvalidArgument(fmt::format("--kv-cache-gb {} holds no KV block ({} bytes each)",
+                                         o.kv_cache_gb, bytes_per_block));
+    }
+  }
+  if (num_blocks > INT32_MAX) num_blocks = INT32_MAX;
+  ASSIGN_OR_RETURN(uint64_t fingerprint,
+                   model_fingerprint(o.model_dir, o.kv_dtype, o.compute, o.mtp, o.int8.projections,
+                                     o.int8.experts));
+  std::unique_ptr<DiskTier> disk;  // before the weights are prepared (minutes for V3)
+  if (!o.kv_disk_dir.empty()) {
+    ASSIGN_OR_RETURN(
+        disk, DiskTier::open({o.kv_disk_dir, o.kv_disk_gb}, fingerprint, layout.block_bytes()));
+  }
+  std::unique_ptr<LoadedModel> m(new LoadedModel(o, std::move(ck), *family, fingerprint, ep));
+  m->disk_ = std::move(disk);
+  m->cache_ = std::make_unique<KvCache>(layout, int32_t(num_blocks), fingerprint);
+  m->cache_->set_tier(m->disk_.get());
+  return m;
+}
+
+LoadedModel::LoadedModel(const ModelOptions& o, std::unique_ptr<Checkpoint> checkpoint,
+                         const ModelFamily& family, uint64_t fingerprint, Dispatcher* ep)
+    : options_(o),
+      checkpoint_(std::move(checkpoint)),
+      family_(&family),
+      fingerprint_(fingerprint),
+      pool_(o.threads),
+      local_dispatcher_(checkpoint_->config().n_routed_experts,
+                        /*bf16_rows=*/o.compute == ComputePath::kFast),
+      ep_(ep) {
+  model_ = family.make(checkpoint_->config(), checkpoint_->weights(), dispatcher(), &pool_,
+                       ForwardOptions{o.compute, o.attention, o.int8, o.overlap, o.progress},
+                       WeightCacheOptions{o.weight_cache_dir, fingerprint});
+  model_->set_overlap_min_tokens(o.overlap_min_tokens);
+}
+
+LoadedModel::~LoadedModel() = default;
+
+}  // namespace moeserve
