@@ -410,6 +410,10 @@ def build_hf_model(ckpt_dir):
         config_cls, model_cls = DeepseekV3Config, DeepseekV3ForCausalLM
         if cfg.get("scoring_func", "sigmoid") != "sigmoid":
             raise SystemExit("transformers' DeepseekV3 router only implements scoring_func=sigmoid")
+    elif cfg["model_type"] == "deepseek_v32":  # DeepSeek Sparse Attention (docs/dsa.md)
+        from transformers import DeepseekV32Config, DeepseekV32ForCausalLM
+
+        config_cls, model_cls = DeepseekV32Config, DeepseekV32ForCausalLM
     elif cfg["model_type"] == "deepseek_v2":
         config_cls, model_cls = DeepseekV2Config, DeepseekV2ForCausalLM
         if cfg.get("norm_topk_prob"):

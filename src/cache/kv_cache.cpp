@@ -265,6 +265,22 @@ const uint8_t* KvCache::part_base(int64_t layer, size_t part) const {
   return const_cast<KvCache*>(this)->part_base(layer, part);
 }
 
+uint8_t* KvCache::token_entry(int64_t layer, size_t part, std::span<const int32_t> table,
+                              int64_t pos) {
+  CHECK(pos >= 0 && pos / kKvBlockSize < int64_t(table.size()), "position beyond the block table");
+  const KvPart& p = layout_.layer(layer).parts.at(part);
+  CHECK(p.ratio == 1 && p.kind != KvPartKind::kState, "a per-token part");
+  const int32_t block = table[size_t(pos / kKvBlockSize)];
+  CHECK(block >= 0 && block < num_blocks(), "bad KV block");
+  return part_base(layer, part) + size_t(block) * layout_.block_bytes() +
+         size_t(pos % kKvBlockSize) * size_t(p.entry_bytes());
+}
+
+const uint8_t* KvCache::token_entry(int64_t layer, size_t part, std::span<const int32_t> table,
+                                    int64_t pos) const {
+  return const_cast<KvCache*>(this)->token_entry(layer, part, table, pos);
+}
+
 // ---- Blocks as objects ----
 
 KvBlock KvCache::export_block(int32_t block) const {

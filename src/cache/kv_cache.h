@@ -191,6 +191,12 @@ class KvCache {
   // b * block_stride_bytes().
   uint8_t* part_base(int64_t layer, size_t part);
   const uint8_t* part_base(int64_t layer, size_t part) const;
+  // The entry of position `pos` of the sequence with this block table in a per-token part
+  // (ratio 1) of a layer.
+  uint8_t* token_entry(int64_t layer, size_t part, std::span<const int32_t> block_table,
+                       int64_t pos);
+  const uint8_t* token_entry(int64_t layer, size_t part, std::span<const int32_t> block_table,
+                             int64_t pos) const;
   int64_t block_stride_bytes() const { return int64_t(layout_.block_bytes()); }
 
   // ---- Blocks as objects ----

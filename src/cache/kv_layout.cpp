@@ -31,7 +31,8 @@ int64_t KvPart::entry_bytes() const {
     case KvPartKind::kCompressed:
       return token.bytes();
     case KvPartKind::kIndexKey:
-      return index_dim + 4;  // e4m3 values, then the F32 scale
+      return index_dtype == DType::kF32 ? index_dim * 4
+                                        : index_dim + 4;  // e4m3 values, then the F32 scale
     case KvPartKind::kState:
       return state_bytes;
   }
@@ -96,6 +97,9 @@ Status kv_layout_status(const KvLayout& layout) {
           break;
         case KvPartKind::kIndexKey:
           if (p.index_dim < 1) return InvalidArgument(what + ": index_dim must be >= 1");
+          if (p.index_dtype != DType::kF8E4M3 && p.index_dtype != DType::kF32) {
+            return InvalidArgument(what + ": index keys are FP8 (with a scale) or F32");
+          }
           break;
         case KvPartKind::kState:
           if (p.state_bytes < 1) return InvalidArgument(what + ": state_bytes must be >= 1");

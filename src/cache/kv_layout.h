@@ -9,7 +9,7 @@
 //                layer's window only.
 //   kIndexKey    one per token or per compressed group: the lightning indexer's key, index_dim
 //                FP8 e4m3 values and one F32 power-of-two scale (V3.2; V4's compressed sparse
-//                attention over its 4-token groups).
+//                attention over its 4-token groups), or index_dim F32 values.
 //   kCompressed  one per `ratio` tokens (V4: 4 for compressed sparse, 128 for heavily compressed
 //                attention): a compressed KV entry in a KvTokenFormat, written by the block that
 //                completes the group.
@@ -42,8 +42,10 @@ const char* kv_part_kind_name(KvPartKind k);
 
 struct KvPart {
   KvPartKind kind = KvPartKind::kLatent;
-  KvTokenFormat token;      // kLatent, kCompressed: the entry's format
-  int64_t index_dim = 0;    // kIndexKey: FP8 values per key (one F32 scale follows them)
+  KvTokenFormat token;    // kLatent, kCompressed: the entry's format
+  int64_t index_dim = 0;  // kIndexKey: values per key
+  // kIndexKey: kF8E4M3 (index_dim e4m3 bytes, then one F32 scale) or kF32 (index_dim values).
+  DType index_dtype = DType::kF8E4M3;
   int64_t ratio = 1;        // kIndexKey, kCompressed: tokens per entry (1: one per token)
   int64_t state_bytes = 0;  // kState: bytes of the record
 
@@ -52,10 +54,11 @@ struct KvPart {
     p.token = token;
     return p;
   }
-  static KvPart index_key(int64_t dim, int64_t ratio = 1) {
+  static KvPart index_key(int64_t dim, int64_t ratio = 1, DType dtype = DType::kF8E4M3) {
     KvPart p;
     p.kind = KvPartKind::kIndexKey;
     p.index_dim = dim;
+    p.index_dtype = dtype;
     p.ratio = ratio;
     return p;
   }

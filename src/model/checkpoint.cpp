@@ -287,6 +287,17 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
     ASSIGN_OR_RETURN(A.kv_b, b.matrix(a + "kv_b_proj.weight",
                                       nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank));
     ASSIGN_OR_RETURN(A.o, b.matrix(a + "o_proj.weight", H, nh * c.v_head_dim));
+    if (c.indexer) {
+      const std::string ix = a + "indexer.";
+      const int64_t d = c.indexer->head_dim;
+      IndexerWeights& I = A.indexer.emplace();
+      ASSIGN_OR_RETURN(I.wq_b,
+                       b.matrix(ix + "wq_b.weight", c.indexer->n_heads * d, *c.q_lora_rank));
+      ASSIGN_OR_RETURN(I.wk, b.matrix(ix + "wk.weight", d, H));
+      ASSIGN_OR_RETURN(I.k_norm, b.vector(ix + "k_norm.weight", d));
+      ASSIGN_OR_RETURN(I.k_bias, b.vector(ix + "k_norm.bias", d));
+      ASSIGN_OR_RETURN(I.weights_proj, b.matrix(ix + "weights_proj.weight", c.indexer->n_heads, H));
+    }
     if (!c.is_moe_layer(l)) {
       ASSIGN_OR_RETURN(L.mlp, b.mlp(p + "mlp", H, c.intermediate_size));
       continue;

@@ -6,8 +6,8 @@
 // valid for the Checkpoint's life. Nothing is copied except norm vectors and gate biases
 // (small, converted to float). FP8 projections stay FP8 with their weight_scale_inv blocks.
 // Routed experts that the dispatcher says live on another rank are not mapped (EP), and MTP
-// layers (index >= num_hidden_layers) are skipped unless LoadOptions::mtp asks for the first. Every tensor of the files must be consumed
-// or skipped by name: leftovers are reported as unexpected.
+// layers (index >= num_hidden_layers) are skipped unless LoadOptions::mtp asks for the first. Every
+// tensor of the files must be consumed or skipped by name: leftovers are reported as unexpected.
 #pragma once
 
 #include <deque>
@@ -28,6 +28,15 @@ struct MlpWeights {  // SiLU(x W_gate^T) * (x W_up^T) W_down^T
   WeightView gate, up, down;
 };
 
+// DeepSeek Sparse Attention's lightning indexer (V3.2; docs/dsa.md): i heads of d dims.
+struct IndexerWeights {
+  WeightView wq_b;            // [i * d, q_lora_rank] (FP8 in the official checkpoints)
+  WeightView wk;              // [d, hidden] (FP8)
+  std::vector<float> k_norm;  // [d] LayerNorm weight
+  std::vector<float> k_bias;  // [d] LayerNorm bias
+  WeightView weights_proj;    // [i, hidden] (BF16)
+};
+
 struct AttentionWeights {
   std::optional<WeightView> q_a;  // [q_lora_rank, hidden] when q_lora_rank is set
   std::vector<float> q_a_norm;    // [q_lora_rank]
@@ -36,6 +45,7 @@ struct AttentionWeights {
   std::vector<float> kv_a_norm;   // [kv_lora_rank]
   WeightView kv_b;                // [heads * (nope + v), kv_lora_rank]
   WeightView o;                   // [hidden, heads * v_head_dim]
+  std::optional<IndexerWeights> indexer;  // config.indexer (V3.2)
 };
 
 struct MoeWeights {
@@ -65,8 +75,8 @@ struct ModelWeights {
   WeightView embed;  // [vocab, hidden]
   // The num_hidden_layers main layers, then the MTP module's decoder layer when it is loaded.
   std::vector<LayerWeights> layers;
-  std::vector<float> norm;  // [hidden]
-  WeightView lm_head;       // [vocab, hidden] (the embedding when tied)
+  std::vector<float> norm;        // [hidden]
+  WeightView lm_head;             // [vocab, hidden] (the embedding when tied)
   std::optional<MtpWeights> mtp;  // LoadOptions::mtp
 };
 

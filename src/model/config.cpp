@@ -113,7 +113,8 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
   }
   // Which architectures run at all is the family table's to say (model/family.h).
   RETURN_IF_ERROR(find_model_family(c.model_type, architectures, source).status());
-  bool v3 = c.model_type == "deepseek_v3";
+  // V3.2 is V3.1 with sparse attention: V3's defaults.
+  bool v3 = c.model_type == "deepseek_v3" || c.model_type == "deepseek_v32";
   if (r.has("hidden_act") && r.string("hidden_act") != "silu") {
     r.fail("hidden_act", "must be \"silu\"");
   }
@@ -191,6 +192,20 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
       r.fail("topk_group", "selects groups holding fewer than num_experts_per_tok experts");
     }
   }
+  if (c.model_type == "deepseek_v32") {
+    IndexerConfig ix;
+    ix.n_heads = r.positive("index_n_heads");
+    ix.head_dim = r.positive("index_head_dim");
+    ix.topk = r.positive("index_topk");
+    RETURN_IF_ERROR(r.status());
+    // One FP8 scale per 128-value key (DeepSeek's act_quant block) and a 128-point Hadamard.
+    if (ix.head_dim != 128) r.fail("index_head_dim", "must be 128 (DeepSeek's indexer)");
+    if (c.qk_rope_head_dim >= ix.head_dim) {
+      r.fail("qk_rope_head_dim", "must be below index_head_dim (the indexer's RoPE dims)");
+    }
+    if (!c.q_lora_rank) r.fail("q_lora_rank", "is needed by the indexer (its query input)");
+    c.indexer = ix;
+  }
   if (c.first_k_dense_replace < 0) r.fail("first_k_dense_replace", "must be >= 0");
   if (c.num_nextn_predict_layers < 0) r.fail("num_nextn_predict_layers", "must be >= 0");
   if (c.qk_rope_head_dim % 2 != 0) r.fail("qk_rope_head_dim", "must be even (rotary pairs)");
@@ -259,8 +274,9 @@ Result<ModelConfig> load_model_config(const std::string& path) {
 
 std::string model_config_to_json(const ModelConfig& c) {
   json j;
-  bool v3 = c.model_type == "deepseek_v3";
-  j["architectures"] = {v3 ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM"};
+  j["architectures"] = {c.model_type == "deepseek_v32"  ? "DeepseekV32ForCausalLM"
+                        : c.model_type == "deepseek_v3" ? "DeepseekV3ForCausalLM"
+                                                        : "DeepseekV2ForCausalLM"};
   j["model_type"] = c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
@@ -308,6 +324,11 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["hidden_act"] = "silu";
   j["attention_bias"] = false;
   j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+  if (c.indexer) {
+    j["index_n_heads"] = c.indexer->n_heads;
+    j["index_head_dim"] = c.indexer->head_dim;
+    j["index_topk"] = c.indexer->topk;
+  }
   j["torch_dtype"] = "bfloat16";
   if (c.quant) {
     j["quantization_config"] = {{"quant_method", "fp8"},

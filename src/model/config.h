@@ -1,4 +1,5 @@
-// ModelConfig: a Hugging Face DeepSeek config.json (model_type deepseek_v3 or deepseek_v2),
+// ModelConfig: a Hugging Face DeepSeek config.json (model_type deepseek_v3, deepseek_v2 or
+// deepseek_v32),
 // parsed and validated once at load. Every later stage trusts it.
 //
 // Variants are told apart only by these fields (topk_method, scoring_func, q_lora_rank, ...),
@@ -26,6 +27,14 @@ struct YarnScaling {
   double mscale_all_dim = 0.0;
 };
 
+// DeepSeek Sparse Attention (DeepSeek-V3.2, model_type deepseek_v32; docs/dsa.md): the lightning
+// indexer's heads and head width, and how many cached tokens each query attends to.
+struct IndexerConfig {
+  int64_t n_heads = 64;    // index_n_heads
+  int64_t head_dim = 128;  // index_head_dim (its first qk_rope_head_dim dims carry RoPE)
+  int64_t topk = 2048;     // index_topk
+};
+
 struct QuantConfig {
   // FP8 e4m3 weights with F32 weight_scale_inv per block_n x block_k block.
   int64_t block_n = 128;
@@ -33,7 +42,7 @@ struct QuantConfig {
 };
 
 struct ModelConfig {
-  std::string model_type;  // "deepseek_v3" | "deepseek_v2"
+  std::string model_type;  // "deepseek_v3" | "deepseek_v2" | "deepseek_v32"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;      // dense MLP layers
@@ -65,6 +74,7 @@ struct ModelConfig {
   std::optional<int64_t> eos_token_id;
   std::optional<QuantConfig> quant;      // nullopt: BF16 (or F32/F16) checkpoint
   int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the main layers
+  std::optional<IndexerConfig> indexer;  // deepseek_v32: every layer's attention is sparse
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Latent KV values per token per layer: the compressed kv plus the shared rope key.

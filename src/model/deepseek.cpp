@@ -71,11 +71,24 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
 }
 
 KvLayout DeepseekModel::kv_layout(const ModelConfig& c, DType kv_dtype, bool mtp) {
-  return KvLayout(c.num_hidden_layers + (mtp ? 1 : 0),
-                  KvTokenFormat{kv_dtype, c.kv_lora_rank, c.qk_rope_head_dim});
+  const int64_t n = c.num_hidden_layers + (mtp ? 1 : 0);
+  const KvTokenFormat latent{kv_dtype, c.kv_lora_rank, c.qk_rope_head_dim};
+  if (!c.indexer) return KvLayout(n, latent);
+  // DSA: every layer also keeps the indexer's key per token (docs/dsa.md): FP8 with a scale as
+  // DeepSeek's, or, in an F32 cache (the reference format), F32 as transformers' deepseek_v32.
+  const DType key = kv_dtype == DType::kF32 ? DType::kF32 : DType::kF8E4M3;
+  const KvLayerFormat layer{
+      {KvPart::latent(latent), KvPart::index_key(c.indexer->head_dim, 1, key)}, 0};
+  return KvLayout(std::vector<KvLayerFormat>(size_t(n), layer));
 }
 
 Status DeepseekModel::supports(const ModelConfig& c, ComputePath path) {
+  if (c.indexer && path == ComputePath::kFast) {
+    return InvalidArgument(
+        "config.json: model_type deepseek_v32 (DeepSeek Sparse Attention) runs on --compute "
+        "reference only in this version: the fast path's sparse MLA is not built yet "
+        "(docs/dsa.md)");
+  }
   if (path == ComputePath::kFast && c.quant &&
       (c.quant->block_n != 128 || c.quant->block_k != 128)) {
     return InvalidArgument(fmt::format(

@@ -128,10 +128,18 @@ class DeepseekModel final : public CausalLm {
   // x: [n, hidden] normalised input of the layer's attention; out: [n, hidden].
   void attention(int64_t layer, std::span<const StepSequence> batch, const float* x, int64_t n,
                  KvCache& cache, float* out);
-  // Attention of one sequence's new tokens over its whole cached context.
+  // Attention of one sequence's new tokens over its cached context: all of it, or, for new
+  // token i with selected[i] not empty (DSA), the positions selected[i] (ascending).
   void attend_sequence(int64_t layer, const StepSequence& seq, const float* q, int64_t ldq,
                        const KvCache& cache, const std::vector<float>& kv_b, float* attn_out,
-                       int64_t ld_out);
+                       int64_t ld_out, std::span<const std::vector<int32_t>> selected = {});
+  // DSA (V3.2, docs/dsa.md), reference path: writes the lightning indexer's keys of the batch's
+  // new tokens into the layer's index-key part of the cache and returns, per new token in batch
+  // order, the cached positions it attends to (ascending; empty: all of them, when there are no
+  // more than index_topk). x: [n, H] the attention input; q_latent: [n, q_lora_rank] normalised.
+  std::vector<std::vector<int32_t>> index_select(int64_t layer, std::span<const StepSequence> batch,
+                                                 const float* x, const float* q_latent, int64_t n,
+                                                 KvCache& cache);
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                             int64_t n, const KvCache& cache, float* o);
   // The routed experts' output rows [b.n_rows(), H]: BF16 on the fast path (the expert GEMMs

@@ -15,6 +15,7 @@
 #include "kernels/mla_decode.h"
 #include "kernels/rmsnorm.h"
 #include "model/deepseek.h"
+#include "model/dsa_indexer.h"
 #include "model/stage_span.h"
 
 namespace moeserve {
@@ -88,6 +89,13 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
     }
   }
 
+  // DSA (V3.2): which cached positions each new token attends to (docs/dsa.md).
+  std::vector<std::vector<int32_t>> selected;
+  if (A.indexer) {
+    CHECK(path_ == ComputePath::kReference && A.q_a, "DSA on the reference path (supports())");
+    selected = index_select(layer, batch, x, attn_scratch_.q_lora.data(), n, cache);
+  }
+
   std::vector<float>& o = attn_scratch_.o;  // [n, nh, dv]
   o.resize(size_t(n * nh * dv));
   if (path_ == ComputePath::kFast && mode_ == AttentionMode::kAbsorbed) {
@@ -100,8 +108,10 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
 
   row = 0;
   for (const StepSequence& s : batch) {
+    std::span<const std::vector<int32_t>> sel;
+    if (!selected.empty()) sel = std::span(selected).subspan(size_t(row), s.tokens.size());
     attend_sequence(layer, s, &q[size_t(row * nh * dq)], nh * dq, cache, kv_b,
-                    &o[size_t(row * nh * dv)], nh * dv);
+                    &o[size_t(row * nh * dv)], nh * dv, sel);
     row += int64_t(s.tokens.size());
   }
   linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
@@ -173,7 +183,8 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
 
 void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const float* q,
                                     int64_t ldq, const KvCache& cache,
-                                    const std::vector<float>& kv_b, float* o, int64_t ldo) {
+                                    const std::vector<float>& kv_b, float* o, int64_t ldo,
+                                    std::span<const std::vector<int32_t>> selected) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
   const int64_t dv = c.v_head_dim, dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
@@ -206,21 +217,26 @@ void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const 
       const float* wk = &kv_b[size_t(h * (dn + dv) * R)];         // [dn, R] key rows of head h
       const float* wv = &kv_b[size_t((h * (dn + dv) + dn) * R)];  // [dv, R] value rows
       for (int64_t i = 0; i < n_new; ++i) {
-        const float* qh = q + i * ldq + h * dq;     // [dn + dr]
-        const int64_t n_ctx = s.start_pos + i + 1;  // causal: positions [0, pos]
-        float* oh = o + i * ldo + h * dv;           // [dv]
+        const float* qh = q + i * ldq + h * dq;  // [dn + dr]
+        // Causal: positions [0, pos], or (DSA) the selected ones; score j is position at(j).
+        const std::vector<int32_t>* sel =
+            selected.empty() || selected[size_t(i)].empty() ? nullptr : &selected[size_t(i)];
+        const int64_t n_ctx = sel ? int64_t(sel->size()) : s.start_pos + i + 1;
+        auto at = [&](int64_t j) { return sel ? int64_t((*sel)[size_t(j)]) : j; };
+        float* oh = o + i * ldo + h * dv;  // [dv]
         if (mode_ == AttentionMode::kNaive) {
           const int64_t W = nh * (dn + dv);
-          for (int64_t t = 0; t < n_ctx; ++t) {
+          for (int64_t j = 0; j < n_ctx; ++j) {
+            const int64_t t = at(j);
             const float* k = &kvx[size_t(t * W + h * (dn + dv))];
-            scores[size_t(t)] =
+            scores[size_t(j)] =
                 (dot(qh, k, dn) + dot(qh + dn, &ctx[size_t(t * D + R)], dr)) * scale;
           }
           softmax(scores.data(), n_ctx);
           std::fill(oh, oh + dv, 0.0f);
-          for (int64_t t = 0; t < n_ctx; ++t) {
-            const float* v = &kvx[size_t(t * W + h * (dn + dv) + dn)];
-            for (int64_t j = 0; j < dv; ++j) oh[j] += scores[size_t(t)] * v[j];
+          for (int64_t j = 0; j < n_ctx; ++j) {
+            const float* v = &kvx[size_t(at(j) * W + h * (dn + dv) + dn)];
+            for (int64_t d = 0; d < dv; ++d) oh[d] += scores[size_t(j)] * v[d];
           }
         } else {
           // q_lat = W_k^T q_nope: [R]
@@ -228,15 +244,15 @@ void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const 
           for (int64_t d = 0; d < dn; ++d) {
             for (int64_t r = 0; r < R; ++r) q_lat[size_t(r)] += qh[d] * wk[d * R + r];
           }
-          for (int64_t t = 0; t < n_ctx; ++t) {
-            const float* kt = &ctx[size_t(t * D)];
-            scores[size_t(t)] = (dot(q_lat.data(), kt, R) + dot(qh + dn, kt + R, dr)) * scale;
+          for (int64_t j = 0; j < n_ctx; ++j) {
+            const float* kt = &ctx[size_t(at(j) * D)];
+            scores[size_t(j)] = (dot(q_lat.data(), kt, R) + dot(qh + dn, kt + R, dr)) * scale;
           }
           softmax(scores.data(), n_ctx);
           std::fill(o_lat.begin(), o_lat.end(), 0.0f);  // [R] attention-weighted latent
-          for (int64_t t = 0; t < n_ctx; ++t) {
-            const float* kt = &ctx[size_t(t * D)];
-            for (int64_t r = 0; r < R; ++r) o_lat[size_t(r)] += scores[size_t(t)] * kt[r];
+          for (int64_t j = 0; j < n_ctx; ++j) {
+            const float* kt = &ctx[size_t(at(j) * D)];
+            for (int64_t r = 0; r < R; ++r) o_lat[size_t(r)] += scores[size_t(j)] * kt[r];
           }
           for (int64_t j = 0; j < dv; ++j) oh[j] = dot(wv + j * R, o_lat.data(), R);
         }
@@ -244,6 +260,94 @@ void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const 
     }
   };
   pool_ ? pool_->parallel_for(nh, heads) : heads(0, nh);
+}
+
+std::vector<std::vector<int32_t>> DeepseekModel::index_select(int64_t layer,
+                                                              std::span<const StepSequence> batch,
+                                                              const float* x, const float* q_latent,
+                                                              int64_t n, KvCache& cache) {
+  const ModelConfig& c = config_;
+  const IndexerWeights& I = *weights_.layers[size_t(layer)].attn.indexer;
+  const int64_t H = c.hidden_size, QR = *c.q_lora_rank, dr = c.qk_rope_head_dim;
+  const int64_t ih = c.indexer->n_heads, d = kIndexKeyDim, top_k = c.indexer->topk;
+  const int64_t key_part = cache.layout().find_part(layer, KvPartKind::kIndexKey);
+  CHECK(key_part >= 0 && c.indexer->head_dim == d, "the layer keeps 128-value index keys");
+  constexpr float kIndexNormEps = 1e-6f;  // k_norm: LayerNorm(eps=1e-6) in DeepSeek's model.py
+
+  // Rows in batch order: which sequence, at which position.
+  struct Row {
+    const StepSequence* seq;
+    int64_t pos;
+  };
+  std::vector<Row> rows;
+  rows.reserve(size_t(n));
+  for (const StepSequence& s : batch) {
+    for (size_t i = 0; i < s.tokens.size(); ++i) rows.push_back({&s, s.start_pos + int64_t(i)});
+  }
+  std::vector<float> q(size_t(n * ih * d)), k(size_t(n * d)), w(size_t(n * ih));
+  linear(q_latent, n, QR, I.wq_b, q.data(), ih * d);  // [n, ih, d]
+  linear(x, n, H, I.wk, k.data(), d);                 // [n, d]
+  linear(x, n, H, I.weights_proj, w.data(), ih);      // [n, ih]
+  std::vector<uint8_t> q8(size_t(n * ih * d));        // [n, ih, d] e4m3
+
+  // DeepSeek's arithmetic (FP8 keys in the cache) or transformers' (F32 keys): docs/dsa.md.
+  const bool fp8 =
+      cache.layout().layer(layer).parts[size_t(key_part)].index_dtype == DType::kF8E4M3;
+  // Keys into the cache (every new token's before any query scores), queries prepared.
+  auto prepare = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const Row& row = rows[size_t(r)];
+      float* kr = &k[size_t(r * d)];
+      layer_norm(kr, d, I.k_norm.data(), I.k_bias.data(), kIndexNormEps);
+      rope_half(kr, dr, rope_.inv_freq(), rope_.attention_factor(), row.pos);  // first dr dims
+      uint8_t* entry = cache.token_entry(layer, size_t(key_part), row.seq->block_table, row.pos);
+      if (fp8) {
+        hadamard_rotate(kr, d);
+        const float ks = quantize_index_fp8(kr, entry);
+        std::memcpy(entry + d, &ks, sizeof ks);
+      } else {
+        std::memcpy(entry, kr, size_t(d) * sizeof(float));
+      }
+      for (int64_t h = 0; h < ih; ++h) {
+        float* qh = &q[size_t((r * ih + h) * d)];
+        float& wh = w[size_t(r * ih + h)];
+        rope_half(qh, dr, rope_.inv_freq(), rope_.attention_factor(), row.pos);
+        wh = wh * (1.0f / std::sqrt(float(ih)));
+        if (!fp8) continue;
+        hadamard_rotate(qh, d);
+        const float qs = quantize_index_fp8(qh, &q8[size_t((r * ih + h) * d)]);
+        wh = wh * qs * (1.0f / std::sqrt(float(d)));
+      }
+    }
+  };
+  pool_ ? pool_->parallel_for(n, prepare) : prepare(0, n);
+
+  std::vector<std::vector<int32_t>> selected(static_cast<size_t>(n));
+  auto select = [&](int64_t r0, int64_t r1) {
+    std::vector<float> scores;
+    for (int64_t r = r0; r < r1; ++r) {
+      const Row& row = rows[size_t(r)];
+      const int64_t n_ctx = row.pos + 1;
+      if (n_ctx <= top_k) continue;  // every position: dense attention
+      scores.resize(size_t(n_ctx));
+      for (int64_t t = 0; t < n_ctx; ++t) {
+        const uint8_t* key = cache.token_entry(layer, size_t(key_part), row.seq->block_table, t);
+        if (fp8) {
+          float ks;
+          std::memcpy(&ks, key + d, sizeof ks);
+          scores[size_t(t)] = index_score(&q8[size_t(r * ih * d)], &w[size_t(r * ih)], ih, key, ks);
+        } else {
+          float kf[kIndexKeyDim];
+          std::memcpy(kf, key, sizeof kf);
+          scores[size_t(t)] = index_score_f32(&q[size_t(r * ih * d)], &w[size_t(r * ih)], ih, kf,
+                                              1.0f / std::sqrt(float(d)));
+        }
+      }
+      selected[size_t(r)] = top_k_positions(scores, top_k);
+    }
+  };
+  pool_ ? pool_->parallel_for(n, select) : select(0, n);
+  return selected;
 }
 
 }  // namespace moeserve

@@ -30,6 +30,15 @@ const std::vector<ModelFamily>& families() {
        .supports = &DeepseekModel::supports,
        .kv_layout = &DeepseekModel::kv_layout,
        .make = &make_deepseek},
+      // V3.1 with DeepSeek Sparse Attention: the same forward pass with the lightning indexer
+      // in every layer (config.indexer), and its FP8 keys in every layer's KV.
+      {.name = "deepseek_v32",
+       .models = "DeepSeek-V3.2-Exp, V3.2, V3.2-Speciale (MLA with sparse attention, MoE)",
+       .model_types = {"deepseek_v32"},
+       .architectures = {"DeepseekV32ForCausalLM"},
+       .supports = &DeepseekModel::supports,
+       .kv_layout = &DeepseekModel::kv_layout,
+       .make = &make_deepseek},
   };
   return table;
 }

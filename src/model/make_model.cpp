@@ -17,6 +17,16 @@ using json = nlohmann::json;
 namespace {
 
 json preset_json(const std::string& name) {
+  if (name == "v32-tiny") {
+    // The tiny preset as DeepSeek-V3.2 (docs/dsa.md): the lightning indexer in every layer, 16
+    // heads of 128, and a top-k of 16 so that attention is sparse from the 17th token on.
+    json j = preset_json("tiny");
+    j["model_type"] = "deepseek_v32";
+    j["index_n_heads"] = 16;
+    j["index_head_dim"] = 128;
+    j["index_topk"] = 16;
+    return j;
+  }
   if (name == "tiny") {
     // The README's embedded default: the real vocabulary (so the DeepSeek-V3 tokenizer works),
     // V3 features (q_lora, noaux_tc over groups, shared expert, dense first layer), tiny widths.
@@ -238,6 +248,15 @@ class ModelWriter {
     norm(w, a + "kv_a_layernorm.weight", c.kv_lora_rank);
     fp8_linear(w, a + "kv_b_proj.weight", nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
     fp8_linear(w, a + "o_proj.weight", H, nh * c.v_head_dim);
+    if (c.indexer) {  // as released: FP8 projections, BF16 weights_proj, a LayerNorm with bias
+      const std::string ix = a + "indexer.";
+      const int64_t d = c.indexer->head_dim, ih = c.indexer->n_heads;
+      fp8_linear(w, ix + "wq_b.weight", ih * d, *c.q_lora_rank);
+      fp8_linear(w, ix + "wk.weight", d, H);
+      norm(w, ix + "k_norm.weight", d);
+      bf16_tensor(w, ix + "k_norm.bias", {d}, 0.1f, 0.0f);
+      bf16_tensor(w, ix + "weights_proj.weight", {ih, H}, std::sqrt(3.0f / float(H)), 0.0f);
+    }
     if (!c.is_moe_layer(l)) {
       mlp(w, p + "mlp", H, c.intermediate_size);
       return;
@@ -273,14 +292,14 @@ Status write_text(const fs::path& path, const std::string& text) {
 }  // namespace
 
 std::vector<std::string> make_model_presets() {
-  return {"tiny", "bench", "v2-lite-tiny"};
+  return {"tiny", "bench", "v2-lite-tiny", "v32-tiny"};
 }
 
 Result<ModelConfig> make_model_config(const MakeModelOptions& o) {
   json j = preset_json(o.preset);
   if (j.is_null()) {
     return InvalidArgument(
-        fmt::format("unknown preset '{}' (known: tiny, bench, v2-lite-tiny)", o.preset));
+        fmt::format("unknown preset '{}' (known: tiny, bench, v2-lite-tiny, v32-tiny)", o.preset));
   }
   for (const std::string& kv : o.overrides) {
     size_t eq = kv.find('=');

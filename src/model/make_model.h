@@ -16,7 +16,7 @@
 namespace moeserve {
 
 struct MakeModelOptions {
-  std::string preset = "tiny";         // tiny | bench | v2-lite-tiny
+  std::string preset = "tiny";         // tiny | bench | v2-lite-tiny | v32-tiny
   std::vector<std::string> overrides;  // "key=value" on config.json fields (value is JSON)
   uint64_t seed = 0;
   int shards = 0;             // 0: automatic (>= 2)

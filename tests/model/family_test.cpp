@@ -7,11 +7,19 @@
 #include <fstream>
 
 #include "model/fingerprint.h"
+#include "model/make_model.h"
 #include "model/loaded_model.h"
 #include "test_models.h"
 
 namespace moeserve {
 namespace {
+
+TEST(ModelFamily, V32IsAFamilyOfItsOwn) {
+  const std::vector<std::string> arch = {"DeepseekV32ForCausalLM"};
+  auto f = find_model_family("deepseek_v32", arch, "config.json");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ((*f)->name, "deepseek_v32");
+}
 
 TEST(ModelFamily, V3AndV2AreTheFirstFamily) {
   for (const char* type : {"deepseek_v3", "deepseek_v2"}) {
@@ -25,13 +33,13 @@ TEST(ModelFamily, V3AndV2AreTheFirstFamily) {
 
 // An architecture no family runs is refused by name, with the list of what is supported.
 TEST(ModelFamily, AnUnsupportedModelTypeNamesItselfAndTheSupportedOnes) {
-  const std::vector<std::string> arch = {"DeepseekV32ForCausalLM"};
-  auto f = find_model_family("deepseek_v32", arch, "m/config.json");
+  const std::vector<std::string> arch = {"DeepseekV4ForCausalLM"};
+  auto f = find_model_family("deepseek_v4", arch, "m/config.json");
   ASSERT_FALSE(f.ok());
   const std::string& m = f.status().message();
   EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
-  for (const char* want : {"m/config.json", "'deepseek_v32'", "DeepseekV32ForCausalLM", "supported",
-                           "deepseek_v3", "deepseek_v2"}) {
+  for (const char* want : {"m/config.json", "'deepseek_v4'", "DeepseekV4ForCausalLM", "supported",
+                           "deepseek_v3", "deepseek_v2", "deepseek_v32"}) {
     EXPECT_NE(m.find(want), std::string::npos) << want << " in: " << m;
   }
   // A known model_type with another family's architecture.
@@ -39,6 +47,29 @@ TEST(ModelFamily, AnUnsupportedModelTypeNamesItselfAndTheSupportedOnes) {
   auto g = find_model_family("deepseek_v3", llama, "m/config.json");
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("LlamaForCausalLM"), std::string::npos);
+}
+
+// V3.2's indexer fields are read and checked by name; they round-trip through config.json.
+TEST(ModelFamily, V32ConfigNamesItsIndexerFields) {
+  MakeModelOptions mo;
+  mo.preset = "v32-tiny";
+  auto c = make_model_config(mo);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_TRUE(c->indexer);
+  EXPECT_EQ(c->indexer->n_heads, 16);
+  EXPECT_EQ(c->indexer->topk, 16);
+  auto back = parse_model_config(model_config_to_json(*c), "config.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->indexer->head_dim, 128);
+  EXPECT_EQ(model_config_to_json(*back), model_config_to_json(*c));
+  for (const char* set : {"index_head_dim=64", "index_topk=0", "q_lora_rank=null"}) {
+    MakeModelOptions bad = mo;
+    bad.overrides = {set};
+    auto r = make_model_config(bad);
+    const std::string field = std::string(set).substr(0, std::string(set).find('='));
+    ASSERT_FALSE(r.ok()) << set;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status().message();
+  }
 }
 
 TEST(LoadedModel, RefusesAnUnsupportedFamilyBeforeReadingWeights) {
