@@ -3,7 +3,7 @@
 # `moeserve make-model --preset v32-tiny` (2 layers, 16 indexer heads, top-k 16, a 2000-token
 # vocabulary), and transformers' DeepseekV32ForCausalLM's greedy tokens and top-5 logprobs on it
 # (tools/gen_hf_fixtures.py --check) for prompts longer than the top-k, so that attention is
-# sparse. Writes tests/data/hf/v32/expected.json with the make-model arguments and the sha256
+# sparse. Writes tests/data/dsa/v32/expected.json with the make-model arguments and the sha256
 # of every file it wrote (the test remakes the checkpoint and checks them first).
 #
 #   tools/gen_dsa_fixture.sh BIN PYTHON   # PYTHON: one with torch and transformers >= 5.11
@@ -11,7 +11,7 @@ set -euo pipefail
 bin=$(readlink -f "$1")
 py=${2:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=$root/tests/data/hf/v32
+out=$root/tests/data/dsa/v32
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 args=(--preset v32-tiny --set vocab_size=2000 --set num_hidden_layers=2 --seed 11)

@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
 # DeepSeek Sparse Attention (DeepSeek-V3.2, docs/dsa.md) on the reference path:
-#   - against transformers' DeepseekV32ForCausalLM (tests/data/hf/v32, tools/gen_dsa_fixture.sh)
+#   - against transformers' DeepseekV32ForCausalLM (tests/data/dsa/v32, tools/gen_dsa_fixture.sh)
 #     on a make-model v32-tiny checkpoint whose top-k (16) is below the prompts' lengths (40, 70):
 #     with the F32 cache (index keys in F32, transformers' arithmetic) the same greedy tokens and
 #     top-5 logprobs within 2e-3;
 #   - with a top-k above the context, DSA is dense MLA: the same bits as the V3 model of the same
 #     weights, F32 and BF16 caches; with top-k 16 it is not;
-#   - DeepSeek's FP8 indexer (BF16 and FP8 caches): a batch gives each prompt what it gets alone,
-#     and the disk tier gives a second process the same output (index keys travel in the blocks);
+#   - DeepSeek's FP8 indexer (BF16 and FP8 caches): a batch gives each prompt what it gets alone;
+#     the disk tier (a second process), an EP group of 2 ranks, MTP drafts, and a router with a
+#     prefill and a decode unit give one process's output (index keys travel in the blocks);
 #   - the fast path refuses V3.2 with a message naming --compute reference.
 set -euo pipefail
-bin=$1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-fixture=tests/data/hf/v32/expected.json
+bin=$(readlink -f "$1")
+source tests/serve_lib.sh  # $dir, fail, free_port, wait_health, $pids killed at exit
+fixture=tests/data/dsa/v32/expected.json
 
 mapfile -t mm < <(python3 -c 'import json,sys; [print(a) for a in json.load(open(sys.argv[1]))["make_model"]]' "$fixture")
 "$bin" make-model "${mm[@]}" --out "$dir/v32" > /dev/null 2>&1
@@ -34,7 +33,7 @@ run() {  # OUT MODEL ARGS...: generate on the reference path
   local out=$1 model=$2
   shift 2
   "$bin" generate --model "$model" "${prompts[@]}" --max-tokens "$steps" --compute reference \
-    --json --logprobs 5 --ignore-eos --threads 2 "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "generate $*"; }
+    --json --logprobs 5 --ignore-eos --threads 1 "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "generate $*"; }
 }
 run "$dir/f32.jsonl" "$dir/v32" --kv-cache-dtype f32
 python3 - "$fixture" "$dir/f32.jsonl" <<'PY' || fail "the reference path against transformers' deepseek_v32"
@@ -78,7 +77,7 @@ PY
 for kv in bf16 fp8; do
   run "$dir/batch_$kv.jsonl" "$dir/v32" --kv-cache-dtype $kv
   "$bin" generate --model "$dir/v32" "${prompts[@]:2:2}" --max-tokens "$steps" --compute reference \
-    --json --logprobs 5 --ignore-eos --threads 2 --kv-cache-dtype $kv > "$dir/alone_$kv.jsonl" 2>/dev/null
+    --json --logprobs 5 --ignore-eos --threads 1 --kv-cache-dtype $kv > "$dir/alone_$kv.jsonl" 2>/dev/null
   sed -n 2p "$dir/batch_$kv.jsonl" | cmp -s - "$dir/alone_$kv.jsonl" || fail "batch != alone ($kv)"
 done
 for i in 1 2; do
@@ -87,6 +86,60 @@ done
 grep -q 'kv-disk: [1-9][0-9]* hits' "$dir/disk2.jsonl.err" || fail "no disk hits: $(cat "$dir/disk2.jsonl.err")"
 cmp -s "$dir/disk1.jsonl" "$dir/disk2.jsonl" || fail "the disk tier changed the output"
 cmp -s "$dir/disk1.jsonl" "$dir/batch_bf16.jsonl" || fail "the disk tier run differs from the plain run"
+
+# Through the system, DeepSeek's FP8 indexer: an EP group of 2 ranks (F32 dispatch) and MTP
+# drafts give one process's bits.
+mpirun="mpirun --allow-run-as-root --oversubscribe"
+$mpirun -np 2 "$bin" generate --model "$dir/v32" "${prompts[@]}" --max-tokens "$steps" --compute reference \
+  --json --logprobs 5 --ignore-eos --threads 1 --dispatch-dtype f32 > "$dir/ep.jsonl" 2> "$dir/ep.err" ||
+  { cat "$dir/ep.err" >&2; fail "EP R=2"; }
+cmp -s "$dir/ep.jsonl" "$dir/batch_bf16.jsonl" || fail "EP R=2 differs from one process"
+run "$dir/mtp.jsonl" "$dir/v32" --speculative mtp --num-draft-tokens 2 --speculative-max-rows 0
+python3 - "$dir/mtp.jsonl" "$dir/batch_bf16.jsonl" <<'PY' || fail "MTP changed the output"
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])][:-1]  # (the last line: acceptance figures)
+b = [json.loads(l) for l in open(sys.argv[2])]
+strip = lambda r: {k: r[k] for k in ("tokens", "top_logprobs")}
+assert [strip(r) for r in a] == [strip(r) for r in b]
+PY
+
+# PD: a router, a prefill and a decode unit (serve --compute reference) against one serve.
+"$bin" make-model "${mm[@]}" --set vocab_size=129280 --out "$dir/v32s" > /dev/null 2>&1
+cp build/models/tiny-py/tokenizer.json build/models/tiny-py/tokenizer_config.json "$dir/v32s/"
+rport=$(free_port) pport=$(free_port) dport=$(free_port) cport=$(free_port)
+common=(--model "$dir/v32s" --threads 1 --kv-cache-gb 0.05 --compute reference)
+"$bin" router --model "$dir/v32s" --host 127.0.0.1 --port "$rport" > "$dir/router.log" 2>&1 &
+pids+=($!)
+"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$pport" --role prefill \
+  --router "http://127.0.0.1:$rport" > "$dir/prefill.log" 2>&1 &
+pids+=($!)
+"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$dport" --role decode \
+  --router "http://127.0.0.1:$rport" > "$dir/decode.log" 2>&1 &
+pids+=($!)
+"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$cport" > "$dir/colocated.log" 2>&1 &
+pids+=($!)
+wait_health "$rport"
+wait_health "$cport"
+for _ in $(seq 150); do
+  n=$(curl -sf "http://127.0.0.1:$rport/admin/units" |
+      python3 -c 'import json,sys; print(sum(u["state"]=="active" for u in json.load(sys.stdin)["units"]))' 2>/dev/null || echo 0)
+  [[ $n -ge 2 ]] && break
+  sleep 0.2
+done
+[[ $n -ge 2 ]] || fail "the PD units did not register"
+python3 - "$rport" "$cport" "$fixture" <<'PY' || fail "PD differs from one server"
+import json, sys, urllib.request
+rport, cport, fixture = sys.argv[1:]
+def ask(port, prompt):
+    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 5, "ignore_eos": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    r = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
+    return r["text"], r["logprobs"]["token_logprobs"], r["logprobs"]["top_logprobs"]
+for p in json.load(open(fixture))["prompts"]:
+    assert ask(rport, p["prompt_ids"]) == ask(cport, p["prompt_ids"])
+print("dsa: PD (router, prefill and decode unit) = one server")
+PY
 
 set +e
 "$bin" generate --model "$dir/v32" --prompt-ids 1,2,3 --max-tokens 1 > /dev/null 2> "$dir/err"; rc=$?
