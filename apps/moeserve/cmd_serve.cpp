@@ -308,12 +308,12 @@ Subcommand add_serve_command(CLI::App& parent) {
       ->check(CLI::NonNegativeNumber);
   app->add_option("--threads", e.threads, "Compute threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
-  app->add_option("--compute", e.compute,
-                  "fast (BF16 activations, SIMD kernels) | reference (FP32, scalar; DeepSeek-V3.2's "
-                  "path for now: docs/dsa.md)")
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, ComputePath>{{"fast", ComputePath::kFast},
-                                             {"reference", ComputePath::kReference}}))
+  app->add_option(
+         "--compute", e.compute,
+         "fast (BF16 activations, SIMD kernels) | reference (FP32, scalar: the path held to "
+         "the Hugging Face fixtures)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, ComputePath>{
+          {"fast", ComputePath::kFast}, {"reference", ComputePath::kReference}}))
       ->default_str("fast");
   app->add_option(
       "--trace", o->trace,

@@ -83,12 +83,6 @@ KvLayout DeepseekModel::kv_layout(const ModelConfig& c, DType kv_dtype, bool mtp
 }
 
 Status DeepseekModel::supports(const ModelConfig& c, ComputePath path) {
-  if (c.indexer && path == ComputePath::kFast) {
-    return InvalidArgument(
-        "config.json: model_type deepseek_v32 (DeepSeek Sparse Attention) runs on --compute "
-        "reference only in this version: the fast path's sparse MLA is not built yet "
-        "(docs/dsa.md)");
-  }
   if (path == ComputePath::kFast && c.quant &&
       (c.quant->block_n != 128 || c.quant->block_k != 128)) {
     return InvalidArgument(fmt::format(

@@ -142,6 +142,13 @@ class DeepseekModel final : public CausalLm {
                                                  KvCache& cache);
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                             int64_t n, const KvCache& cache, float* o);
+  // DSA on the fast path: each sequence's new tokens whose context fits the top-k (a leading
+  // run) through attend_absorbed_fast, the others over their selected positions through
+  // attend_sequence (F32, the reference code: the sparse MLA kernel is not built yet). Per
+  // token, so a token's bits do not depend on the batch or the chunking.
+  void attend_dsa_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
+                       int64_t n, const KvCache& cache,
+                       const std::vector<std::vector<int32_t>>& selected, float* o);
   // The routed experts' output rows [b.n_rows(), H]: BF16 on the fast path (the expert GEMMs
   // write them rounded, as a BF16 model hands them on and as DeepEP's combine carries them),
   // F32 on the reference path; the other vector stays empty.

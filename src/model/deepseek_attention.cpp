@@ -92,14 +92,18 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
   // DSA (V3.2): which cached positions each new token attends to (docs/dsa.md).
   std::vector<std::vector<int32_t>> selected;
   if (A.indexer) {
-    CHECK(path_ == ComputePath::kReference && A.q_a, "DSA on the reference path (supports())");
+    CHECK(A.q_a.has_value(), "the indexer reads the q latent (checked at load)");
     selected = index_select(layer, batch, x, attn_scratch_.q_lora.data(), n, cache);
   }
 
   std::vector<float>& o = attn_scratch_.o;  // [n, nh, dv]
   o.resize(size_t(n * nh * dv));
   if (path_ == ComputePath::kFast && mode_ == AttentionMode::kAbsorbed) {
-    attend_absorbed_fast(layer, batch, q.data(), n, cache, o.data());
+    if (selected.empty()) {
+      attend_absorbed_fast(layer, batch, q.data(), n, cache, o.data());
+    } else {
+      attend_dsa_fast(layer, batch, q.data(), n, cache, selected, o.data());
+    }
     linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
     return;
   }
@@ -260,6 +264,55 @@ void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const 
     }
   };
   pool_ ? pool_->parallel_for(nh, heads) : heads(0, nh);
+}
+
+void DeepseekModel::attend_dsa_fast(int64_t layer, std::span<const StepSequence> batch,
+                                    const float* q, int64_t n, const KvCache& cache,
+                                    const std::vector<std::vector<int32_t>>& selected, float* o) {
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, dv = c.v_head_dim, dq = c.qk_head_dim();
+  const int64_t R = c.kv_lora_rank;
+  std::vector<StepSequence> dense;  // the runs of new tokens that attend to every position
+  std::vector<int64_t> dense_rows;  // their rows in the batch
+  struct Sparse {
+    StepSequence seq;
+    int64_t row;  // of its first token in the batch
+  };
+  std::vector<Sparse> sparse;
+  int64_t row = 0;
+  for (const StepSequence& s : batch) {
+    const int64_t len = int64_t(s.tokens.size());
+    int64_t k = 0;  // selections are empty exactly while the context fits the top-k
+    while (k < len && selected[size_t(row + k)].empty()) ++k;
+    if (k > 0) {
+      dense.push_back(StepSequence{s.tokens.subspan(0, size_t(k)), s.start_pos, s.block_table});
+      for (int64_t i = 0; i < k; ++i) dense_rows.push_back(row + i);
+    }
+    if (k < len) {
+      sparse.push_back(
+          {StepSequence{s.tokens.subspan(size_t(k)), s.start_pos + k, s.block_table}, row + k});
+    }
+    row += len;
+  }
+  if (!dense.empty()) {
+    const int64_t nd = int64_t(dense_rows.size());
+    std::vector<float> qd(size_t(nd * nh * dq)), od(size_t(nd * nh * dv));
+    for (int64_t i = 0; i < nd; ++i) {
+      std::copy_n(q + dense_rows[size_t(i)] * nh * dq, nh * dq, &qd[size_t(i * nh * dq)]);
+    }
+    attend_absorbed_fast(layer, dense, qd.data(), nd, cache, od.data());
+    for (int64_t i = 0; i < nd; ++i) {
+      std::copy_n(&od[size_t(i * nh * dv)], nh * dv, o + dense_rows[size_t(i)] * nh * dv);
+    }
+  }
+  if (sparse.empty()) return;
+  const WeightView& kv_b_w = weights_.layers[size_t(layer)].attn.kv_b;
+  std::vector<float> kv_b(size_t(kv_b_w.rows * R));  // [nh * (dn + dv), R] dequantized
+  for (int64_t r = 0; r < kv_b_w.rows; ++r) kv_b_w.row_to_f32(r, &kv_b[size_t(r * R)]);
+  for (const Sparse& sp : sparse) {
+    attend_sequence(layer, sp.seq, q + sp.row * nh * dq, nh * dq, cache, kv_b, o + sp.row * nh * dv,
+                    nh * dv, std::span(selected).subspan(size_t(sp.row), sp.seq.tokens.size()));
+  }
 }
 
 std::vector<std::vector<int32_t>> DeepseekModel::index_select(int64_t layer,

@@ -144,6 +144,10 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
     absorbed_.push_back(std::move(W));
     if (A.q_a) pack(*A.q_a, dense);
     for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w, dense);
+    if (A.indexer) {  // DSA: the indexer's FP8 projections (weights_proj is BF16)
+      pack(A.indexer->wq_b, dense);
+      pack(A.indexer->wk, dense);
+    }
     if (L.mlp) pack_mlp(*L.mlp, dense);
     if (L.moe) pack_moe(*L.moe);
   }

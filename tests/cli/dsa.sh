@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DeepSeek Sparse Attention (DeepSeek-V3.2, docs/dsa.md) on the reference path:
+# DeepSeek Sparse Attention (DeepSeek-V3.2, docs/dsa.md):
 #   - against transformers' DeepseekV32ForCausalLM (tests/data/dsa/v32, tools/gen_dsa_fixture.sh)
 #     on a make-model v32-tiny checkpoint whose top-k (16) is below the prompts' lengths (40, 70):
 #     with the F32 cache (index keys in F32, transformers' arithmetic) the same greedy tokens and
@@ -9,7 +9,9 @@
 #   - DeepSeek's FP8 indexer (BF16 and FP8 caches): a batch gives each prompt what it gets alone;
 #     the disk tier (a second process), an EP group of 2 ranks, MTP drafts, and a router with a
 #     prefill and a decode unit give one process's output (index keys travel in the blocks);
-#   - the fast path refuses V3.2 with a message naming --compute reference.
+#   - the fast path: dense bits when the top-k covers the context, batch == alone with chunked
+#     prefill; its distance to the reference path is printed (not bounded: on random weights
+#     the top-k flips at index-score near-ties, docs/dsa.md).
 set -euo pipefail
 bin=$(readlink -f "$1")
 source tests/serve_lib.sh  # $dir, fail, free_port, wait_health, $pids killed at exit
@@ -141,8 +143,29 @@ for p in json.load(open(fixture))["prompts"]:
 print("dsa: PD (router, prefill and decode unit) = one server")
 PY
 
-set +e
-"$bin" generate --model "$dir/v32" --prompt-ids 1,2,3 --max-tokens 1 > /dev/null 2> "$dir/err"; rc=$?
-set -e
-[ $rc -eq 1 ] && grep -q -- "--compute reference" "$dir/err" || fail "fast path: rc=$rc $(cat "$dir/err")"
+# The fast path (the indexer on BF16 GEMMs, sparse tokens through the F32 attention code):
+# with a top-k above the context, the V3 checkpoint's fast-path bits; with top-k 16, a prompt in
+# a batch with prefill chunks of 7 tokens gets what it gets alone in one chunk.
+fast() {  # OUT MODEL ARGS...
+  local out=$1 model=$2
+  shift 2
+  "$bin" generate --model "$model" --max-tokens "$steps" --json --logprobs 5 --ignore-eos \
+    --threads 1 "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "generate (fast) $*"; }
+}
+fast "$dir/fast_wide.jsonl" "$dir/wide" "${prompts[@]}"
+fast "$dir/fast_v3.jsonl" "$dir/v3" "${prompts[@]}"
+cmp -s "$dir/fast_wide.jsonl" "$dir/fast_v3.jsonl" || fail "fast path: top-k above the context is not dense MLA"
+fast "$dir/fast_batch.jsonl" "$dir/v32" "${prompts[@]}" --prefill-chunk 7
+fast "$dir/fast_alone.jsonl" "$dir/v32" "${prompts[@]:2:2}"
+sed -n 2p "$dir/fast_batch.jsonl" | cmp -s - "$dir/fast_alone.jsonl" || fail "fast path: batch != alone"
+python3 - "$dir/fast_batch.jsonl" "$dir/batch_bf16.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+d = max(abs(x["logprob"] - y["logprob"]) for p, q in zip(a, b)
+        for s, t in zip(p["top_logprobs"], q["top_logprobs"]) for x, y in zip(s, t) if x["id"] == y["id"])
+same = sum(p["tokens"] == q["tokens"] for p, q in zip(a, b))
+print(f"dsa: fast vs reference path (BF16 cache): {same} of {len(a)} prompts' tokens equal, "
+      f"max |dlogprob| {d:.3f} (random weights: index-score near-ties flip the top-k, docs/dsa.md)")
+PY
 echo "dsa: ok"
