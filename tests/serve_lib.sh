@@ -3,7 +3,8 @@
 # $dir, a temporary directory removed at exit, and $pid, a server process killed at exit when
 # set (a test with several appends them to the array pids, all killed at exit); fail MESSAGE
 # prints the tail of every $dir/*.log and exits 1; free_port prints a port nobody listens on
-# now; wait_health PORT waits for /health, failing if $pid (when set) exits first.
+# now; wait_health PORT waits for /health, failing if $pid (when set) exits first; wait_units
+# PORT N waits until the router on PORT has N units registered and active.
 dir=$(mktemp -d)
 pid=""
 pids=()
@@ -29,4 +30,14 @@ wait_health() {
     sleep 0.2
   done
   fail "server on port $1 not healthy"
+}
+wait_units() {
+  local n=0
+  for _ in $(seq 600); do
+    n=$(curl -sf "http://127.0.0.1:$1/admin/units" |
+        python3 -c 'import json,sys; print(sum(u["state"]=="active" for u in json.load(sys.stdin)["units"]))' 2>/dev/null || echo 0)
+    [[ $n -ge $2 ]] && return 0
+    sleep 0.1
+  done
+  fail "$2 units did not register at the router on port $1 ($n did)"
 }

@@ -1,45 +1,17 @@
 #include "model/loaded_model.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "model/fingerprint.h"
 #include "model/weight_cache.h"
 
 namespace moeserve {
 
-namespace {
-
-// The family named by DIR/config.json, read before the checkpoint: its model_type and
-// architectures (the loader of that family then parses the rest).
-Result<const ModelFamily*> family_of(const std::string& model_dir) {
-  const std::string path = model_dir + "/config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument(path + ": not a JSON object");
-  auto type = j.find("model_type");
-  if (type == j.end() || !type->is_string()) {
-    return InvalidArgument(path + ": field 'model_type' is missing or not a string");
-  }
-  std::vector<std::string> architectures;
-  if (auto a = j.find("architectures"); a != j.end() && a->is_array()) {
-    for (const auto& x : *a) {
-      if (x.is_string()) architectures.push_back(x.get<std::string>());
-    }
-  }
-  return find_model_family(type->get<std::string>(), architectures, path);
-}
-
-}  // namespace
-
 Result<std::unique_ptr<LoadedModel>> LoadedModel::open(const ModelOptions& o, Dispatcher* ep) {
-  ASSIGN_OR_RETURN(const ModelFamily* family, family_of(o.model_dir));
+  // The family first (config.json's model_type and architectures, checked against the family
+  // table), before any weights are read.
+  ASSIGN_OR_RETURN(ModelConfig config, load_model_config(o.model_dir + "/config.json"));
+  const ModelFamily* family = &model_family(config);
   LoadOptions load;
   load.progress = o.progress;
   load.mtp = o.mtp;

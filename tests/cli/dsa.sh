@@ -31,11 +31,16 @@ while read -r p; do prompts+=(--prompt-ids "$p"); done < <(python3 -c '
 import json, sys
 for p in json.load(open(sys.argv[1]))["prompts"]: print(",".join(map(str, p["prompt_ids"])))' "$fixture")
 steps=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["steps"])' "$fixture")
-run() {  # OUT MODEL ARGS...: generate on the reference path
+gen() {  # OUT MODEL ARGS...: greedy JSON with top-5 logprobs, one thread
   local out=$1 model=$2
   shift 2
-  "$bin" generate --model "$model" "${prompts[@]}" --max-tokens "$steps" --compute reference \
-    --json --logprobs 5 --ignore-eos --threads 1 "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "generate $*"; }
+  "$bin" generate --model "$model" --max-tokens "$steps" --json --logprobs 5 --ignore-eos \
+    --threads 1 "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "generate $*"; }
+}
+run() {  # OUT MODEL ARGS...: both prompts on the reference path
+  local out=$1 model=$2
+  shift 2
+  gen "$out" "$model" "${prompts[@]}" --compute reference "$@"
 }
 run "$dir/f32.jsonl" "$dir/v32" --kv-cache-dtype f32
 python3 - "$fixture" "$dir/f32.jsonl" <<'PY' || fail "the reference path against transformers' deepseek_v32"
@@ -78,8 +83,7 @@ PY
 # DeepSeek's FP8 indexer: batch == alone, and through the disk tier.
 for kv in bf16 fp8; do
   run "$dir/batch_$kv.jsonl" "$dir/v32" --kv-cache-dtype $kv
-  "$bin" generate --model "$dir/v32" "${prompts[@]:2:2}" --max-tokens "$steps" --compute reference \
-    --json --logprobs 5 --ignore-eos --threads 1 --kv-cache-dtype $kv > "$dir/alone_$kv.jsonl" 2>/dev/null
+  gen "$dir/alone_$kv.jsonl" "$dir/v32" "${prompts[@]:2:2}" --compute reference --kv-cache-dtype $kv
   sed -n 2p "$dir/batch_$kv.jsonl" | cmp -s - "$dir/alone_$kv.jsonl" || fail "batch != alone ($kv)"
 done
 for i in 1 2; do
@@ -122,13 +126,7 @@ pids+=($!)
 pids+=($!)
 wait_health "$rport"
 wait_health "$cport"
-for _ in $(seq 150); do
-  n=$(curl -sf "http://127.0.0.1:$rport/admin/units" |
-      python3 -c 'import json,sys; print(sum(u["state"]=="active" for u in json.load(sys.stdin)["units"]))' 2>/dev/null || echo 0)
-  [[ $n -ge 2 ]] && break
-  sleep 0.2
-done
-[[ $n -ge 2 ]] || fail "the PD units did not register"
+wait_units "$rport" 2
 python3 - "$rport" "$cport" "$fixture" <<'PY' || fail "PD differs from one server"
 import json, sys, urllib.request
 rport, cport, fixture = sys.argv[1:]
@@ -146,17 +144,11 @@ PY
 # The fast path (the indexer on BF16 GEMMs, sparse tokens through the F32 attention code):
 # with a top-k above the context, the V3 checkpoint's fast-path bits; with top-k 16, a prompt in
 # a batch with prefill chunks of 7 tokens gets what it gets alone in one chunk.
-fast() {  # OUT MODEL ARGS...
-  local out=$1 model=$2
-  shift 2
-  "$bin" generate --model "$model" --max-tokens "$steps" --json --logprobs 5 --ignore-eos \
-    --threads 1 "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "generate (fast) $*"; }
-}
-fast "$dir/fast_wide.jsonl" "$dir/wide" "${prompts[@]}"
-fast "$dir/fast_v3.jsonl" "$dir/v3" "${prompts[@]}"
+gen "$dir/fast_wide.jsonl" "$dir/wide" "${prompts[@]}"
+gen "$dir/fast_v3.jsonl" "$dir/v3" "${prompts[@]}"
 cmp -s "$dir/fast_wide.jsonl" "$dir/fast_v3.jsonl" || fail "fast path: top-k above the context is not dense MLA"
-fast "$dir/fast_batch.jsonl" "$dir/v32" "${prompts[@]}" --prefill-chunk 7
-fast "$dir/fast_alone.jsonl" "$dir/v32" "${prompts[@]:2:2}"
+gen "$dir/fast_batch.jsonl" "$dir/v32" "${prompts[@]}" --prefill-chunk 7
+gen "$dir/fast_alone.jsonl" "$dir/v32" "${prompts[@]:2:2}"
 sed -n 2p "$dir/fast_batch.jsonl" | cmp -s - "$dir/fast_alone.jsonl" || fail "fast path: batch != alone"
 python3 - "$dir/fast_batch.jsonl" "$dir/batch_bf16.jsonl" <<'PY'
 import json, sys

@@ -95,13 +95,7 @@ disown
 pids+=($!)
 disown
 wait_health "$rport"
-for _ in $(seq 150); do
-  n=$(curl -sf "http://127.0.0.1:$rport/admin/units" |
-      python3 -c 'import json,sys; print(sum(u["state"]=="active" for u in json.load(sys.stdin)["units"]))' 2>/dev/null || echo 0)
-  [[ $n -ge 2 ]] && break
-  sleep 0.2
-done
-[[ $n -ge 2 ]] || fail "the PD units did not register"
+wait_units "$rport" 2
 python3 - "$rport" "$long" >> "$out" <<'PY' || fail "PD case"
 import json, sys, urllib.request
 port, long = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]

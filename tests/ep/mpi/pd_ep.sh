@@ -58,13 +58,7 @@ for kv in bf16 fp8; do
     --router "http://127.0.0.1:$router" > "$dir/decode-$kv.log" 2>&1 &
   pids+=($!)
   wait_health "$router" || fail "router did not come up"
-  for _ in $(seq 600); do
-    n=$(curl -sf "http://127.0.0.1:$router/admin/units" |
-        python3 -c 'import json,sys; print(sum(u["state"]=="active" for u in json.load(sys.stdin)["units"]))' 2>/dev/null || echo 0)
-    [[ $n -ge 2 ]] && break
-    sleep 0.1
-  done
-  [[ $n -ge 2 ]] || fail "the R=2 units did not register"
+  wait_units "$router" 2
   query "$router" "$dir/pd-$kv.jsonl" || fail "queries through the router ($kv)"
   python3 - "$dir/colocated-$kv.jsonl" "$dir/pd-$kv.jsonl" "$kv" <<'PY' || fail "R=2 units differ from co-located R=2 serving ($kv)"
 import json, sys
