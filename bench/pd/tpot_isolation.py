@@ -6,7 +6,9 @@ Runs against one OpenAI-compatible base URL (a `moeserve router` or a `moeserve 
   2. quiet phase (--quiet-s): only those streams; every gap between two content chunks of a
      stream is one inter-token time;
   3. busy phase (--busy-s): meanwhile a client sends --prompt-len-token prompts one after the
-     other (each unique from its first token, so no prefix cache hit; max_tokens 2);
+     other (each unique from its first token, so no prefix cache hit; max_tokens 2), to --url
+     or, with --busy-url, to another server (a control: the prompts' compute beside the
+     streams' server with no hand-off to it);
 Prints one JSON object: inter-token p50/p99 per phase, their ratio, prompts completed and their
 TTFT. Standard library only.
 """
@@ -77,7 +79,7 @@ class Stream(threading.Thread):
             self.error = repr(e)
 
 
-def prompt_sender(url, n_tokens, stop, ttfts, seed):
+def prompt_sender(url, n_tokens, stop, ttfts, done_at, seed):
     rng = random.Random(seed)
     u = urllib.parse.urlparse(url)
     k = 0
@@ -92,20 +94,24 @@ def prompt_sender(url, n_tokens, stop, ttfts, seed):
         r.read()
         if r.status == 200 and not stop.is_set():
             ttfts.append(time.monotonic() - t0)
+            done_at.append(time.monotonic())
         c.close()
 
 
-def gaps(streams, t_from, t_to):
+def gaps(streams, t_from, t_to, ends=None):
     out = []
     for s in streams:
         ts = [t for t in s.times if t_from <= t <= t_to]
         out += [b - a for a, b in zip(ts, ts[1:])]
+        if ends is not None:
+            ends += [(b, b - a) for a, b in zip(ts, ts[1:])]
     return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--url", required=True)
+    ap.add_argument("--busy-url", help="send the busy phase's prompts here (default: --url)")
     ap.add_argument("--label", default="")
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=2000)
@@ -116,6 +122,9 @@ def main():
     a = ap.parse_args()
     global MODEL
     MODEL = served_model(a.url)
+    busy_url = a.busy_url or a.url
+    if served_model(busy_url) != MODEL:
+        sys.exit(f"{busy_url} serves {served_model(busy_url)}, not {MODEL}")
     stop = threading.Event()
     streams = [Stream(a.url, i, a.max_tokens, stop) for i in range(a.streams)]
     for s in streams:
@@ -125,8 +134,8 @@ def main():
     time.sleep(a.quiet_s)
     q1 = time.monotonic()
     pstop = threading.Event()
-    ttfts = []
-    sender = threading.Thread(target=prompt_sender, args=(a.url, a.prompt_len, pstop, ttfts, 1),
+    ttfts, done_at = [], []
+    sender = threading.Thread(target=prompt_sender, args=(busy_url, a.prompt_len, pstop, ttfts, done_at, 1),
                               daemon=True)
     sender.start()
     b0 = time.monotonic()
@@ -135,7 +144,11 @@ def main():
     pstop.set()
     stop.set()
     errors = [s.error for s in streams if s.error]
-    quiet, busy = gaps(streams, q0, q1), gaps(streams, b0, b1)
+    ends = []
+    quiet, busy = gaps(streams, q0, q1), gaps(streams, b0, b1, ends)
+    # Where the tail is: the slowest busy gaps (when they ended, from the busy phase's start)
+    # beside the moments the prompts completed (a PD hand-off joins the decode unit then).
+    slowest = sorted(ends, key=lambda e: -e[1])[:12]
     res = {
         "label": a.label, "streams": a.streams, "prompt_len_words": a.prompt_len,
         "quiet": {"gaps": len(quiet), "p50_ms": 1e3 * percentile(quiet, 0.5),
@@ -143,6 +156,8 @@ def main():
         "busy": {"gaps": len(busy), "p50_ms": 1e3 * percentile(busy, 0.5),
                  "p99_ms": 1e3 * percentile(busy, 0.99)} if busy else None,
         "prompts_completed": len(ttfts),
+        "prompts_done_at_s": [round(t - b0, 2) for t in done_at],
+        "busy_slowest_gaps": [[round(t - b0, 2), round(1e3 * g)] for t, g in slowest],
         "prompt_ttft_s_mean": statistics.mean(ttfts) if ttfts else None,
         "errors": errors,
     }

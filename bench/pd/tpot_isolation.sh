@@ -5,7 +5,7 @@
 #   bash bench/pd/tpot_isolation.sh [MODEL_DIR]   (default /tmp/benchmodel, the bench preset:
 #                                                  ./build/moeserve make-model --preset bench --out /tmp/benchmodel)
 # Then the KV transfer figures: pd-bench transfer at the model's block size and at V3's.
-# Prints one JSON line per configuration. Takes ~4 minutes (BUSY_S=150: ~8); not in CI.
+# Prints one JSON line per configuration. Takes ~6 minutes (BUSY_S=150: ~11); not in CI.
 set -euo pipefail
 bin=$(readlink -f build/moeserve)
 model=${1:-/tmp/benchmodel}
@@ -50,3 +50,15 @@ print(json.dumps({"label": "disaggregated transfers", "pulls": pulls,
                   "pull_mb_mean": b / pulls / 1e6 if pulls else None,
                   "pull_gb_s": b / (us * 1e3) if us else None}))
 PY
+
+# Control (SKIP_CONTROL=1 skips it): the same decode unit on core 1 and its 8 streams through the
+# router, while the 2,000-token prompts go to an unrelated `serve` on core 0: the same compute
+# beside the decode core, but no hand-off, pull or router work for the prompts. If its p99 ratio
+# is PD's, what is left of PD's tail is the machine shared by the two cores (DRAM, L3), not the
+# disaggregation.
+if [[ -z ${SKIP_CONTROL:-} ]]; then
+taskset -c 0 "$bin" serve "${common[@]}" --port 18603 --threads 1 > "$dir/control.log" 2>&1 & pids+=($!)
+wait_up 18603
+python3 bench/pd/tpot_isolation.py --url http://127.0.0.1:18600 --busy-url http://127.0.0.1:18603 \
+  --label "control: PD streams, prompts to a standalone serve on core 0" "${args[@]}"
+fi
