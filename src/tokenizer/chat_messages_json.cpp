@@ -7,8 +7,6 @@ namespace moeserve {
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-namespace {
-
 // Python's json.dumps(v, ensure_ascii=False) (what Hugging Face's `tojson` filter calls).
 void python_dumps(const ordered_json& v, std::string& out) {
   if (v.is_object()) {
@@ -71,6 +69,8 @@ void python_dumps(const ordered_json& v, std::string& out) {
   }
 }
 
+namespace {
+
 Result<Message> parse_message(const json& j, size_t i) {
   const std::string where = "messages[" + std::to_string(i) + "]";
   if (!j.is_object()) return InvalidArgument(where + ": not an object");
@@ -125,6 +125,10 @@ Result<Message> parse_message(const json& j, size_t i) {
   if (auto id = j.find("tool_call_id"); id != j.end() && id->is_string()) {
     m.tool_call_id = id->get<std::string>();
   }
+  if (auto r = j.find("reasoning_content"); r != j.end() && !r->is_null()) {
+    if (!r->is_string()) return InvalidArgument(where + ".reasoning_content: not a string");
+    m.reasoning_content = r->get<std::string>();
+  }
   return m;
 }
 
@@ -147,6 +151,7 @@ Result<std::vector<ToolDefinition>> parse_tools_json(std::string_view json_text)
     const ordered_json& f = t["function"];
     d.name = f["name"].get<std::string>();
     python_dumps(t, d.json);
+    python_dumps(f, d.function_json);
     if (auto it = f.find("description"); it != f.end() && it->is_string()) {
       d.description = it->get<std::string>();
     }

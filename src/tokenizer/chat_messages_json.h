@@ -4,9 +4,12 @@
 // (string, required), "content" (string, null or absent = null; an array of {"type": "text",
 // "text": ...} parts is joined), "tool_calls" ([{"type", "function": {"name", "arguments"}}];
 // "arguments" given as a JSON object is serialised compactly, where Hugging Face's template
-// would fail), "tool_call_id". Errors name the message index and field.
+// would fail), "tool_call_id", "reasoning_content" (string or null). Errors name the message
+// index and field.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -22,5 +25,9 @@ Result<std::vector<Message>> parse_messages_json(std::string_view json_text);
 // off: ", " and ": " separators, keys in the order of `json_text`). Checks only the shape the
 // template needs (the server validates the rest at its boundary).
 Result<std::vector<ToolDefinition>> parse_tools_json(std::string_view json_text);
+
+// Appends `v` as Python's json.dumps(v, ensure_ascii=False) writes it: ", " and ": "
+// separators, keys in `v`'s order, only '"', '\\' and control characters escaped.
+void python_dumps(const nlohmann::ordered_json& v, std::string& out);
 
 }  // namespace moeserve

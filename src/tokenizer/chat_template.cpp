@@ -171,6 +171,8 @@ Result<std::string> ChatTemplate::render(std::span<const Message> messages,
       return render_0324(messages, add_generation_prompt, tools);
     case Variant::kDeepSeekV3_1:
       return render_v3_1(messages, add_generation_prompt, tools, thinking);
+    case Variant::kDeepSeekV3_2:
+      return render_v3_2(messages, tools, thinking);
     default:
       return render_v3_r1(messages, add_generation_prompt, tools);
   }

@@ -14,6 +14,10 @@
 //   - DeepSeek-V3.1 (and V3.1-Terminus): tool calls as name<｜tool▁sep｜>arguments; the
 //     assistant turn opens with "</think>" (non-thinking) or "<think>" (`thinking`); earlier
 //     reasoning is dropped (text after the first "</think>").
+//   - DeepSeek-V3.2 and V3.2-Speciale (kDeepSeekV3_2): no Jinja template; DeepSeek's Python
+//     encoder (encoding_dsv32.py) as SGLang's server prepares a request for it, held to that
+//     encoder by tests/data/tokenizer/chat_dsv32.jsonl; see chat_template_dsv32.cpp and
+//     docs/server.md. Chosen by the checkpoint's model_type, not by a template.
 // The checkpoints' templates render nothing for the API's `tools`; given tools, render() appends
 // a description of them to the system prompt: for V3/R1 the wording of vLLM's DeepSeek-V3 tool
 // template (the tools as JSON inside <tools></tools>, then the call format), for V3.1 the
@@ -51,6 +55,7 @@ struct ToolDefinition {
   std::string json;
   std::string description;
   std::string parameters = "{}";
+  std::string function_json;  // the "function" object alone (V3.2's tool schemas)
 };
 
 struct Message {
@@ -58,6 +63,9 @@ struct Message {
   std::optional<std::string> content;  // null for an assistant turn that only calls tools
   std::optional<std::vector<ToolCall>> tool_calls;
   std::optional<std::string> tool_call_id;  // kept for API round-trips; not rendered
+  // An earlier turn's reasoning, as DeepSeek's API returns it; only V3.2 renders it (the
+  // templates before it keep reasoning in `content`).
+  std::optional<std::string> reasoning_content;
 };
 
 class ChatTemplate {
@@ -70,7 +78,8 @@ class ChatTemplate {
     kDeepSeekR1,
     kDeepSeekV3_0324,
     kDeepSeekR1_0528,
-    kDeepSeekV3_1
+    kDeepSeekV3_1,
+    kDeepSeekV3_2
   };
 
   // From the template text of a tokenizer_config.json and the BOS token string.
@@ -80,9 +89,11 @@ class ChatTemplate {
   static ChatTemplate of_variant(Variant v, std::string bos_token);
 
   // InvalidArgument when a message lacks what the template needs (user/system/tool content;
-  // for R1-0528 and V3.1 also an assistant turn's), where jinja2 raises an error. With `tools`,
-  // their description follows the system prompt. `thinking`: the V3.1 template's switch
-  // (chat_template_kwargs.thinking; off by default, as there).
+  // for R1-0528 and V3.1 also an assistant turn's), where jinja2 raises an error (V3.2: where
+  // its encoder raises). With `tools`, their description follows the system prompt.
+  // `thinking`: the V3.1 template's switch and V3.2's thinking_mode
+  // (chat_template_kwargs.thinking; off by default, as there). V3.2's encoder has no
+  // generation-prompt switch: a user turn always opens the assistant's.
   Result<std::string> render(std::span<const Message> messages, bool add_generation_prompt,
                              std::span<const ToolDefinition> tools = {},
                              bool thinking = false) const;
@@ -91,11 +102,15 @@ class ChatTemplate {
   // Whether the model writes reasoning (<think>...</think>) before its answer.
   bool reasons(bool thinking = false) const {
     return variant_ == Variant::kDeepSeekR1 || variant_ == Variant::kDeepSeekR1_0528 ||
-           (variant_ == Variant::kDeepSeekV3_1 && thinking);
+           (hybrid() && thinking);
   }
   // Whether the generation prompt ends inside an opened <think> block.
   bool generation_opens_think(bool thinking = false) const {
-    return think_prompt_ || (variant_ == Variant::kDeepSeekV3_1 && thinking);
+    return think_prompt_ || (hybrid() && thinking);
+  }
+  // V3.1 and V3.2: a thinking and a non-thinking mode, switched per request.
+  bool hybrid() const {
+    return variant_ == Variant::kDeepSeekV3_1 || variant_ == Variant::kDeepSeekV3_2;
   }
 
  private:
@@ -110,6 +125,8 @@ class ChatTemplate {
   Result<std::string> render_0324(std::span<const Message> messages, bool add_generation_prompt,
                                   std::span<const ToolDefinition> tools) const;
   Result<std::string> render_v3_1(std::span<const Message> messages, bool add_generation_prompt,
+                                  std::span<const ToolDefinition> tools, bool thinking) const;
+  Result<std::string> render_v3_2(std::span<const Message> messages,
                                   std::span<const ToolDefinition> tools, bool thinking) const;
 };
 

@@ -62,10 +62,12 @@ TEST(HttpServer, ChatCompletionNonStreaming) {
   // The prompt is the template's rendering, tokenized.
   auto sub = h.engine.submitted();
   ASSERT_EQ(sub.size(), 1u);
-  auto text =
-      ChatTemplate::for_tokenizer(v3_tokenizer())
-          ->render(std::vector<Message>{{"system", "Be kind.", {}, {}}, {"user", "Hi", {}, {}}},
-                   true);
+  std::vector<Message> msgs(2);
+  msgs[0].role = "system";
+  msgs[0].content = "Be kind.";
+  msgs[1].role = "user";
+  msgs[1].content = "Hi";
+  auto text = ChatTemplate::for_tokenizer(v3_tokenizer())->render(msgs, true);
   EXPECT_EQ(sub[0].prompt, v3_tokenizer().encode(*text, false));
   EXPECT_EQ(sub[0].seed, 7u);
   EXPECT_EQ(sub[0].sampling.temperature, 0.0f);

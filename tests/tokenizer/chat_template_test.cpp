@@ -190,6 +190,55 @@ TEST(ChatTemplate, LaterTemplatesMatchJinja2OnEveryFixtureConversation) {
   }
 }
 
+// DeepSeek-V3.2 (no Jinja template) against DeepSeek's own encoder, encoding_dsv32.py, on
+// tools/gen_dsv32_chat_fixtures.py's conversations as SGLang's server prepares them: the same
+// text, or an error where the encoder raises; thinking off and on.
+TEST(ChatTemplate, V32MatchesDeepSeeksEncoderOnEveryFixtureConversation) {
+  const Tokenizer& tok = testing::deepseek_v3();
+  const ChatTemplate t =
+      ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3_2, tok.bos_token());
+  EXPECT_FALSE(t.reasons(false));
+  EXPECT_TRUE(t.reasons(true));
+  EXPECT_TRUE(t.generation_opens_think(true));
+  EXPECT_FALSE(t.generation_opens_think(false));
+  std::istringstream in(testing::read_all(std::string(testing::kDataDir) + "/chat_dsv32.jsonl"));
+  int rendered = 0, refused = 0, with_tools = 0, with_results = 0, thinking_rows = 0;
+  size_t i = 0;
+  for (std::string line; std::getline(in, line); ++i) {
+    const auto row = nlohmann::ordered_json::parse(line);  // the tools' key order matters
+    if (row["kind"] != "render") continue;
+    auto msgs = parse_messages_json(row["messages"].dump());
+    ASSERT_TRUE(msgs.ok()) << msgs.status().to_string();
+    auto tools = parse_tools_json(row["tools"].dump());
+    ASSERT_TRUE(tools.ok()) << tools.status().to_string();
+    const bool thinking = row["thinking"].get<bool>();
+    auto text = t.render(*msgs, /*add_generation_prompt=*/true, *tools, thinking);
+    const auto& want = row["expected"];
+    if (want.is_object()) {  // the encoder raised
+      EXPECT_FALSE(text.ok()) << "row " << i << ": the encoder refused ("
+                              << want["error"].get<std::string>() << ")";
+      if (!text.ok()) {
+        EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
+      }
+      ++refused;
+      continue;
+    }
+    ASSERT_TRUE(text.ok()) << "row " << i << ": " << text.status().to_string();
+    EXPECT_EQ(*text, want.get<std::string>()) << "row " << i << ": " << row["messages"].dump();
+    ++rendered;
+    with_tools += !tools->empty();
+    with_results += text->find("<function_results>") != std::string::npos;
+    thinking_rows += thinking;
+  }
+  std::printf("[ v3.2 ] %d rendered equal to encoding_dsv32.py, %d refused as it refuses\n",
+              rendered, refused);
+  EXPECT_GE(rendered, 150);
+  EXPECT_GE(refused, 20);
+  EXPECT_GE(with_tools, 50);
+  EXPECT_GE(with_results, 30);
+  EXPECT_GE(thinking_rows, 60);
+}
+
 TEST(ChatMessagesJson, ToolsKeepTheClientsKeyOrderInPythonJsonStyle) {
   // The string holds a quote, a backslash, a newline, U+0001 and a non-ASCII letter.
   auto t = parse_tools_json(
@@ -213,7 +262,8 @@ TEST(ChatMessagesJson, ToolsKeepTheClientsKeyOrderInPythonJsonStyle) {
 
 TEST(ChatTemplate, MissingContentIsAnErrorNotACrash) {
   const auto v3 = ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3, "<s>");
-  std::vector<Message> msgs = {{"user", std::nullopt, std::nullopt, std::nullopt}};
+  std::vector<Message> msgs(1);
+  msgs[0].role = "user";
   auto r = v3.render(msgs, true);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
