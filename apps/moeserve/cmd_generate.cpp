@@ -22,6 +22,7 @@
 #include "ep/expert_load_counter.h"
 #include "ep_flags.h"
 #include "eplb/expert_loads.h"
+#include "front_door.h"
 #include "model/expert_store.h"
 #include "model/loaded_model.h"
 #include "spec_flags.h"
@@ -129,7 +130,7 @@ Result<std::vector<std::vector<int32_t>>> collect_prompts(const GenerateOptions&
   for (const std::string& text : o.prompts)
     prompts.push_back(tok->encode(text, tok->default_add_bos()));
   if (!o.messages_files.empty()) {
-    ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::for_tokenizer(*tok));
+    ASSIGN_OR_RETURN(ChatTemplate chat, chat_template_for(*tok, o.model));
     for (const std::string& file : o.messages_files) {
       std::ifstream in(file, std::ios::binary);
       if (!in) return NotFound(file + ": cannot open");

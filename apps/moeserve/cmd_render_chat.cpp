@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "front_door.h"
 #include "tokenizer/chat_messages_json.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -33,7 +34,7 @@ int run_render_chat(const RenderChatArgs& args) {
     fmt::print(stderr, "moeserve render-chat: {}\n", tok.status().message());
     return 1;
   }
-  auto tmpl = ChatTemplate::for_tokenizer(*tok);
+  auto tmpl = chat_template_for(*tok, args.dir);  // (a V3.2 checkpoint: by its config.json)
   if (!tmpl.ok()) {
     fmt::print(stderr, "moeserve render-chat: {}: {}\n", args.dir, tmpl.status().message());
     return 1;
@@ -89,7 +90,7 @@ Subcommand add_render_chat_command(CLI::App& parent) {
   app->add_flag("--add-generation-prompt", args->add_generation_prompt,
                 "end with the assistant prefix, ready for the model to answer");
   app->add_flag("--thinking", args->thinking,
-                "DeepSeek-V3.1 templates: the thinking mode (the template's `thinking`)");
+                "DeepSeek-V3.1 and V3.2: the thinking mode (the template's `thinking`)");
   return {app, [args] { return run_render_chat(*args); }};
 }
 

@@ -10,6 +10,11 @@
 
 namespace moeserve::cli {
 
+Result<ChatTemplate> chat_template_for(const Tokenizer& tok, const std::string& model_dir) {
+  Result<ModelConfig> config = load_model_config(model_dir + "/config.json");
+  return ChatTemplate::for_model(tok, config.ok() ? config->model_type : "");
+}
+
 void add_front_door_flags(CLI::App& app, FrontDoorFlags& f) {
   HttpServerOptions& h = f.http;
   app.add_option("--tokenizer", f.tokenizer_dir, "Tokenizer directory (default: --model)");
@@ -39,6 +44,9 @@ void add_front_door_flags(CLI::App& app, FrontDoorFlags& f) {
   app.add_option("--max-body-mb", f.max_body_mb, "Largest request body (MiB)")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 1024.0));
+  app.add_flag("--reasoning-only", f.reasoning_only,
+               "Every chat request thinks and none may call tools (DeepSeek-V3.2-Speciale; on "
+               "by default when the model directory's name holds 'Speciale')");
 }
 
 std::optional<FrontDoor> open_front_door(FrontDoorFlags& f, const std::string& model_dir,
@@ -50,7 +58,7 @@ std::optional<FrontDoor> open_front_door(FrontDoorFlags& f, const std::string& m
                tok.status().message());
     return std::nullopt;
   }
-  Result<ChatTemplate> tmpl = ChatTemplate::for_tokenizer(*tok);
+  Result<ChatTemplate> tmpl = chat_template_for(*tok, model_dir);
   if (!tmpl.ok()) {
     fmt::print(stderr, "{}: {}; using the DeepSeek-V3 chat format\n", command,
                tmpl.status().message());
@@ -61,6 +69,14 @@ std::optional<FrontDoor> open_front_door(FrontDoorFlags& f, const std::string& m
                              ? std::filesystem::path(model_dir).filename().string()
                              : f.served_model_name;
   if (so.served_model_name.empty()) so.served_model_name = "moeserve";
+  so.reasoning_only = f.reasoning_only || std::filesystem::path(model_dir).filename().string().find(
+                                              "Speciale") != std::string::npos;
+  if (so.reasoning_only && !f.reasoning_only) {
+    fmt::print(stderr,
+               "{}: '{}' is a reasoning-only model: every request thinks, none calls "
+               "tools\n",
+               command, model_dir);
+  }
   so.limits.max_n = f.max_n;
   so.limits.max_top_logprobs = f.max_top_logprobs;
   if (!f.api_key.empty()) f.http.api_key = f.api_key;

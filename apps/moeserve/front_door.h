@@ -25,7 +25,14 @@ struct FrontDoorFlags {
   int64_t max_n = 8;
   int64_t max_top_logprobs = 20;
   double max_body_mb = 8;
+  // DeepSeek-V3.2-Speciale: every request thinks, none may call tools (on by default for a
+  // model directory whose name holds "Speciale").
+  bool reasoning_only = false;
 };
+
+// The chat format of the model in model_dir: its tokenizer's template, or (DeepSeek-V3.2, whose
+// checkpoints ship none) the family's encoder by config.json's model_type.
+Result<ChatTemplate> chat_template_for(const Tokenizer& tok, const std::string& model_dir);
 
 // Registers the flags on app (f must outlive the parse).
 void add_front_door_flags(CLI::App& app, FrontDoorFlags& f);

@@ -415,6 +415,15 @@ Reply OpenAiService::chat_completions(std::string_view body) {
   // tool_choice "none": the tools are neither described nor parsed (the model is not told of
   // them). "required" / a named function: the prompt opens the call (see docs/server.md).
   const bool use_tools = !req->tools.empty() && req->tool_choice.mode != ToolChoice::Mode::kNone;
+  if (options_.reasoning_only) {
+    if (use_tools) {
+      return error_reply(bad_request(
+          "this model reasons only and does not call tools: send no 'tools' (or 'tool_choice': "
+          "'none')",
+          "tools"));
+    }
+    req->thinking = true;
+  }
   if (use_tools && req->gen.grammar) {  // (the grammar would keep the model from calling them)
     return error_reply(bad_request(
         "a JSON 'response_format' cannot be combined with 'tools' (unless 'tool_choice' is "
@@ -429,9 +438,16 @@ Reply OpenAiService::chat_completions(std::string_view body) {
   Prepared p;
   p.chat = true;
   p.tools.parse = use_tools;
-  p.tools.syntax = template_.variant() == ChatTemplate::Variant::kDeepSeekV3_1
-                       ? ToolCallSyntax::kV3_1
-                       : ToolCallSyntax::kV3;
+  switch (template_.variant()) {
+    case ChatTemplate::Variant::kDeepSeekV3_1:
+      p.tools.syntax = ToolCallSyntax::kV3_1;
+      break;
+    case ChatTemplate::Variant::kDeepSeekV3_2:
+      p.tools.syntax = ToolCallSyntax::kDsml;
+      break;
+    default:
+      p.tools.syntax = ToolCallSyntax::kV3;
+  }
   if (!req->parallel_tool_calls) p.tools.max_calls = 1;
   // An R1 prompt that opens <think> leaves the call to the model (it reasons first).
   if (use_tools && !template_.generation_opens_think(req->thinking)) {

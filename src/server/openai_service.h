@@ -33,6 +33,8 @@ struct ServiceOptions {
   std::string served_model_name = "moeserve";
   RequestLimits limits;         // vocab_size and max_context are taken from the engine
   bool split_reasoning = true;  // R1 templates: <think>...</think> -> reasoning_content
+  // DeepSeek-V3.2-Speciale: every chat request in thinking mode; tools refused (400).
+  bool reasoning_only = false;
   // The engine decodes speculatively: usage carries a "speculative" extension (docs/mtp.md).
   bool speculative = false;
   // Compiles response_format's grammars at the boundary (400 for a schema it cannot use); the

@@ -2,19 +2,14 @@
 
 #include <algorithm>
 
+#include "server/text_scan.h"
+
 namespace moeserve {
 
 namespace {
 constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
 
-// Length of the longest tail of `text` that is a proper prefix of `tag`.
-size_t partial_tail(std::string_view text, std::string_view tag) {
-  for (size_t len = std::min(tag.size() - 1, text.size()); len > 0; --len) {
-    if (text.substr(text.size() - len) == tag.substr(0, len)) return len;
-  }
-  return 0;
-}
 }  // namespace
 
 ReasoningSplitter::ReasoningSplitter(bool starts_in_reasoning)
@@ -44,7 +39,7 @@ ReasoningSplitter::Parts ReasoningSplitter::push(std::string_view piece) {
       state_ = State::kContent;
       buf.erase(0, close + kClose.size());
     } else {
-      size_t keep = partial_tail(buf, kClose);
+      size_t keep = partial_tail(buf, {kClose});
       held_ = buf.substr(buf.size() - keep);
       buf.resize(buf.size() - keep);
       out.reasoning = std::move(buf);

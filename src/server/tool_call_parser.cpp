@@ -4,6 +4,9 @@
 #include <array>
 #include <utility>
 
+#include "server/dsml_tool_calls.h"
+#include "server/text_scan.h"
+
 namespace moeserve {
 
 namespace {
@@ -17,34 +20,6 @@ constexpr std::string_view kArgsOpen = "```json\n";
 constexpr std::string_view kArgsClose = "\n```";
 constexpr std::string_view kFencedCallEnd = "\n```<｜tool▁call▁end｜>";
 constexpr std::string_view kFencedCallsEnd = "\n```<｜tool▁calls▁end｜>";
-
-// The earliest of `needles` in `text`: (position, which), or npos. The tokens all start with
-// '<' and hold no other '<' or '\n', so two of them (or one and "\n") never overlap.
-std::pair<size_t, size_t> earliest(std::string_view text,
-                                   std::initializer_list<std::string_view> needles) {
-  std::pair<size_t, size_t> best{std::string_view::npos, 0};
-  size_t k = 0;
-  for (std::string_view n : needles) {
-    const size_t at = text.find(n);
-    if (at < best.first) best = {at, k};
-    ++k;
-  }
-  return best;
-}
-
-// Length of the longest tail of `text` that is a proper prefix of one of `tags`.
-size_t partial_tail(std::string_view text, std::initializer_list<std::string_view> tags) {
-  size_t best = 0;
-  for (std::string_view tag : tags) {
-    for (size_t len = std::min(tag.size() - 1, text.size()); len > best; --len) {
-      if (text.substr(text.size() - len) == tag.substr(0, len)) {
-        best = len;
-        break;
-      }
-    }
-  }
-  return best;
-}
 
 std::string_view trim(std::string_view s) {
   const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
@@ -71,6 +46,11 @@ std::string_view strip_close(std::string_view args) {
 }  // namespace
 
 std::string tool_call_prefill(std::optional<std::string_view> name, ToolCallSyntax syntax) {
+  if (syntax == ToolCallSyntax::kDsml) {
+    std::string s = "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"";
+    if (name) s += std::string(*name) + "\">\n";
+    return s;
+  }
   std::string s = std::string(kCallsBegin) + std::string(kCallBegin);
   if (syntax == ToolCallSyntax::kV3_1) {
     if (name) s += std::string(*name) + std::string(kSep);
@@ -83,6 +63,18 @@ std::string tool_call_prefill(std::optional<std::string_view> name, ToolCallSynt
 
 ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> max_calls,
                                  ToolCallSyntax syntax) {
+  if (syntax == ToolCallSyntax::kDsml) {  // (no second implementation: the streaming one)
+    ToolCallParser parser(max_calls, syntax);
+    ParsedToolCalls out;
+    for (ToolCallParser::Parts p : {parser.push(text), parser.finish()}) {
+      out.content += p.content;
+      for (ToolCallDelta& d : p.calls) {
+        if (d.opens) out.calls.push_back({std::move(d.type), std::move(d.name), ""});
+        out.calls.back().arguments += d.arguments;
+      }
+    }
+    return out;
+  }
   const std::string_view header_end = syntax == ToolCallSyntax::kV3 ? "\n" : kSep;
   ParsedToolCalls out;
   const auto add = [&](std::string_view header, std::string_view args) {
@@ -135,7 +127,17 @@ ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> m
 }
 
 ToolCallParser::ToolCallParser(std::optional<int64_t> max_calls, ToolCallSyntax syntax)
-    : max_calls_(max_calls), header_end_(syntax == ToolCallSyntax::kV3 ? "\n" : kSep) {}
+    : max_calls_(max_calls), header_end_(syntax == ToolCallSyntax::kV3 ? "\n" : kSep) {
+  if (syntax == ToolCallSyntax::kDsml) dsml_ = std::make_unique<DsmlParser>(max_calls);
+}
+
+ToolCallParser::~ToolCallParser() = default;
+ToolCallParser::ToolCallParser(ToolCallParser&&) noexcept = default;
+ToolCallParser& ToolCallParser::operator=(ToolCallParser&&) noexcept = default;
+
+int64_t ToolCallParser::calls() const {
+  return dsml_ ? dsml_->calls() : opened_;
+}
 
 void ToolCallParser::open_call(std::string_view header, Parts& out) {
   auto [type, name] = split_header(header);
@@ -155,6 +157,7 @@ void ToolCallParser::add_arguments(std::string_view text, Parts& out) {
 }
 
 ToolCallParser::Parts ToolCallParser::push(std::string_view piece) {
+  if (dsml_) return dsml_->push(piece);
   Parts out;
   held_.append(piece);
   std::string_view buf = held_;
@@ -214,6 +217,7 @@ ToolCallParser::Parts ToolCallParser::push(std::string_view piece) {
 }
 
 ToolCallParser::Parts ToolCallParser::finish() {
+  if (dsml_) return dsml_->finish();
   Parts out;
   switch (state_) {
     case State::kContent:

@@ -9,6 +9,9 @@
 //
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜><｜tool▁call▁begin｜>...<｜tool▁calls▁end｜>
 //
+// DeepSeek-V3.2 (kDsml) writes its DSML syntax instead, and its arguments are built from
+// parameters: server/dsml_tool_calls.h.
+//
 // Text outside a calls block is content; the tokens never reach the content. Inside a block,
 // text between calls is dropped. A call's header ends at the first "\n" (kV3: it is
 // TYPE<｜tool▁sep｜>NAME, or NAME alone with the type "function") or at the first
@@ -26,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,7 +37,9 @@
 
 namespace moeserve {
 
-enum class ToolCallSyntax { kV3, kV3_1 };
+enum class ToolCallSyntax { kV3, kV3_1, kDsml };
+
+class DsmlParser;
 
 struct ParsedToolCall {
   std::string type;
@@ -70,6 +76,9 @@ class ToolCallParser {
  public:
   explicit ToolCallParser(std::optional<int64_t> max_calls = std::nullopt,
                           ToolCallSyntax syntax = ToolCallSyntax::kV3);
+  ~ToolCallParser();
+  ToolCallParser(ToolCallParser&&) noexcept;
+  ToolCallParser& operator=(ToolCallParser&&) noexcept;
 
   struct Parts {
     std::string content;
@@ -80,7 +89,7 @@ class ToolCallParser {
   Parts finish();
 
   // Calls opened so far (their first delta was returned).
-  int64_t calls() const { return opened_; }
+  int64_t calls() const;
 
  private:
   enum class State { kContent, kBetweenCalls, kHeader, kArgsStart, kArgs };
@@ -92,8 +101,9 @@ class ToolCallParser {
   State state_ = State::kContent;
   std::string held_;
   int64_t opened_ = 0;
-  bool current_kept_ = false;  // the call being read was opened (not dropped)
-  size_t header_scanned_ = 0;  // kHeader: bytes of held_ searched without finding its end
+  bool current_kept_ = false;         // the call being read was opened (not dropped)
+  size_t header_scanned_ = 0;         // kHeader: bytes of held_ searched without finding its end
+  std::unique_ptr<DsmlParser> dsml_;  // kDsml: all the work is its
 };
 
 }  // namespace moeserve

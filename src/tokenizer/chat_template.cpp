@@ -99,6 +99,13 @@ Result<ChatTemplate> ChatTemplate::for_tokenizer(const Tokenizer& tok) {
   return from_template(tok.chat_template(), tok.bos_token());
 }
 
+Result<ChatTemplate> ChatTemplate::for_model(const Tokenizer& tok, std::string_view model_type) {
+  if (tok.chat_template().empty() && model_type == "deepseek_v32") {
+    return of_variant(Variant::kDeepSeekV3_2, tok.bos_token());
+  }
+  return for_tokenizer(tok);
+}
+
 ChatTemplate ChatTemplate::of_variant(Variant v, std::string bos_token) {
   ChatTemplate t;
   t.variant_ = v;

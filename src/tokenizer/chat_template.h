@@ -85,6 +85,9 @@ class ChatTemplate {
   // From the template text of a tokenizer_config.json and the BOS token string.
   static Result<ChatTemplate> from_template(const std::string& jinja, std::string bos_token);
   static Result<ChatTemplate> for_tokenizer(const Tokenizer& tok);
+  // The tokenizer's template, or for a model family whose checkpoints ship none (DeepSeek-V3.2,
+  // `model_type` deepseek_v32) its encoder.
+  static Result<ChatTemplate> for_model(const Tokenizer& tok, std::string_view model_type);
   // A variant without a template file (the R1 flavour here is the later one, with "<think>\n").
   static ChatTemplate of_variant(Variant v, std::string bos_token);
 

@@ -398,5 +398,79 @@ TEST(ToolCalls, ChoiceOutputMatchesTheOneShotParseForEveryTokenGrouping) {
   EXPECT_GT(runs, 1000);
 }
 
+// DeepSeek-V3.2 (its encoder, DSML calls) over HTTP: the prompt the engine gets, the calls as
+// JSON arguments, streamed and not, thinking mode's reasoning, a forced call's prefill, and
+// V3.2-Speciale's reasoning-only mode.
+ChatTemplate v32() {
+  return ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3_2, v3_tokenizer().bos_token());
+}
+const std::string kDsmlCall =
+    "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+    "<｜DSML｜parameter name=\"city\" string=\"true\">東京</｜DSML｜parameter>\n"
+    "<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
+    "</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+
+TEST(ToolCalls, V32CallsComeBackAsJsonArguments) {
+  Harness h(scripted("Checking." + kDsmlCall), {}, {}, v32());
+  auto r = h.post("/v1/chat/completions", request(""));
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["content"], "Checking.");
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json::parse(R"({"city": "東京", "days": 3})"));
+  // The prompt: an empty system message carrying the tools, the user turn, chat mode.
+  const std::string prompt = prompt_text(h);
+  EXPECT_EQ(prompt.rfind("<｜begin▁of▁sentence｜>\n\n## Tools\n", 0), 0u) << prompt;
+  EXPECT_NE(prompt.find(R"({"name": "get_time"})"), std::string::npos) << prompt;
+  EXPECT_TRUE(prompt.ends_with("<｜User｜>Weather in Paris and Tokyo?<｜Assistant｜></think>"));
+  auto sr = h.post("/v1/chat/completions", request("", /*stream=*/true));
+  Streamed s = collect(sr->body);
+  EXPECT_EQ(s.finish, "tool_calls");
+  EXPECT_EQ(s.content, "Checking.");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0]["function"], c["message"]["tool_calls"][0]["function"]);
+  EXPECT_EQ(sr->body.find("DSML"), std::string::npos) << "the syntax leaked";
+}
+
+TEST(ToolCalls, V32ThinkingSplitsReasoningAndAForcedCallIsPrefilled) {
+  Harness h(scripted("Paris first.</think>" + kDsmlCall), {}, {}, v32());
+  json j = json::parse(
+      h.post("/v1/chat/completions", request(R"(,"chat_template_kwargs":{"thinking":true})"))
+          ->body);
+  EXPECT_EQ(j["choices"][0]["message"]["reasoning_content"], "Paris first.");
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_TRUE(prompt_text(h).ends_with("<｜Assistant｜><think>"));
+  // Named tool_choice, chat mode: the prompt opens the call; the model writes the rest.
+  Harness f(scripted("<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+                     "</｜DSML｜invoke>\n</｜DSML｜function_calls>"),
+            {}, {}, v32());
+  json k = json::parse(
+      f.post("/v1/chat/completions",
+             request(R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})"))
+          ->body);
+  EXPECT_TRUE(prompt_text(f).ends_with(
+      "</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"));
+  ASSERT_EQ(k["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(k["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city": "Paris"})");
+}
+
+TEST(ToolCalls, V32SpecialeThinksAlwaysAndRefusesTools) {
+  ServiceOptions so;
+  so.reasoning_only = true;
+  Harness h(scripted("hmm</think>42"), {}, so, v32());
+  auto r = h.post("/v1/chat/completions", request(""));
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "tools");
+  json j = json::parse(
+      h.post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"6*7?"}]})")->body);
+  EXPECT_EQ(j["choices"][0]["message"]["reasoning_content"], "hmm");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "42");
+  EXPECT_TRUE(prompt_text(h).ends_with("<｜User｜>6*7?<｜Assistant｜><think>"));
+}
+
 }  // namespace
 }  // namespace moeserve::testing
