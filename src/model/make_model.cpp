@@ -363,6 +363,14 @@ Result<uint64_t> make_model(const MakeModelOptions& o, const std::string& out_di
       if (ec)
         return IOError(fmt::format("copying {} from {}: {}", f, o.tokenizer_dir, ec.message()));
     }
+    if (c.indexer) {  // DeepSeek-V3.2 ships no chat template: its encoder renders chats
+      const fs::path path = fs::path(out_dir) / "tokenizer_config.json";
+      std::ifstream in(path, std::ios::binary);
+      auto cfg = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (cfg.is_discarded()) return IOError(path.string() + ": not valid JSON");
+      cfg.erase("chat_template");
+      RETURN_IF_ERROR(write_text(path, cfg.dump(2) + "\n"));
+    }
   }
   return total;
 }
