@@ -129,4 +129,33 @@ void mla_decode_ref(const MlaBatch& batch, ThreadPool* pool = nullptr);
 // Total query rows of a batch (sum of n_queries).
 int64_t mla_rows(std::span<const MlaSequence> seqs);
 
+// Sparse MLA (DeepSeek Sparse Attention's attention step, DeepSeek-V3.2; docs/dsa.md): query
+// row i attends to the cached tokens at `positions` (ascending, none repeated) of its sequence
+// instead of a causal range. The selected tokens are gathered, in the cache's own token format,
+// into blocks of a scratch arena (up to kMlaSparseWave rows' worth at a time) and mla_decode runs
+// over them, each row a one-query sequence: every level, FP8 cache and option of mla_decode
+// applies, and a row's result is mla_decode's on a cache that holds just its selected tokens in
+// order (with split_blocks > 0, whatever else is in the batch). Gathering copies top-k x
+// token.bytes() per row (2.3 MB for V3.2's 2048 BF16 tokens), a few percent of the attention's
+// own time at 128 heads (docs/dsa.md).
+struct MlaSparseQuery {
+  std::span<const int32_t> block_table;
+  std::span<const int32_t> positions;  // at least one
+};
+
+struct MlaSparseBatch {
+  MlaShape shape;
+  MlaCacheView cache;
+  std::span<const MlaSparseQuery> queries;  // one query row each
+  const void* q = nullptr;                  // [rows, heads, dim] BF16 bits or F32
+  DType q_dtype = DType::kBF16;
+  float* o = nullptr;    // [rows, heads, kv_lora_rank]
+  float* lse = nullptr;  // [rows, heads]; may be null
+};
+
+inline constexpr int64_t kMlaSparseWave = 16;
+
+void mla_sparse(const MlaSparseBatch& batch, ThreadPool* pool, const MlaOptions& opt = {},
+                Isa isa = active_isa());
+
 }  // namespace moeserve

@@ -30,6 +30,7 @@
 #include "ep/dispatcher.h"
 #include "ep/expert_migration.h"
 #include "kernels/gemm_fp8.h"
+#include "kernels/mla_decode.h"
 #include "kernels/rope.h"
 #include "model/causal_lm.h"
 #include "model/checkpoint.h"
@@ -140,12 +141,27 @@ class DeepseekModel final : public CausalLm {
   std::vector<std::vector<int32_t>> index_select(int64_t layer, std::span<const StepSequence> batch,
                                                  const float* x, const float* q_latent, int64_t n,
                                                  KvCache& cache);
+  // The lightning indexer's FP8 top-k for each row of `seqs` whose context exceeds the top-k
+  // (docs/dsa.md): q8 [rows, index heads, 128] e4m3, w [rows, index heads].
+  struct SeqRows {
+    int64_t row0 = 0, rows = 0, start_pos = 0;  // rows [row0, row0 + rows) at start_pos on
+    std::span<const int32_t> block_table;
+  };
+  static std::vector<SeqRows> rows_of(std::span<const StepSequence> batch);
+  void select_fp8(int64_t layer, size_t key_part, std::span<const SeqRows> seqs, const uint8_t* q8,
+                  const float* w, const KvCache& cache,
+                  std::vector<std::vector<int32_t>>& selected);
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                             int64_t n, const KvCache& cache, float* o);
+  // The fast path's absorbed form: qa [n, heads, kv_lora_rank + rope] = W_UK^T q_nope | q_pe;
+  // o [n, heads, v_head_dim] = W_UV o_lat.
+  void absorb_queries(int64_t layer, const float* q, int64_t n, float* qa);
+  void project_values(int64_t layer, const float* o_lat, int64_t n, float* o);
+  MlaShape mla_shape() const;
   // DSA on the fast path: each sequence's new tokens whose context fits the top-k (a leading
-  // run) through attend_absorbed_fast, the others over their selected positions through
-  // attend_sequence (F32, the reference code: the sparse MLA kernel is not built yet). Per
-  // token, so a token's bits do not depend on the batch or the chunking.
+  // run) through the paged MLA kernel over the cache, the others through the same kernel over
+  // their selected positions gathered into a scratch arena. Per token, so a token's bits do not
+  // depend on the batch or the chunking.
   void attend_dsa_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                        int64_t n, const KvCache& cache,
                        const std::vector<std::vector<int32_t>>& selected, float* o);

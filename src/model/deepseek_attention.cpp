@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/check.h"
 #include "kernels/convert.h"
@@ -124,36 +125,67 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
 // Absorbed attention on the fast path: q_lat = W_UK^T q_nope per head (FP32 GEMM against
 // matrices dequantized at construction), the paged MLA kernel over the cache, then
 // o = W_UV o_lat per head.
-void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch,
-                                         const float* q, int64_t n, const KvCache& cache,
-                                         float* o) {
+void DeepseekModel::absorb_queries(int64_t layer, const float* q, int64_t n, float* qa) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
-  const int64_t dv = c.v_head_dim, dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
+  const int64_t dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
   const AbsorbedWeights& W = absorbed_[size_t(layer)];
-
-  std::vector<float>& qa = attn_scratch_.q_lat;  // [n, nh, R + dr] absorbed queries
-  qa.resize(size_t(n * nh * D));
   // Heads in parallel (one pool pass per projection, not one per head).
   auto q_heads = [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {
       for (int64_t i = 0; i < n; ++i) {
-        std::copy_n(q + (i * nh + h) * dq + dn, dr, &qa[size_t((i * nh + h) * D + R)]);  // q_pe
+        std::copy_n(q + (i * nh + h) * dq + dn, dr, qa + (i * nh + h) * D + R);  // q_pe
       }
       if (!W.uk_t_fp8.empty()) {  // q_lat [n, R] of head h = q_nope W_UK
         gemm_fp8_f32x(q + h * dq, n, nh * dq, W.uk_t_fp8[size_t(h)],
-                      GemmOutput{&qa[size_t(h * D)], DType::kF32, nh * D}, nullptr);
+                      GemmOutput{qa + h * D, DType::kF32, nh * D}, nullptr);
         continue;
       }
-      gemm_f32_kn(q + h * dq, n, nh * dq, &W.uk[size_t(h * dn * R)], R, dn, R, &qa[size_t(h * D)],
-                  nh * D, nullptr);
+      gemm_f32_kn(q + h * dq, n, nh * dq, &W.uk[size_t(h * dn * R)], R, dn, R, qa + h * D, nh * D,
+                  nullptr);
     }
   };
   pool_ ? pool_->parallel_for(nh, q_heads) : q_heads(0, nh);
+}
+
+void DeepseekModel::project_values(int64_t layer, const float* o_lat, int64_t n, float* o) {
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, dv = c.v_head_dim, R = c.kv_lora_rank;
+  const AbsorbedWeights& W = absorbed_[size_t(layer)];
+  auto o_heads = [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) {  // o [n, dv] of head h = o_lat W_UV^T
+      if (!W.uv_fp8.empty()) {
+        gemm_fp8_f32x(o_lat + h * R, n, nh * R, W.uv_fp8[size_t(h)],
+                      GemmOutput{o + h * dv, DType::kF32, nh * dv}, nullptr);
+        continue;
+      }
+      gemm_f32_kn(o_lat + h * R, n, nh * R, &W.uv_t[size_t(h * R * dv)], dv, R, dv, o + h * dv,
+                  nh * dv, nullptr);
+    }
+  };
+  pool_ ? pool_->parallel_for(nh, o_heads) : o_heads(0, nh);
+}
+
+MlaShape DeepseekModel::mla_shape() const {
+  const ModelConfig& c = config_;
+  return MlaShape{c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim,
+                  float(c.softmax_scale())};
+}
+
+// Absorbed attention on the fast path: q_lat = W_UK^T q_nope per head (FP32 GEMM against
+// matrices dequantized at construction), the paged MLA kernel over the cache, then
+// o = W_UV o_lat per head.
+void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch,
+                                         const float* q, int64_t n, const KvCache& cache,
+                                         float* o) {
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, R = c.kv_lora_rank, D = c.kv_cache_dim();
+  std::vector<float>& qa = attn_scratch_.q_lat;  // [n, nh, R + dr] absorbed queries
+  qa.resize(size_t(n * nh * D));
+  absorb_queries(layer, q, n, qa.data());
 
   std::vector<float>& o_lat = attn_scratch_.o_lat;  // [n, nh, R]
   o_lat.resize(size_t(n * nh * R));
-  MlaShape shape{nh, R, dr, float(c.softmax_scale())};
   const MlaCacheView view{.blocks = cache.layer_base(layer),
                           .token = cache.layout().token,
                           .num_blocks = cache.num_blocks(),
@@ -168,21 +200,9 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   }
   MlaOptions mla_options;
   mla_options.split_blocks = 4;
-  MlaBatch mb{shape, view, seqs, qa.data(), DType::kF32, o_lat.data(), nullptr};
+  MlaBatch mb{mla_shape(), view, seqs, qa.data(), DType::kF32, o_lat.data(), nullptr};
   mla_decode(mb, pool_, mla_options);
-
-  auto o_heads = [&](int64_t h0, int64_t h1) {
-    for (int64_t h = h0; h < h1; ++h) {  // o [n, dv] of head h = o_lat W_UV^T
-      if (!W.uv_fp8.empty()) {
-        gemm_fp8_f32x(&o_lat[size_t(h * R)], n, nh * R, W.uv_fp8[size_t(h)],
-                      GemmOutput{o + h * dv, DType::kF32, nh * dv}, nullptr);
-        continue;
-      }
-      gemm_f32_kn(&o_lat[size_t(h * R)], n, nh * R, &W.uv_t[size_t(h * R * dv)], dv, R, dv,
-                  o + h * dv, nh * dv, nullptr);
-    }
-  };
-  pool_ ? pool_->parallel_for(nh, o_heads) : o_heads(0, nh);
+  project_values(layer, o_lat.data(), n, o);
 }
 
 void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const float* q,
@@ -266,53 +286,80 @@ void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const 
   pool_ ? pool_->parallel_for(nh, heads) : heads(0, nh);
 }
 
+// DSA on the fast path, absorbed form: every new token's query absorbed once; the tokens whose
+// context fits the top-k (a leading run per sequence) through the paged MLA kernel over the
+// cache; each other token through sparse MLA over its selected positions (kernels/mla_decode.h,
+// mla_sparse). A token's result depends only on its own query and selection (every sequence
+// split at fixed 4-block boundaries), so batching and chunking change no bits.
 void DeepseekModel::attend_dsa_fast(int64_t layer, std::span<const StepSequence> batch,
                                     const float* q, int64_t n, const KvCache& cache,
                                     const std::vector<std::vector<int32_t>>& selected, float* o) {
   const ModelConfig& c = config_;
-  const int64_t nh = c.num_attention_heads, dv = c.v_head_dim, dq = c.qk_head_dim();
-  const int64_t R = c.kv_lora_rank;
-  std::vector<StepSequence> dense;  // the runs of new tokens that attend to every position
-  std::vector<int64_t> dense_rows;  // their rows in the batch
-  struct Sparse {
-    StepSequence seq;
-    int64_t row;  // of its first token in the batch
-  };
-  std::vector<Sparse> sparse;
+  const int64_t nh = c.num_attention_heads, R = c.kv_lora_rank, D = c.kv_cache_dim();
+  std::vector<float>& qa = attn_scratch_.q_lat;  // [n, nh, D] absorbed queries
+  qa.resize(size_t(n * nh * D));
+  absorb_queries(layer, q, n, qa.data());
+  std::vector<float>& o_lat = attn_scratch_.o_lat;  // [n, nh, R]
+  o_lat.resize(size_t(n * nh * R));
+  MlaOptions mla_options;
+  mla_options.split_blocks = 4;
+  const MlaCacheView view{.blocks = cache.layer_base(layer),
+                          .token = cache.layout().token,
+                          .num_blocks = cache.num_blocks(),
+                          .block_stride = cache.block_stride_bytes()};
+
+  std::vector<MlaSequence> dense;   // each sequence's leading run of dense tokens
+  std::vector<int64_t> dense_rows;  // their rows in the step
+  std::vector<int64_t> sparse_rows;
+  std::vector<MlaSparseQuery> sparse;
   int64_t row = 0;
   for (const StepSequence& s : batch) {
     const int64_t len = int64_t(s.tokens.size());
     int64_t k = 0;  // selections are empty exactly while the context fits the top-k
     while (k < len && selected[size_t(row + k)].empty()) ++k;
-    if (k > 0) {
-      dense.push_back(StepSequence{s.tokens.subspan(0, size_t(k)), s.start_pos, s.block_table});
-      for (int64_t i = 0; i < k; ++i) dense_rows.push_back(row + i);
-    }
-    if (k < len) {
-      sparse.push_back(
-          {StepSequence{s.tokens.subspan(size_t(k)), s.start_pos + k, s.block_table}, row + k});
+    if (k > 0) dense.push_back(MlaSequence{s.block_table, s.start_pos + k, k});
+    for (int64_t i = 0; i < len; ++i) {
+      if (i < k) {
+        dense_rows.push_back(row + i);
+      } else {
+        sparse_rows.push_back(row + i);
+        sparse.push_back({s.block_table, selected[size_t(row + i)]});
+      }
     }
     row += len;
   }
-  if (!dense.empty()) {
-    const int64_t nd = int64_t(dense_rows.size());
-    std::vector<float> qd(size_t(nd * nh * dq)), od(size_t(nd * nh * dv));
-    for (int64_t i = 0; i < nd; ++i) {
-      std::copy_n(q + dense_rows[size_t(i)] * nh * dq, nh * dq, &qd[size_t(i * nh * dq)]);
+  // The kernels take their query rows contiguous: copied in and out.
+  auto run = [&](std::span<const int64_t> rows, auto&& kernel) {
+    const int64_t m = int64_t(rows.size());
+    if (m == 0) return;
+    std::vector<float> qm(size_t(m * nh * D)), om(size_t(m * nh * R));
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy_n(&qa[size_t(rows[size_t(i)] * nh * D)], nh * D, &qm[size_t(i * nh * D)]);
     }
-    attend_absorbed_fast(layer, dense, qd.data(), nd, cache, od.data());
-    for (int64_t i = 0; i < nd; ++i) {
-      std::copy_n(&od[size_t(i * nh * dv)], nh * dv, o + dense_rows[size_t(i)] * nh * dv);
+    kernel(qm.data(), om.data());
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy_n(&om[size_t(i * nh * R)], nh * R, &o_lat[size_t(rows[size_t(i)] * nh * R)]);
     }
+  };
+  run(dense_rows, [&](const float* qm, float* om) {
+    mla_decode(MlaBatch{mla_shape(), view, dense, qm, DType::kF32, om, nullptr}, pool_,
+               mla_options);
+  });
+  run(sparse_rows, [&](const float* qm, float* om) {
+    mla_sparse(MlaSparseBatch{mla_shape(), view, sparse, qm, DType::kF32, om, nullptr}, pool_,
+               mla_options);
+  });
+  project_values(layer, o_lat.data(), n, o);
+}
+
+std::vector<DeepseekModel::SeqRows> DeepseekModel::rows_of(std::span<const StepSequence> batch) {
+  std::vector<SeqRows> out;
+  int64_t row = 0;
+  for (const StepSequence& s : batch) {
+    out.push_back({row, int64_t(s.tokens.size()), s.start_pos, s.block_table});
+    row += int64_t(s.tokens.size());
   }
-  if (sparse.empty()) return;
-  const WeightView& kv_b_w = weights_.layers[size_t(layer)].attn.kv_b;
-  std::vector<float> kv_b(size_t(kv_b_w.rows * R));  // [nh * (dn + dv), R] dequantized
-  for (int64_t r = 0; r < kv_b_w.rows; ++r) kv_b_w.row_to_f32(r, &kv_b[size_t(r * R)]);
-  for (const Sparse& sp : sparse) {
-    attend_sequence(layer, sp.seq, q + sp.row * nh * dq, nh * dq, cache, kv_b, o + sp.row * nh * dv,
-                    nh * dv, std::span(selected).subspan(size_t(sp.row), sp.seq.tokens.size()));
-  }
+  return out;
 }
 
 std::vector<std::vector<int32_t>> DeepseekModel::index_select(int64_t layer,
@@ -376,7 +423,11 @@ std::vector<std::vector<int32_t>> DeepseekModel::index_select(int64_t layer,
   pool_ ? pool_->parallel_for(n, prepare) : prepare(0, n);
 
   std::vector<std::vector<int32_t>> selected(static_cast<size_t>(n));
-  auto select = [&](int64_t r0, int64_t r1) {
+  if (fp8) {
+    select_fp8(layer, size_t(key_part), rows_of(batch), q8.data(), w.data(), cache, selected);
+    return selected;
+  }
+  auto select = [&](int64_t r0, int64_t r1) {  // transformers' arithmetic (F32 keys)
     std::vector<float> scores;
     for (int64_t r = r0; r < r1; ++r) {
       const Row& row = rows[size_t(r)];
@@ -385,22 +436,81 @@ std::vector<std::vector<int32_t>> DeepseekModel::index_select(int64_t layer,
       scores.resize(size_t(n_ctx));
       for (int64_t t = 0; t < n_ctx; ++t) {
         const uint8_t* key = cache.token_entry(layer, size_t(key_part), row.seq->block_table, t);
-        if (fp8) {
-          float ks;
-          std::memcpy(&ks, key + d, sizeof ks);
-          scores[size_t(t)] = index_score(&q8[size_t(r * ih * d)], &w[size_t(r * ih)], ih, key, ks);
-        } else {
-          float kf[kIndexKeyDim];
-          std::memcpy(kf, key, sizeof kf);
-          scores[size_t(t)] = index_score_f32(&q[size_t(r * ih * d)], &w[size_t(r * ih)], ih, kf,
-                                              1.0f / std::sqrt(float(d)));
-        }
+        float kf[kIndexKeyDim];
+        std::memcpy(kf, key, sizeof kf);
+        scores[size_t(t)] = index_score_f32(&q[size_t(r * ih * d)], &w[size_t(r * ih)], ih, kf,
+                                            1.0f / std::sqrt(float(d)));
       }
       selected[size_t(r)] = top_k_positions(scores, top_k);
     }
   };
   pool_ ? pool_->parallel_for(n, select) : select(0, n);
   return selected;
+}
+
+// The FP8 index scores of every row over its context (kernels/index_score.h), then each row's
+// top-k. Rows of one sequence are scored in groups of up to kGroup (each block of keys widened
+// once for the group) and the keys in chunks, so that one decode row uses every thread; a row's
+// scores do not depend on the grouping (each is its own sums).
+void DeepseekModel::select_fp8(int64_t layer, size_t key_part, std::span<const SeqRows> seqs,
+                               const uint8_t* q8, const float* w, const KvCache& cache,
+                               std::vector<std::vector<int32_t>>& selected) {
+  const ModelConfig& c = config_;
+  const int64_t ih = c.indexer->n_heads, top_k = c.indexer->topk;
+  constexpr int64_t kGroup = 8, kChunk = 64 * kIndexKeyBlock;
+  struct Group {
+    int64_t row0, rows, n_keys;          // rows [row0, row0 + rows); keys [0, n_keys)
+    std::vector<const uint8_t*> blocks;  // the sequence's key blocks
+    std::vector<float> scores;           // [rows][n_keys]
+  };
+  std::vector<Group> groups;
+  for (const SeqRows& s : seqs) {
+    // Rows whose context fits the top-k select nothing (dense attention).
+    const int64_t first = std::max<int64_t>(0, top_k - s.start_pos);
+    for (int64_t i = first; i < s.rows; i += kGroup) {
+      Group g;
+      g.row0 = s.row0 + i;
+      g.rows = std::min(kGroup, s.rows - i);
+      g.n_keys = s.start_pos + i + g.rows;  // the last row's context
+      const int64_t nb = (g.n_keys + kIndexKeyBlock - 1) / kIndexKeyBlock;
+      for (int64_t b = 0; b < nb; ++b) {
+        g.blocks.push_back(cache.token_entry(layer, key_part, s.block_table, b * kIndexKeyBlock));
+      }
+      g.scores.resize(size_t(g.rows * g.n_keys));
+      groups.push_back(std::move(g));
+    }
+  }
+  struct Task {
+    size_t group;
+    int64_t key_begin, key_end;
+  };
+  std::vector<Task> tasks;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    for (int64_t k0 = 0; k0 < groups[gi].n_keys; k0 += kChunk) {
+      tasks.push_back({gi, k0, std::min(groups[gi].n_keys, k0 + kChunk)});
+    }
+  }
+  auto score = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const Task& task = tasks[size_t(t)];
+      Group& g = groups[task.group];
+      index_scores_fp8(q8 + g.row0 * ih * kIndexKeyDim, w + g.row0 * ih, g.rows, ih,
+                       IndexKeys{g.blocks}, task.key_begin, task.key_end,
+                       g.scores.data() + task.key_begin, g.n_keys);
+    }
+  };
+  pool_ ? pool_->parallel_for(int64_t(tasks.size()), score) : score(0, int64_t(tasks.size()));
+  auto pick = [&](int64_t g0, int64_t g1) {
+    for (int64_t gi = g0; gi < g1; ++gi) {
+      const Group& g = groups[size_t(gi)];
+      for (int64_t i = 0; i < g.rows; ++i) {
+        const int64_t n_ctx = g.n_keys - (g.rows - 1 - i);  // causal: up to the row's position
+        selected[size_t(g.row0 + i)] = top_k_positions(
+            std::span(g.scores).subspan(size_t(i * g.n_keys), size_t(n_ctx)), top_k);
+      }
+    }
+  };
+  pool_ ? pool_->parallel_for(int64_t(groups.size()), pick) : pick(0, int64_t(groups.size()));
 }
 
 }  // namespace moeserve

@@ -58,20 +58,6 @@ void layer_norm(float* x, int64_t n, const float* w, const float* b, float eps) 
   for (int64_t i = 0; i < n; ++i) x[i] = (float(x[i] - mean) * inv) * w[i] + b[i];
 }
 
-float index_score(const uint8_t* q_fp8, const float* w, int64_t n_heads, const uint8_t* key,
-                  float key_scale) {
-  float k[kIndexKeyDim];
-  for (int64_t d = 0; d < kIndexKeyDim; ++d) k[d] = fp8e4m3_to_f32(key[d]);
-  float sum = 0;
-  for (int64_t h = 0; h < n_heads; ++h) {
-    const uint8_t* qh = q_fp8 + h * kIndexKeyDim;
-    float dot = 0;
-    for (int64_t d = 0; d < kIndexKeyDim; ++d) dot += fp8e4m3_to_f32(qh[d]) * k[d];
-    sum += w[h] * std::max(dot, 0.0f);
-  }
-  return key_scale * sum;
-}
-
 float index_score_f32(const float* q, const float* w, int64_t n_heads, const float* key,
                       float scale) {
   float sum = 0;

@@ -19,9 +19,9 @@
 #include <span>
 #include <vector>
 
-namespace moeserve {
+#include "kernels/index_score.h"
 
-inline constexpr int64_t kIndexKeyDim = 128;  // values per index key (one FP8 scale)
+namespace moeserve {
 
 // x[0, n) = H_n x / sqrt(n) in place (Sylvester's Walsh-Hadamard matrix; n a power of two).
 void hadamard_rotate(float* x, int64_t n);
@@ -38,10 +38,8 @@ void rope_half(float* x, int64_t dim, std::span<const float> inv_freq, float att
 // LayerNorm of x[0, n) in place: (x - mean) / sqrt(var + eps) * w + b.
 void layer_norm(float* x, int64_t n, const float* w, const float* b, float eps);
 
-// I[t, s] for one query over `n_keys` keys of kIndexKeyDim e4m3 bytes (stride key_stride) with
-// their scales: q_fp8 [n_heads][128] bytes, w [n_heads] (already times q's scales).
-float index_score(const uint8_t* q_fp8, const float* w, int64_t n_heads, const uint8_t* key,
-                  float key_scale);
+// I[t, s] of one query and one key (the FP8 arithmetic): kernels/index_score.h's index_score,
+// with its SIMD levels over many keys (index_scores_fp8).
 
 // The same without FP8 or Hadamard, as transformers' deepseek_v32: q [n_heads][128] F32,
 // I = sum_h w[h] * ReLU((q[h] . key) * scale).

@@ -1,0 +1,133 @@
+// index_scores_fp8 (kernels/index_score.h) at every ISA level this CPU runs against the scalar
+// reference: every e4m3 value widened exactly; random queries and keys (subnormals, zeros, both
+// signs) over blocks, partial blocks and offset ranges, several rows, 16 to 128 heads, within the
+// F32 summation-order bound of the reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "../test_isa.h"
+#include "core/dtype.h"
+#include "kernels/index_score.h"
+
+namespace moeserve {
+namespace {
+
+// A sequence's keys in blocks of 64 entries (128 e4m3 bytes, F32 scale), not contiguous.
+struct KeyStore {
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<const uint8_t*> ptrs;
+  explicit KeyStore(int64_t n_keys) {
+    const int64_t nb = (n_keys + kIndexKeyBlock - 1) / kIndexKeyBlock;
+    for (int64_t b = 0; b < nb; ++b) {
+      blocks.emplace_back(size_t(kIndexKeyBlock * kIndexKeyEntryBytes));
+    }
+    for (auto& b : blocks) ptrs.push_back(b.data());
+  }
+  uint8_t* key(int64_t s) {
+    return blocks[size_t(s / kIndexKeyBlock)].data() + (s % kIndexKeyBlock) * kIndexKeyEntryBytes;
+  }
+  IndexKeys view() const { return IndexKeys{ptrs}; }
+};
+
+uint8_t random_e4m3(std::mt19937& rng) {
+  for (;;) {
+    const uint8_t b = uint8_t(rng());
+    if ((b & 0x7f) != 0x7f) return b;  // not NaN
+  }
+}
+
+TEST(IndexScore, EveryE4m3ValueIsWidenedExactly) {
+  for (Isa isa : testing::isa_levels()) {
+    const int64_t heads = 16;
+    std::vector<float> w(heads, 0.0f);
+    w[0] = 1.0f;
+    for (int sign : {0, 1}) {
+      // Head 0's query is +1 or -1 at dimension d; the key holds every value in turn there.
+      for (int64_t d : {0, 1, 77, 127}) {
+        std::vector<uint8_t> q(size_t(heads * kIndexKeyDim), 0);
+        q[size_t(d)] = sign ? 0xB8 : 0x38;  // e4m3 -1.0 / 1.0
+        KeyStore keys(256);
+        for (int v = 0; v < 256; ++v) {
+          keys.key(v)[d] = uint8_t(v);
+          const float one = 1.0f;
+          std::memcpy(keys.key(v) + kIndexKeyDim, &one, 4);
+        }
+        std::vector<float> scores(256);
+        index_scores_fp8(q.data(), w.data(), 1, heads, keys.view(), 0, 256, scores.data(), 256,
+                         isa);
+        for (int v = 0; v < 256; ++v) {
+          if ((v & 0x7f) == 0x7f) continue;  // NaN
+          const float x = fp8e4m3_to_f32(uint8_t(v)) * (sign ? -1.0f : 1.0f);
+          ASSERT_EQ(scores[size_t(v)], std::max(x, 0.0f))
+              << isa_name(isa) << " byte " << v << " dim " << d << " sign " << sign;
+        }
+      }
+    }
+  }
+}
+
+TEST(IndexScore, RandomQueriesAndKeysMatchTheReference) {
+  std::mt19937 rng(43);
+  int64_t checked = 0;
+  struct Case {
+    int64_t heads, rows, n_keys, begin, end;
+  };
+  const Case cases[] = {{64, 1, 200, 0, 200},    {64, 3, 130, 5, 129}, {16, 2, 64, 0, 64},
+                        {128, 1, 70, 63, 70},    {48, 2, 100, 0, 100}, {32, 5, 1, 0, 1},
+                        {64, 1, 1000, 300, 1000}};
+  for (const Case& c : cases) {
+    std::vector<uint8_t> q(size_t(c.rows * c.heads * kIndexKeyDim));
+    for (uint8_t& b : q) b = random_e4m3(rng);
+    std::vector<float> w(size_t(c.rows * c.heads));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& x : w) x = u(rng) * 1e-3f;
+    KeyStore keys(c.n_keys);
+    for (int64_t s = 0; s < c.n_keys; ++s) {
+      for (int64_t d = 0; d < kIndexKeyDim; ++d) keys.key(s)[d] = random_e4m3(rng);
+      const float scale = std::ldexp(1.0f, int(rng() % 20) - 10);
+      std::memcpy(keys.key(s) + kIndexKeyDim, &scale, 4);
+    }
+    const int64_t n = c.end - c.begin, ld = n + 3;
+    std::vector<float> want(size_t(c.rows * ld), -7.0f);
+    index_scores_fp8(q.data(), w.data(), c.rows, c.heads, keys.view(), c.begin, c.end, want.data(),
+                     ld, Isa::kScalar);
+    for (Isa isa : testing::isa_levels()) {
+      std::vector<float> got(size_t(c.rows * ld), -7.0f);
+      index_scores_fp8(q.data(), w.data(), c.rows, c.heads, keys.view(), c.begin, c.end, got.data(),
+                       ld, isa);
+      for (int64_t r = 0; r < c.rows; ++r) {
+        for (int64_t i = 0; i < ld; ++i) {
+          const float g = got[size_t(r * ld + i)], e = want[size_t(r * ld + i)];
+          if (i >= n) {  // past the range: untouched
+            ASSERT_EQ(g, -7.0f);
+            continue;
+          }
+          // The bound of F32 sums in any order: the magnitude of the terms, scaled.
+          const uint8_t* key = keys.key(c.begin + i);
+          float ks;
+          std::memcpy(&ks, key + kIndexKeyDim, 4);
+          double mag = 0;
+          for (int64_t h = 0; h < c.heads; ++h) {
+            double dot = 0;
+            for (int64_t d = 0; d < kIndexKeyDim; ++d) {
+              dot += std::fabs(fp8e4m3_to_f32(q[size_t((r * c.heads + h) * kIndexKeyDim + d)]) *
+                               fp8e4m3_to_f32(key[d]));
+            }
+            mag += std::fabs(w[size_t(r * c.heads + h)]) * dot;
+          }
+          ASSERT_LE(std::fabs(double(g) - double(e)), 2e-6 * ks * mag + 1e-30)
+              << isa_name(isa) << " heads " << c.heads << " row " << r << " key " << c.begin + i;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 2000);
+}
+
+}  // namespace
+}  // namespace moeserve
