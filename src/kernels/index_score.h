@@ -18,7 +18,9 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
+#include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
 
 namespace moeserve {
@@ -40,6 +42,27 @@ struct IndexKeys {
 void index_scores_fp8(const uint8_t* q8, const float* w, int64_t rows, int64_t heads,
                       const IndexKeys& keys, int64_t key_begin, int64_t key_end, float* scores,
                       int64_t ld, Isa isa = active_isa());
+
+// The positions of the k largest of scores[0, n) (ties: the lower position), ascending.
+// nth_element, not a sort of all n.
+std::vector<int32_t> top_k_positions(std::span<const float> scores, int64_t k);
+
+// The rows of one sequence: row i is at position first_pos + i and scores keys [0, its position].
+struct IndexRows {
+  const uint8_t* q8 = nullptr;  // [rows][heads][128] e4m3
+  const float* w = nullptr;     // [rows][heads]
+  int64_t rows = 0;
+  int64_t first_pos = 0;
+  IndexKeys keys;  // at least up to the last row's position
+};
+
+// Each row's top_k positions by I (index_scores_fp8 at `isa`, then top_k_positions), appended
+// to `out` in order, sequence after sequence; a row whose context fits top_k gets an empty
+// selection (it attends to everything). Rows of a sequence are scored in groups of up to 8 (a
+// block of keys widened once per group) and the keys in chunks of 4096, spread over the pool,
+// so that one decode row uses every thread; a row's selection does not depend on the grouping.
+void index_topk(std::span<const IndexRows> seqs, int64_t heads, int64_t top_k, ThreadPool* pool,
+                std::vector<std::vector<int32_t>>& out, Isa isa = active_isa());
 
 namespace index_score_detail {
 void index_scores_avx512(const uint8_t* q8, const float* w, int64_t rows, int64_t heads,

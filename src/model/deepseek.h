@@ -141,16 +141,6 @@ class DeepseekModel final : public CausalLm {
   std::vector<std::vector<int32_t>> index_select(int64_t layer, std::span<const StepSequence> batch,
                                                  const float* x, const float* q_latent, int64_t n,
                                                  KvCache& cache);
-  // The lightning indexer's FP8 top-k for each row of `seqs` whose context exceeds the top-k
-  // (docs/dsa.md): q8 [rows, index heads, 128] e4m3, w [rows, index heads].
-  struct SeqRows {
-    int64_t row0 = 0, rows = 0, start_pos = 0;  // rows [row0, row0 + rows) at start_pos on
-    std::span<const int32_t> block_table;
-  };
-  static std::vector<SeqRows> rows_of(std::span<const StepSequence> batch);
-  void select_fp8(int64_t layer, size_t key_part, std::span<const SeqRows> seqs, const uint8_t* q8,
-                  const float* w, const KvCache& cache,
-                  std::vector<std::vector<int32_t>>& selected);
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                             int64_t n, const KvCache& cache, float* o);
   // The fast path's absorbed form: qa [n, heads, kv_lora_rank + rope] = W_UK^T q_nope | q_pe;

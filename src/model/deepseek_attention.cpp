@@ -352,16 +352,6 @@ void DeepseekModel::attend_dsa_fast(int64_t layer, std::span<const StepSequence>
   project_values(layer, o_lat.data(), n, o);
 }
 
-std::vector<DeepseekModel::SeqRows> DeepseekModel::rows_of(std::span<const StepSequence> batch) {
-  std::vector<SeqRows> out;
-  int64_t row = 0;
-  for (const StepSequence& s : batch) {
-    out.push_back({row, int64_t(s.tokens.size()), s.start_pos, s.block_table});
-    row += int64_t(s.tokens.size());
-  }
-  return out;
-}
-
 std::vector<std::vector<int32_t>> DeepseekModel::index_select(int64_t layer,
                                                               std::span<const StepSequence> batch,
                                                               const float* x, const float* q_latent,
@@ -423,8 +413,24 @@ std::vector<std::vector<int32_t>> DeepseekModel::index_select(int64_t layer,
   pool_ ? pool_->parallel_for(n, prepare) : prepare(0, n);
 
   std::vector<std::vector<int32_t>> selected(static_cast<size_t>(n));
-  if (fp8) {
-    select_fp8(layer, size_t(key_part), rows_of(batch), q8.data(), w.data(), cache, selected);
+  if (fp8) {  // the SIMD scores and top-k of kernels/index_score.h
+    std::vector<IndexRows> seqs;
+    std::vector<std::vector<const uint8_t*>> blocks(batch.size());
+    int64_t row0 = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const StepSequence& s = batch[i];
+      const int64_t rows = int64_t(s.tokens.size());
+      const int64_t end = s.start_pos + rows;  // keys [0, end)
+      for (int64_t b = 0; b * kIndexKeyBlock < end; ++b) {
+        blocks[i].push_back(
+            cache.token_entry(layer, size_t(key_part), s.block_table, b * kIndexKeyBlock));
+      }
+      seqs.push_back(IndexRows{q8.data() + row0 * ih * d, w.data() + row0 * ih, rows, s.start_pos,
+                               IndexKeys{blocks[i]}});
+      row0 += rows;
+    }
+    selected.clear();
+    index_topk(seqs, ih, top_k, pool_, selected);
     return selected;
   }
   auto select = [&](int64_t r0, int64_t r1) {  // transformers' arithmetic (F32 keys)
@@ -446,71 +452,6 @@ std::vector<std::vector<int32_t>> DeepseekModel::index_select(int64_t layer,
   };
   pool_ ? pool_->parallel_for(n, select) : select(0, n);
   return selected;
-}
-
-// The FP8 index scores of every row over its context (kernels/index_score.h), then each row's
-// top-k. Rows of one sequence are scored in groups of up to kGroup (each block of keys widened
-// once for the group) and the keys in chunks, so that one decode row uses every thread; a row's
-// scores do not depend on the grouping (each is its own sums).
-void DeepseekModel::select_fp8(int64_t layer, size_t key_part, std::span<const SeqRows> seqs,
-                               const uint8_t* q8, const float* w, const KvCache& cache,
-                               std::vector<std::vector<int32_t>>& selected) {
-  const ModelConfig& c = config_;
-  const int64_t ih = c.indexer->n_heads, top_k = c.indexer->topk;
-  constexpr int64_t kGroup = 8, kChunk = 64 * kIndexKeyBlock;
-  struct Group {
-    int64_t row0, rows, n_keys;          // rows [row0, row0 + rows); keys [0, n_keys)
-    std::vector<const uint8_t*> blocks;  // the sequence's key blocks
-    std::vector<float> scores;           // [rows][n_keys]
-  };
-  std::vector<Group> groups;
-  for (const SeqRows& s : seqs) {
-    // Rows whose context fits the top-k select nothing (dense attention).
-    const int64_t first = std::max<int64_t>(0, top_k - s.start_pos);
-    for (int64_t i = first; i < s.rows; i += kGroup) {
-      Group g;
-      g.row0 = s.row0 + i;
-      g.rows = std::min(kGroup, s.rows - i);
-      g.n_keys = s.start_pos + i + g.rows;  // the last row's context
-      const int64_t nb = (g.n_keys + kIndexKeyBlock - 1) / kIndexKeyBlock;
-      for (int64_t b = 0; b < nb; ++b) {
-        g.blocks.push_back(cache.token_entry(layer, key_part, s.block_table, b * kIndexKeyBlock));
-      }
-      g.scores.resize(size_t(g.rows * g.n_keys));
-      groups.push_back(std::move(g));
-    }
-  }
-  struct Task {
-    size_t group;
-    int64_t key_begin, key_end;
-  };
-  std::vector<Task> tasks;
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    for (int64_t k0 = 0; k0 < groups[gi].n_keys; k0 += kChunk) {
-      tasks.push_back({gi, k0, std::min(groups[gi].n_keys, k0 + kChunk)});
-    }
-  }
-  auto score = [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const Task& task = tasks[size_t(t)];
-      Group& g = groups[task.group];
-      index_scores_fp8(q8 + g.row0 * ih * kIndexKeyDim, w + g.row0 * ih, g.rows, ih,
-                       IndexKeys{g.blocks}, task.key_begin, task.key_end,
-                       g.scores.data() + task.key_begin, g.n_keys);
-    }
-  };
-  pool_ ? pool_->parallel_for(int64_t(tasks.size()), score) : score(0, int64_t(tasks.size()));
-  auto pick = [&](int64_t g0, int64_t g1) {
-    for (int64_t gi = g0; gi < g1; ++gi) {
-      const Group& g = groups[size_t(gi)];
-      for (int64_t i = 0; i < g.rows; ++i) {
-        const int64_t n_ctx = g.n_keys - (g.rows - 1 - i);  // causal: up to the row's position
-        selected[size_t(g.row0 + i)] = top_k_positions(
-            std::span(g.scores).subspan(size_t(i * g.n_keys), size_t(n_ctx)), top_k);
-      }
-    }
-  };
-  pool_ ? pool_->parallel_for(int64_t(groups.size()), pick) : pick(0, int64_t(groups.size()));
 }
 
 }  // namespace moeserve

@@ -70,19 +70,4 @@ float index_score_f32(const float* q, const float* w, int64_t n_heads, const flo
   return sum;
 }
 
-std::vector<int32_t> top_k_positions(std::span<const float> scores, int64_t k) {
-  std::vector<int32_t> idx(scores.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  if (k < int64_t(idx.size())) {
-    auto better = [&](int32_t a, int32_t b) {
-      return scores[size_t(a)] > scores[size_t(b)] ||
-             (scores[size_t(a)] == scores[size_t(b)] && a < b);
-    };
-    std::nth_element(idx.begin(), idx.begin() + k, idx.end(), better);
-    idx.resize(size_t(k));
-  }
-  std::sort(idx.begin(), idx.end());
-  return idx;
-}
-
 }  // namespace moeserve

@@ -46,8 +46,6 @@ void layer_norm(float* x, int64_t n, const float* w, const float* b, float eps);
 float index_score_f32(const float* q, const float* w, int64_t n_heads, const float* key,
                       float scale);
 
-// The positions of the k largest of scores[0, n) (ties: the lower position), ascending.
-// nth_element, not a sort of all n.
-std::vector<int32_t> top_k_positions(std::span<const float> scores, int64_t k);
+// top_k_positions and the FP8 scores' top-k over many rows (index_topk): kernels/index_score.h.
 
 }  // namespace moeserve

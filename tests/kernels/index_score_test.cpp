@@ -11,6 +11,7 @@
 
 #include "../test_isa.h"
 #include "core/dtype.h"
+#include "core/thread_pool.h"
 #include "kernels/index_score.h"
 
 namespace moeserve {
@@ -127,6 +128,70 @@ TEST(IndexScore, RandomQueriesAndKeysMatchTheReference) {
     }
   }
   EXPECT_GT(checked, 2000);
+}
+
+// index_topk: every row's selection is top_k_positions of its own scores over [0, its position]
+// (computed here key by key with index_score), whatever the grouping, chunking and pool; rows
+// whose context fits the top-k select nothing.
+TEST(IndexScore, TopKOfEveryRowOverItsOwnContext) {
+  std::mt19937 rng(44);
+  ThreadPool pool(2);
+  const int64_t heads = 16, top_k = 50;
+  struct Seq {
+    int64_t first_pos, rows;
+  };
+  const Seq seqs[] = {{0, 70}, {1999, 1}, {30, 25}, {100, 3}, {1200, 9}};
+  std::vector<KeyStore> stores;
+  std::vector<std::vector<uint8_t>> q8s;
+  std::vector<std::vector<float>> ws;
+  for (const Seq& s : seqs) {
+    const int64_t n = s.first_pos + s.rows;
+    stores.emplace_back(n);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t d = 0; d < kIndexKeyDim; ++d) stores.back().key(t)[d] = random_e4m3(rng);
+      const float scale = std::ldexp(1.0f, int(rng() % 6) - 3);
+      std::memcpy(stores.back().key(t) + kIndexKeyDim, &scale, 4);
+    }
+    q8s.emplace_back(size_t(s.rows * heads * kIndexKeyDim));
+    for (uint8_t& b : q8s.back()) b = random_e4m3(rng);
+    ws.emplace_back(size_t(s.rows * heads));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& x : ws.back()) x = u(rng);
+  }
+  std::vector<IndexRows> rows;
+  for (size_t i = 0; i < std::size(seqs); ++i) {
+    rows.push_back(
+        IndexRows{q8s[i].data(), ws[i].data(), seqs[i].rows, seqs[i].first_pos, stores[i].view()});
+  }
+  for (Isa isa : testing::isa_levels()) {
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::vector<std::vector<int32_t>> got = {{7}};  // appended after what is there
+      index_topk(rows, heads, top_k, p, got, isa);
+      size_t r = 1, sparse = 0;
+      for (size_t i = 0; i < std::size(seqs); ++i) {
+        for (int64_t j = 0; j < seqs[i].rows; ++j, ++r) {
+          const int64_t n_ctx = seqs[i].first_pos + j + 1;
+          if (n_ctx <= top_k) {
+            EXPECT_TRUE(got[r].empty());
+            continue;
+          }
+          std::vector<float> scores(static_cast<size_t>(n_ctx));
+          for (int64_t t = 0; t < n_ctx; ++t) {
+            float ks;
+            std::memcpy(&ks, stores[i].key(t) + kIndexKeyDim, 4);
+            index_scores_fp8(&q8s[i][size_t(j * heads * kIndexKeyDim)], &ws[i][size_t(j * heads)],
+                             1, heads, stores[i].view(), t, t + 1, &scores[size_t(t)], 1, isa);
+          }
+          ASSERT_EQ(got[r], top_k_positions(scores, top_k))
+              << isa_name(isa) << " sequence " << i << " row " << j;
+          ++sparse;
+        }
+      }
+      EXPECT_EQ(r, got.size());
+      EXPECT_EQ(got[0], std::vector<int32_t>{7});
+      EXPECT_EQ(sparse, 38u);  // 20 + 1 + 5 + 3 + 9 rows past the top-k
+    }
+  }
 }
 
 }  // namespace
