@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench_dsa.h"
 #include "bench_mla.h"
 #include "bench_small_ops.h"
 #include "core/thread_pool.h"
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
   std::string only;
   kernels->add_option("--only", only,
                       "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, "
-                      "gemm_int8, mla, small_ops)");
+                      "gemm_int8, mla, small_ops, dsa)");
   kernels->add_option("--threads", threads, "threads for kernels and baseline")
       ->check(CLI::Range(1, 1024));
   CLI::App* e2e = app.add_subcommand("e2e", "Batch-1 decode tokens/s against the roofline");
@@ -65,5 +66,7 @@ int main(int argc, char** argv) {
     bench::run_mla_benches(bench::MlaBenchOptions{json, quick}, ceil, pool);
   if (std::string("small_ops").rfind(only, 0) == 0)
     bench::run_small_ops_benches(bench::SmallOpsBenchOptions{json, quick}, ceil);
+  // DSA against dense MLA at V3.2's widths: long (minutes at 128k), so only when asked for.
+  if (only == "dsa") bench::run_dsa_benches(bench::DsaBenchOptions{json, quick}, ceil, pool);
   return 0;
 }
