@@ -193,7 +193,7 @@ void run_dsa_benches(const DsaBenchOptions& opt, const Ceilings& ceil, ThreadPoo
     fmt::print(
         "dsa: one layer's attention at V3.2's widths (128 heads, 512 + 64 BF16 latent, "
         "indexer 64 x 128, top-k 2048); DRAM {:.1f} GB/s, peak {:.0f} GFLOP/s\n",
-        ceil.dram_read_gbps, peak / 1e9);
+        dram / 1e9, peak / 1e9);
     fmt::print("{:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>11} {:>11} {:>9}\n", "decode",
                "dense ms", "dsa ms", "index ms", "sparse ms", "proj ms", "dense/dsa",
                "dense MB/tok", "dsa MB/tok", "idx/roof");
