@@ -4,6 +4,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -172,17 +173,25 @@ constexpr int64_t kGrammarEndTokens = 48;
 // once `left` - j tokens of the budget remain within the end guard, which sets `closing`), then
 // sampled exactly as verify_drafts samples it, and the token moves the constraint on.
 Status verify_constrained(const float* rows, int64_t n, std::span<const int32_t> drafts,
-                          const SamplingParams& params, std::mt19937_64& rng, TokenConstraint& c,
-                          int64_t left, int64_t guard, bool& closing, std::vector<uint32_t>& mask,
-                          std::vector<float>& masked, std::vector<int32_t>& out) {
+                          const SamplingParams& params, const TokenHistory& history,
+                          std::mt19937_64& rng, TokenConstraint& c, int64_t left, int64_t guard,
+                          bool& closing, std::vector<uint32_t>& mask, std::vector<float>& masked,
+                          std::vector<int32_t>& out) {
   mask.resize(size_t((n + 31) / 32));
+  std::optional<LogitAdjuster> adjust;  // (as verify_drafts: the logits adjusted first)
+  if (params.adjusts_logits()) adjust.emplace(params, history);
   for (size_t j = 0; j <= drafts.size(); ++j) {
     const float* row = rows + int64_t(j) * n;
+    if (adjust) {
+      masked.assign(row, row + n);
+      adjust->apply(masked.data(), n);
+      row = masked.data();
+    }
     std::fill(mask.begin(), mask.end(), ~0u);
     bool apply = c.fill_mask(mask);
     if (apply && left - int64_t(j) <= guard && c.narrow_to_end(mask)) closing = true;
     if (apply) {
-      masked.assign(row, row + n);
+      if (!adjust) masked.assign(row, row + n);
       int64_t allowed = 0;
       for (int64_t w = 0; w < int64_t(mask.size()); ++w) {
         const uint32_t bits = mask[size_t(w)];
@@ -199,6 +208,7 @@ Status verify_constrained(const float* rows, int64_t n, std::span<const int32_t>
     if (!c.accept(t))
       return Internal(fmt::format("the grammar refused token {} that it allowed", t));
     out.push_back(t);
+    if (adjust) adjust->add(t);
     if (j == drafts.size() || t != drafts[j]) break;
   }
   return Status::Ok();
@@ -234,18 +244,21 @@ void EngineCore::sample(const StepPlan& plan, StepResult& r) {
       const float* rows = &r.logits[size_t(first_row[at] * V)];
       SeqResult& out = r.seqs[at];
       std::vector<int32_t> ids;
+      // What the penalties look at: the prompt and the tokens generated so far.
+      const std::span<const int32_t> all(s.tokens);
+      const TokenHistory history{all.first(size_t(s.n_prompt)), all.subspan(size_t(s.n_prompt))};
       if (s.constraint) {
         const auto g0 = std::chrono::steady_clock::now();
         const int64_t guard = std::min(kGrammarEndTokens, s.req.max_tokens / 2);
-        out.error = verify_constrained(rows, V, p.drafts, s.req.sampling, s.rng, *s.constraint,
-                                       s.req.max_tokens - s.n_generated(), guard, s.grammar_closing,
-                                       mask, masked, ids);
+        out.error = verify_constrained(rows, V, p.drafts, s.req.sampling, history, s.rng,
+                                       *s.constraint, s.req.max_tokens - s.n_generated(), guard,
+                                       s.grammar_closing, mask, masked, ids);
         out.grammar_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now() - g0)
                              .count();
         if (ids.empty()) ids.push_back(argmax(rows, V));  // (only with out.error: it ends)
       } else {
-        ids = verify_drafts(rows, V, p.drafts, s.req.sampling, s.rng);
+        ids = verify_drafts(rows, V, p.drafts, s.req.sampling, s.rng, history);
       }
       out.n_accepted_drafts = int64_t(ids.size()) - 1;
       for (size_t j = 0; j < ids.size(); ++j) {

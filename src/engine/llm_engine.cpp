@@ -123,6 +123,17 @@ class LlmEngine final : public Engine {
       return InvalidArgument("top_p must be in (0, 1]");
     }
     if (r.sampling.top_k < 0) return InvalidArgument("top_k must be >= 0");
+    if (!(r.sampling.min_p >= 0 && r.sampling.min_p <= 1)) {
+      return InvalidArgument("min_p must be in [0, 1]");
+    }
+    if (!(r.sampling.repetition_penalty > 0)) {
+      return InvalidArgument("repetition_penalty must be > 0");
+    }
+    for (const auto& [t, bias] : r.sampling.logit_bias) {
+      if (t < 0 || t >= vocab_size() || !std::isfinite(bias)) {
+        return InvalidArgument("logit_bias: a token id out of range or a bias not finite");
+      }
+    }
     if (r.top_logprobs < 0) return InvalidArgument("top_logprobs must be >= 0");
     if (r.top_logprobs > 0 && !r.logprobs) return InvalidArgument("top_logprobs needs logprobs");
     if (r.grammar) {

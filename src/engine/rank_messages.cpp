@@ -92,6 +92,18 @@ void put_request(Writer& w, const EngineRequest& r) {
   w.put<float>(r.sampling.temperature);
   w.put<float>(r.sampling.top_p);
   w.put<int64_t>(r.sampling.top_k);
+  w.put<float>(r.sampling.min_p);
+  w.put<float>(r.sampling.presence_penalty);
+  w.put<float>(r.sampling.frequency_penalty);
+  w.put<float>(r.sampling.repetition_penalty);
+  std::vector<int32_t> bias_ids;
+  std::vector<float> biases;
+  for (const auto& [t, b] : r.sampling.logit_bias) {
+    bias_ids.push_back(t);
+    biases.push_back(b);
+  }
+  w.vec(bias_ids);
+  w.vec(biases);
   w.put<uint8_t>(r.seed.has_value());
   w.put<uint64_t>(r.seed.value_or(0));
   w.put<uint8_t>(r.ignore_eos);
@@ -120,6 +132,15 @@ EngineRequest get_request(Reader& rd) {
   r.sampling.temperature = rd.get<float>();
   r.sampling.top_p = rd.get<float>();
   r.sampling.top_k = rd.get<int64_t>();
+  r.sampling.min_p = rd.get<float>();
+  r.sampling.presence_penalty = rd.get<float>();
+  r.sampling.frequency_penalty = rd.get<float>();
+  r.sampling.repetition_penalty = rd.get<float>();
+  const std::vector<int32_t> bias_ids = rd.vec<int32_t>();
+  const std::vector<float> biases = rd.vec<float>();
+  for (size_t i = 0; i < std::min(bias_ids.size(), biases.size()); ++i) {
+    r.sampling.logit_bias.emplace_back(bias_ids[i], biases[i]);
+  }
   bool has_seed = rd.get<uint8_t>() != 0;
   uint64_t seed = rd.get<uint64_t>();
   if (has_seed) r.seed = seed;
@@ -135,7 +156,7 @@ EngineRequest get_request(Reader& rd) {
     GrammarSpec g;
     const uint8_t kind = rd.get<uint8_t>();
     g.kind = kind == uint8_t(GrammarSpec::Kind::kJsonSchema) ? GrammarSpec::Kind::kJsonSchema
-                                                              : GrammarSpec::Kind::kJsonObject;
+                                                             : GrammarSpec::Kind::kJsonObject;
     g.schema = rd.str();
     g.strict = rd.get<uint8_t>() != 0;
     const bool has_start = rd.get<uint8_t>() != 0;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 namespace moeserve {
 
@@ -77,11 +78,24 @@ int32_t sample_token(const float* logits, int64_t n, const SamplingParams& p,
     const double mx = logits[key_id(keys[0])];
     for (uint64_t key : keys)
       total += prob[size_t(key_id(key))] = std::exp((double(logits[key_id(key)]) - mx) * inv_t);
+    // min_p: the weights are relative to the largest (1), and the keys in descending order.
+    while (p.min_p > 0.0f && prob[size_t(key_id(keys.back()))] < p.min_p) {
+      total -= prob[size_t(key_id(keys.back()))];
+      keys.pop_back();
+    }
   } else {
     const double mx = *std::max_element(logits, logits + n);
     prob.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i)
       total += prob[size_t(i)] = std::exp((double(logits[i]) - mx) * inv_t);
+    if (p.min_p > 0.0f) {  // (the largest weight is 1: it always stays)
+      for (int64_t i = 0; i < n; ++i) {
+        if (prob[size_t(i)] < p.min_p) {
+          total -= prob[size_t(i)];
+          prob[size_t(i)] = 0.0;
+        }
+      }
+    }
     if (p.top_p >= 1.0f) {
       // Nothing cut: inverse CDF over the vocabulary in id order, no sorting at all.
       double u = std::uniform_real_distribution<double>(0.0, total)(rng);
@@ -114,7 +128,9 @@ int32_t sample_token(const float* logits, int64_t n, const SamplingParams& p,
       }
     }
     for (int64_t i = 0; i < n; ++i) {
-      if (bucket(i) <= last_bucket) keys.push_back(rank_key(logits[i], int32_t(i)));
+      if (bucket(i) <= last_bucket && prob[size_t(i)] > 0.0) {
+        keys.push_back(rank_key(logits[i], int32_t(i)));
+      }
     }
     std::sort(keys.begin(), keys.end());
   }
@@ -140,12 +156,52 @@ int32_t sample_token(const float* logits, int64_t n, const SamplingParams& p,
   return key_id(keys[size_t(keep - 1)]);
 }
 
+LogitAdjuster::LogitAdjuster(const SamplingParams& p, const TokenHistory& h) : p_(&p) {
+  for (int32_t t : h.output) add(t);
+  if (p.repetition_penalty != 1.0f) seen_.insert(h.prompt.begin(), h.prompt.end());
+}
+
+void LogitAdjuster::add(int32_t token) {
+  ++counts_[token];
+  if (p_->repetition_penalty != 1.0f) seen_.insert(token);
+}
+
+void LogitAdjuster::apply(float* row, int64_t n) const {
+  for (const auto& [t, bias] : p_->logit_bias) {
+    if (t >= 0 && t < n) row[t] += bias;
+  }
+  const float r = p_->repetition_penalty;
+  if (r != 1.0f) {
+    for (int32_t t : seen_) {
+      if (t < 0 || t >= n) continue;
+      row[t] = row[t] > 0.0f ? row[t] / r : row[t] * r;
+    }
+  }
+  if (p_->frequency_penalty != 0.0f || p_->presence_penalty != 0.0f) {
+    for (const auto& [t, c] : counts_) {
+      if (t < 0 || t >= n) continue;
+      row[t] -= p_->frequency_penalty * float(c) + p_->presence_penalty;
+    }
+  }
+}
+
 std::vector<int32_t> verify_drafts(const float* logits, int64_t n, std::span<const int32_t> drafts,
-                                   const SamplingParams& params, std::mt19937_64& rng) {
+                                   const SamplingParams& params, std::mt19937_64& rng,
+                                   const TokenHistory& history) {
+  std::optional<LogitAdjuster> adjust;
+  std::vector<float> adjusted;
+  if (params.adjusts_logits()) adjust.emplace(params, history);
   std::vector<int32_t> out;
   for (size_t j = 0; j <= drafts.size(); ++j) {
-    const int32_t t = sample_token(logits + int64_t(j) * n, n, params, rng);
+    const float* row = logits + int64_t(j) * n;
+    if (adjust) {
+      adjusted.assign(row, row + n);
+      adjust->apply(adjusted.data(), n);
+      row = adjusted.data();
+    }
+    const int32_t t = sample_token(row, n, params, rng);
     out.push_back(t);
+    if (adjust) adjust->add(t);
     if (j == drafts.size() || t != drafts[j]) break;
   }
   return out;

@@ -154,6 +154,13 @@ json to_json(const PdRequest& p) {
             {"logprobs", r.logprobs},
             {"top_logprobs", r.top_logprobs}};
   if (r.seed) j["seed"] = *r.seed;
+  // The logit adjustments, when the request has any (a unit of an older build never sees them).
+  const SamplingParams& sp = r.sampling;
+  if (sp.min_p != 0.0f) j["min_p"] = sp.min_p;
+  if (sp.presence_penalty != 0.0f) j["presence_penalty"] = sp.presence_penalty;
+  if (sp.frequency_penalty != 0.0f) j["frequency_penalty"] = sp.frequency_penalty;
+  if (sp.repetition_penalty != 1.0f) j["repetition_penalty"] = sp.repetition_penalty;
+  if (!sp.logit_bias.empty()) j["logit_bias"] = sp.logit_bias;  // [[id, bias], ...]
   if (r.grammar) {
     json g = {
         {"kind", r.grammar->kind == GrammarSpec::Kind::kJsonSchema ? "json_schema" : "json_object"},
@@ -183,7 +190,12 @@ Result<PdRequest> pd_request_from_json(const json& j) {
       !get(j, "logprobs", &r.logprobs, &err) || !get(j, "top_logprobs", &r.top_logprobs, &err) ||
       (has_seed && !get(j, "seed", &seed, &err)) || !get(j, "transfer", &p.transfer, &err, false) ||
       !get(j, "handle", &p.handle, &err, false) ||
-      !get(j, "generated", &r.resume_generated, &err, false)) {
+      !get(j, "generated", &r.resume_generated, &err, false) ||
+      !get(j, "min_p", &r.sampling.min_p, &err, false) ||
+      !get(j, "presence_penalty", &r.sampling.presence_penalty, &err, false) ||
+      !get(j, "frequency_penalty", &r.sampling.frequency_penalty, &err, false) ||
+      !get(j, "repetition_penalty", &r.sampling.repetition_penalty, &err, false) ||
+      !get(j, "logit_bias", &r.sampling.logit_bias, &err, false)) {
     return bad("PD request", err);
   }
   if (has_seed) r.seed = seed;

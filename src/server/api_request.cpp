@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -218,19 +219,43 @@ std::optional<ApiError> parse_token_ids(const json& v, const std::string& param,
   return std::nullopt;
 }
 
-// Fields that would change the output in ways this server does not implement.
-std::optional<ApiError> reject_unsupported(const Fields& f) {
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    const json* v = f.find(key);
-    if (!v) continue;
-    if (!v->is_number()) return wrong_type(key, "a number", *v);
-    if (v->get<double>() != 0.0) {
-      return bad_request(fmt::format("'{}' is not supported (only 0)", key), key);
+// The logit adjustments: presence_penalty, frequency_penalty, repetition_penalty, min_p,
+// logit_bias (GenerationOptions).
+std::optional<ApiError> parse_adjustments(const Fields& f, const RequestLimits& limits,
+                                          GenerationOptions& g) {
+  RETURN_IF_API_ERROR(f.get_float("presence_penalty", -2.0, 2.0, false, g.presence_penalty));
+  RETURN_IF_API_ERROR(f.get_float("frequency_penalty", -2.0, 2.0, false, g.frequency_penalty));
+  RETURN_IF_API_ERROR(f.get_float("repetition_penalty", 0.0, 1e6, true, g.repetition_penalty));
+  RETURN_IF_API_ERROR(f.get_float("min_p", 0.0, 1.0, false, g.min_p));
+  const json* v = f.find("logit_bias");
+  if (!v) return std::nullopt;
+  if (!v->is_object()) return wrong_type("logit_bias", "an object", *v);
+  for (const auto& [key, bias] : v->items()) {
+    const std::string param = "logit_bias." + key;
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 ||
+        (limits.vocab_size > 0 && id >= limits.vocab_size)) {
+      return bad_request(
+          fmt::format("'logit_bias' keys must be token ids below the vocabulary size {} (got "
+                      "'{}')",
+                      limits.vocab_size, key),
+          "logit_bias");
     }
+    if (!bias.is_number()) return wrong_type(param, "a number", bias);
+    const double b = bias.get<double>();
+    if (!(b >= -100.0 && b <= 100.0)) {
+      return bad_request(fmt::format("'{}' must be in [-100, 100] (got {})", param, bias.dump()),
+                         "logit_bias");
+    }
+    g.logit_bias.emplace_back(int32_t(id), float(b));
   }
-  if (const json* v = f.find("logit_bias")) {
-    if (!v->is_object()) return wrong_type("logit_bias", "an object", *v);
-    if (!v->empty()) return bad_request("'logit_bias' is not supported", "logit_bias");
+  std::sort(g.logit_bias.begin(), g.logit_bias.end());
+  for (size_t i = 1; i < g.logit_bias.size(); ++i) {
+    if (g.logit_bias[i].first == g.logit_bias[i - 1].first) {
+      return bad_request(fmt::format("'logit_bias' names token {} twice", g.logit_bias[i].first),
+                         "logit_bias");
+    }
   }
   return std::nullopt;
 }
@@ -306,7 +331,7 @@ std::optional<ApiError> parse_response_format(const Fields& f, std::optional<Gra
 
 std::optional<ApiError> parse_generation(const Fields& f, const RequestLimits& limits, bool chat,
                                          GenerationOptions& g) {
-  RETURN_IF_API_ERROR(reject_unsupported(f));
+  RETURN_IF_API_ERROR(parse_adjustments(f, limits, g));
   std::optional<int64_t> v;
   RETURN_IF_API_ERROR(f.get_int("max_tokens", 1, kMaxInt, g.max_tokens));
   if (chat) RETURN_IF_API_ERROR(f.get_int("max_completion_tokens", 1, kMaxInt, g.max_tokens));

@@ -39,7 +39,15 @@ struct GenerationOptions {
   std::optional<int64_t> max_tokens;  // nullopt: up to the context
   float temperature = 1.0f;           // OpenAI's default
   float top_p = 1.0f;
-  int64_t top_k = 0;  // vLLM extension; 0: all
+  int64_t top_k = 0;   // vLLM extension; 0: all
+  float min_p = 0.0f;  // vLLM extension
+  // OpenAI's presence and frequency penalties ([-2, 2]) and logit_bias ({"token id": bias in
+  // [-100, 100]}, as (id, bias) in id order), vLLM's repetition_penalty (> 0): the engine's
+  // SamplingParams (kernels/sampling.h).
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;        // non-empty, valid UTF-8
   std::vector<int32_t> stop_token_ids;  // vLLM extension, each < vocab_size

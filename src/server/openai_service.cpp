@@ -508,6 +508,11 @@ Reply OpenAiService::generate(Prepared p) {
   er.sampling.temperature = p.gen.temperature;
   er.sampling.top_p = p.gen.top_p;
   er.sampling.top_k = p.gen.top_k;
+  er.sampling.min_p = p.gen.min_p;
+  er.sampling.presence_penalty = p.gen.presence_penalty;
+  er.sampling.frequency_penalty = p.gen.frequency_penalty;
+  er.sampling.repetition_penalty = p.gen.repetition_penalty;
+  er.sampling.logit_bias = p.gen.logit_bias;
   er.seed = p.gen.seed;
   er.ignore_eos = p.gen.ignore_eos;
   er.stop_token_ids = p.gen.stop_token_ids;

@@ -110,6 +110,13 @@ TEST(RankMessages, RoundTripAndRejectTruncation) {
   r.max_tokens = 77;
   r.seed = std::nullopt;
   f.requests.push_back(r);
+  r.id = "req-3";  // with logit adjustments
+  r.sampling.min_p = 0.1f;
+  r.sampling.presence_penalty = 0.5f;
+  r.sampling.frequency_penalty = -0.25f;
+  r.sampling.repetition_penalty = 1.2f;
+  r.sampling.logit_bias = {{1, 2.0f}, {9, -3.5f}};
+  f.requests.push_back(r);
   std::vector<uint8_t> bytes = encode(f);
   auto back = decode_front(bytes);
   ASSERT_TRUE(back.ok()) << back.status().to_string();

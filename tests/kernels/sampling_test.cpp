@@ -10,6 +10,8 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
+#include <tuple>
 #include <vector>
 
 namespace moeserve {
@@ -208,15 +210,150 @@ namespace {
 TEST(Sampling, EachSampledTokenCostsExactlyOneDraw) {
   std::vector<float> l(1000);
   for (size_t i = 0; i < l.size(); ++i) l[i] = float((i * 7919) % 97) / 13.0f;
+  SamplingParams with_min_p{0.9f, 1.0f, 0};
+  with_min_p.min_p = 0.5f;
   for (SamplingParams p : {SamplingParams{0.8f, 1.0f, 0}, SamplingParams{0.8f, 0.9f, 0},
                            SamplingParams{1.2f, 1.0f, 40}, SamplingParams{0.7f, 0.5f, 100},
-                           SamplingParams{0.0f, 1.0f, 0}}) {
+                           SamplingParams{0.0f, 1.0f, 0}, with_min_p}) {
     std::mt19937_64 rng(99), ref(99);
     for (int t = 0; t < 50; ++t) {
       (void)sample_token(l.data(), int64_t(l.size()), p, rng);
       if (p.temperature > 0) ref.discard(1);
       ASSERT_EQ(rng, ref) << "temperature " << p.temperature << " top_p " << p.top_p << " top_k "
                           << p.top_k << " token " << t;
+    }
+  }
+}
+
+// ---- Logit adjustments and min_p ----
+
+// The adjusted logits by the formulas of kernels/sampling.h, token by token: logit_bias, then
+// the repetition penalty for tokens in the prompt or the output, then frequency and presence
+// for tokens in the output.
+std::vector<float> adjusted_by_definition(std::vector<float> l, const SamplingParams& p,
+                                          const std::vector<int32_t>& prompt,
+                                          const std::vector<int32_t>& output) {
+  for (size_t t = 0; t < l.size(); ++t) {
+    for (const auto& [id, bias] : p.logit_bias) {
+      if (size_t(id) == t) l[t] += bias;
+    }
+    const int64_t count = std::count(output.begin(), output.end(), int32_t(t));
+    const bool in_prompt = std::find(prompt.begin(), prompt.end(), int32_t(t)) != prompt.end();
+    if (in_prompt || count > 0) {
+      l[t] = l[t] > 0 ? l[t] / p.repetition_penalty : l[t] * p.repetition_penalty;
+    }
+    if (count > 0) l[t] -= p.frequency_penalty * float(count) + p.presence_penalty;
+  }
+  return l;
+}
+
+TEST(LogitAdjuster, EachAdjustmentAndAllTogetherMatchTheirDefinition) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.0f, 2.0f);
+  std::vector<float> row(500);
+  for (float& x : row) x = d(g);
+  const std::vector<int32_t> prompt = {3, 3, 17, 250, 499, 0};
+  const std::vector<int32_t> output = {17, 17, 17, 42, 250, 7, 42};
+  SamplingParams bias, rep, freq, all;
+  bias.logit_bias = {{0, 5.0f}, {42, -100.0f}, {300, 0.25f}};
+  rep.repetition_penalty = 1.7f;
+  freq.frequency_penalty = 0.6f;
+  freq.presence_penalty = -0.4f;
+  all = freq;
+  all.repetition_penalty = 0.8f;
+  all.logit_bias = bias.logit_bias;
+  for (const SamplingParams& p : {bias, rep, freq, all}) {
+    ASSERT_TRUE(p.adjusts_logits());
+    std::vector<float> got = row;
+    LogitAdjuster(p, TokenHistory{prompt, output}).apply(got.data(), int64_t(got.size()));
+    EXPECT_EQ(got, adjusted_by_definition(row, p, prompt, output));
+    // add() appends to the output: the same as an adjuster over the longer output.
+    LogitAdjuster grown(p, TokenHistory{prompt, std::span(output).first(3)});
+    for (size_t i = 3; i < output.size(); ++i) grown.add(output[i]);
+    std::vector<float> again = row;
+    grown.apply(again.data(), int64_t(again.size()));
+    EXPECT_EQ(again, got);
+  }
+  EXPECT_FALSE(SamplingParams{}.adjusts_logits());
+}
+
+// min_p: no token whose tempered probability is below min_p times the largest is ever drawn,
+// and the rest keep their renormalised frequencies (200k draws, 5 standard deviations); with
+// top-k and top-p after it.
+TEST(Sampling, MinPCutsTheUnlikelyAndKeepsTheRestsProportions) {
+  const std::vector<float> l = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, 1.5f, -3.0f};
+  for (auto [temperature, min_p, top_k, top_p] :
+       {std::tuple{1.0f, 0.3f, 0, 1.0f}, std::tuple{0.7f, 0.1f, 0, 1.0f},
+        std::tuple{1.0f, 0.2f, 4, 1.0f}, std::tuple{1.3f, 0.25f, 0, 0.9f}}) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.min_p = min_p;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    // Kept by min_p, then by top-k / top-p among those (allowed() on the survivors).
+    const float mx = *std::max_element(l.begin(), l.end());
+    std::vector<float> survivors = l;
+    for (float& x : survivors) {
+      if (std::exp((x - mx) / temperature) < min_p) x = -1e30f;
+    }
+    std::set<int32_t> ok;
+    for (int32_t i : allowed(survivors, p)) {
+      if (survivors[size_t(i)] > -1e29f) ok.insert(i);
+    }
+    std::vector<double> want(l.size(), 0.0);
+    double z = 0;
+    for (int32_t i : ok) z += want[size_t(i)] = std::exp(l[size_t(i)] / temperature);
+    for (double& w : want) w /= z;
+    std::mt19937_64 rng(8);
+    const int draws = 200000;
+    std::vector<int> count(l.size(), 0);
+    for (int k = 0; k < draws; ++k)
+      ++count[size_t(sample_token(l.data(), int64_t(l.size()), p, rng))];
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (want[i] == 0) {
+        EXPECT_EQ(count[i], 0) << "token " << i << " min_p " << min_p;
+        continue;
+      }
+      const double sd = std::sqrt(draws * want[i] * (1 - want[i]));
+      EXPECT_NEAR(count[i], draws * want[i], 5 * sd + 1) << "token " << i << " min_p " << min_p;
+    }
+    EXPECT_LT(ok.size(), l.size()) << "min_p " << min_p << " cut nothing";
+  }
+}
+
+// MTP with adjustments: verify_drafts gives the tokens of sampling the adjusted rows one at a
+// time (each row adjusted for the tokens before it), with the same draws, greedy and sampled.
+TEST(VerifyDrafts, AdjustedRowsGiveTheStepByStepTokens) {
+  std::mt19937 g(6);
+  std::normal_distribution<float> d(0.0f, 1.5f);
+  const int64_t V = 64, K = 4;
+  std::vector<float> rows(size_t((K + 1) * V));
+  for (float& x : rows) x = d(g);
+  SamplingParams p;
+  p.presence_penalty = 1.0f;
+  p.frequency_penalty = 0.7f;
+  p.repetition_penalty = 1.4f;
+  p.logit_bias = {{1, 0.8f}};
+  const std::vector<int32_t> prompt = {1, 2, 3}, output = {5, 5};
+  for (float temperature : {0.0f, 1.0f}) {
+    p.temperature = temperature;
+    for (int trial = 0; trial < 50; ++trial) {
+      // The step-by-step tokens for the rows, then drafts that agree with them up to a point.
+      std::mt19937_64 a(100 + uint64_t(trial)), b = a;
+      std::vector<int32_t> seq = output, steps;
+      for (int64_t j = 0; j <= K; ++j) {
+        std::vector<float> row(rows.begin() + j * V, rows.begin() + (j + 1) * V);
+        row = adjusted_by_definition(row, p, prompt, seq);
+        steps.push_back(sample_token(row.data(), V, p, a));
+        seq.push_back(steps.back());
+      }
+      std::vector<int32_t> drafts(steps.begin(), steps.begin() + K);
+      const int64_t wrong = trial % (K + 1);  // (K: all drafts right)
+      if (wrong < K) drafts[size_t(wrong)] = (drafts[size_t(wrong)] + 1) % int32_t(V);
+      const std::vector<int32_t> got =
+          verify_drafts(rows.data(), V, drafts, p, b, TokenHistory{prompt, output});
+      const std::vector<int32_t> want(steps.begin(), steps.begin() + std::min(wrong, K) + 1);
+      ASSERT_EQ(got, want) << "temperature " << temperature << " trial " << trial;
     }
   }
 }

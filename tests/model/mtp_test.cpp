@@ -181,7 +181,8 @@ class MtpEngine : public ::testing::Test {
   // Greedy (or sampled) generation of `prompts`, with k drafts (0: off) on a fresh cache, or
   // on `cache` when given (prefix reuse across calls).
   SpecRun generate(const std::vector<std::vector<int32_t>>& prompts, int64_t k, int64_t chunk = 0,
-                   KvCache* cache = nullptr, float temperature = 0.0f) {
+                   KvCache* cache = nullptr, float temperature = 0.0f,
+                   const SamplingParams* adjust = nullptr) {
     std::unique_ptr<KvCache> own;
     if (!cache) {
       own = std::make_unique<KvCache>(kv_cache_layout(ck_->config(), DType::kBF16, true), 256);
@@ -196,6 +197,7 @@ class MtpEngine : public ::testing::Test {
       r.max_tokens = 48;
       r.ignore_eos = true;
       r.top_logprobs = 2;
+      if (adjust) r.sampling = *adjust;
       r.sampling.temperature = temperature;
       r.seed = 7 + i;
       reqs.push_back(r);
@@ -260,6 +262,34 @@ TEST_F(MtpEngine, GreedyOutputEqualsWithoutDraftsAloneAndBatched) {
     }
     std::printf(", %lld steps against %lld\n", static_cast<long long>(on.stats.steps),
                 static_cast<long long>(off.stats.steps));
+  }
+}
+
+// Penalties, logit bias and min_p adjust each verified row for the tokens emitted before it:
+// with drafts, greedy and sampled, the output is the one without drafts, and it is not the
+// output without the adjustments.
+TEST_F(MtpEngine, LogitAdjustmentsGiveTheSameOutputWithDrafts) {
+  const auto ps = prompts();
+  SamplingParams sp;
+  sp.presence_penalty = 0.8f;
+  sp.frequency_penalty = 0.5f;
+  sp.repetition_penalty = 1.3f;
+  sp.min_p = 0.05f;
+  sp.logit_bias = {{5, 1.5f}, {17, -4.0f}, {200, 0.5f}};
+  for (float temperature : {0.0f, 0.8f}) {
+    const SpecRun plain = generate(ps, 0, 0, nullptr, temperature);
+    const SpecRun off = generate(ps, 0, 0, nullptr, temperature, &sp);
+    bool changed = false;
+    for (size_t i = 0; i < ps.size(); ++i)
+      changed |= plain.results[i].tokens != off.results[i].tokens;
+    EXPECT_TRUE(changed) << "the adjustments changed nothing (temperature " << temperature << ")";
+    for (int64_t k = 1; k <= 3; ++k) {
+      const SpecRun on = generate(ps, k, 0, nullptr, temperature, &sp);
+      expect_same(
+          off, on,
+          "adjusted, temperature " + std::to_string(temperature) + ", k=" + std::to_string(k));
+      EXPECT_GT(on.stats.spec_verify_steps, 0);
+    }
   }
 }
 

@@ -139,6 +139,15 @@ TEST(PdProtocol, RequestsAndOutputsRoundTripBitForBit) {
   EXPECT_EQ(back->request, p.request);
   EXPECT_EQ(back->transfer, p.transfer);
   EXPECT_EQ(back->handle, p.handle);
+  // With logit adjustments (kernels/sampling.h).
+  p.request.sampling.min_p = 0.05f;
+  p.request.sampling.presence_penalty = -1.25f;
+  p.request.sampling.frequency_penalty = 0.3f;
+  p.request.sampling.repetition_penalty = 1.1f;
+  p.request.sampling.logit_bias = {{3, -100.0f}, {129279, 0.1f}};
+  back = pd_request_from_json(nlohmann::json::parse(to_json(p).dump()));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->request, p.request);
   // With a grammar (docs/structured-outputs.md), of either kind.
   p.request.grammar =
       GrammarSpec{GrammarSpec::Kind::kJsonSchema, R"({"type": "integer"})", true, 128799};

@@ -92,9 +92,18 @@ TEST(ParseChat, RejectsBadInputWith400AndTheField) {
       {"{" + kMsgs + R"(, "stream": true, "stream_options": {"include_usage": 1}})",
        "stream_options.include_usage"},
       {"{" + kMsgs + R"(, "ignore_eos": 1})", "ignore_eos"},
-      {"{" + kMsgs + R"(, "presence_penalty": 0.5})", "presence_penalty"},
+      {"{" + kMsgs + R"(, "presence_penalty": 2.5})", "presence_penalty"},
       {"{" + kMsgs + R"(, "frequency_penalty": "x"})", "frequency_penalty"},
-      {"{" + kMsgs + R"(, "logit_bias": {"5": 10}})", "logit_bias"},
+      {"{" + kMsgs + R"(, "frequency_penalty": -2.01})", "frequency_penalty"},
+      {"{" + kMsgs + R"(, "repetition_penalty": 0})", "repetition_penalty"},
+      {"{" + kMsgs + R"(, "min_p": 1.5})", "min_p"},
+      {"{" + kMsgs + R"(, "logit_bias": {"5": 101}})", "logit_bias"},
+      {"{" + kMsgs + R"(, "logit_bias": {"x": 1}})", "logit_bias"},
+      {"{" + kMsgs + R"(, "logit_bias": {"1000": 1}})", "logit_bias"},  // the vocabulary: 1000
+      {"{" + kMsgs + R"(, "logit_bias": {"-1": 1}})", "logit_bias"},
+      {"{" + kMsgs + R"(, "logit_bias": {"5": 1, "05": 2}})", "logit_bias"},
+      {"{" + kMsgs + R"(, "logit_bias": {"5": "1"}})", "logit_bias.5"},
+      {"{" + kMsgs + R"(, "logit_bias": [1]})", "logit_bias"},
       {"{" + kMsgs + R"(, "tools": [{"type":"function"}]})", "tools[0].function"},
       {"{" + kMsgs + R"(, "tools": {"type":"function"}})", "tools"},
       {"{" + kMsgs + R"(, "tools": [5]})", "tools[0]"},
@@ -230,6 +239,26 @@ TEST(ParseChat, FillsTheTypedRequest) {
   EXPECT_TRUE(r->gen.stream);
   EXPECT_TRUE(r->gen.include_usage);
   EXPECT_TRUE(r->gen.ignore_eos);
+  EXPECT_EQ(r->gen.presence_penalty, 0.0f);
+  EXPECT_TRUE(r->gen.logit_bias.empty());
+}
+
+TEST(ParseChat, PenaltiesMinPAndLogitBias) {
+  auto r = parse_chat_request("{" + kMsgs + R"(, "presence_penalty": -1.5, "frequency_penalty": 2,
+      "repetition_penalty": 1.15, "min_p": 0.05, "logit_bias": {"999": -100, "7": 2.5, "0": 100}})",
+                              limits());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->gen.presence_penalty, -1.5f);
+  EXPECT_EQ(r->gen.frequency_penalty, 2.0f);
+  EXPECT_EQ(r->gen.repetition_penalty, 1.15f);
+  EXPECT_EQ(r->gen.min_p, 0.05f);
+  const std::vector<std::pair<int32_t, float>> bias = {{0, 100.0f}, {7, 2.5f}, {999, -100.0f}};
+  EXPECT_EQ(r->gen.logit_bias, bias);  // in id order
+  auto c = parse_completion_request(R"({"prompt": "x", "logit_bias": {"3": 1}, "min_p": 0.5})",
+                                    limits());
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->gen.logit_bias.size(), 1u);
+  EXPECT_EQ(c->gen.min_p, 0.5f);
 }
 
 TEST(ParseChat, ToolsToolChoiceAndParallelToolCalls) {
