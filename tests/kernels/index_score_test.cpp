@@ -4,8 +4,10 @@
 // F32 summation-order bound of the reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -192,6 +194,44 @@ TEST(IndexScore, TopKOfEveryRowOverItsOwnContext) {
       EXPECT_EQ(sparse, 38u);  // 20 + 1 + 5 + 3 + 9 rows past the top-k
     }
   }
+}
+
+// top_k_positions on long rows: the k best by score, ties (-0 and +0 included) to the lower
+// position, as a stable sort of everything picks them; scores spread over many magnitudes and
+// clustered in one bucket of the selection's histogram.
+TEST(IndexScore, TopKPositionsIsTheStableSortsPrefix) {
+  std::mt19937 rng(45);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (int trial = 0; trial < 12; ++trial) {
+    int64_t n = 3000 + int64_t(rng() % 200000), k = 1 + int64_t(rng() % 4096);
+    if (trial % 3 == 2) {  // the k-th among the zeros (half of the scores are +-0)
+      n = 2000 + int64_t(rng() % 2000);
+      k = n / 2 + int64_t(rng() % uint32_t(n / 4));
+    }
+    std::vector<float> s(static_cast<size_t>(n));
+    for (float& v : s) {
+      switch (trial % 3) {
+        case 0:
+          v = d(rng) * std::ldexp(1.0f, int(rng() % 40) - 20);
+          break;  // many exponents
+        case 1:
+          v = 1.0f + float(rng() % 50) * 1e-3f;
+          break;    // one bucket, ties
+        default: {  // -0, +0 and small integers: ties
+          const int r = int(rng() % 4);
+          v = r == 0 ? -0.0f : r == 1 ? 0.0f : float(r);
+        }
+      }
+    }
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+    order.resize(size_t(std::min(n, k)));
+    std::sort(order.begin(), order.end());
+    ASSERT_EQ(top_k_positions(s, k), order) << "trial " << trial << " n " << n << " k " << k;
+  }
+  EXPECT_TRUE(top_k_positions(std::vector<float>{1, 2}, 0).empty());
 }
 
 }  // namespace
