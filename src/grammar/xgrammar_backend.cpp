@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <bit>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <dlpack/dlpack.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <xgrammar/xgrammar.h>
+
+#include "tokenizer/chat_messages_json.h"
 
 namespace moeserve {
 
@@ -149,12 +153,42 @@ struct XGrammarBackend::Impl {
 
   // Throws what xgrammar throws for a schema it cannot compile.
   xgrammar::CompiledGrammar compile(const GrammarSpec& spec) {
+    if (spec.kind == GrammarSpec::Kind::kToolCall) return compiler.CompileGrammar(tool_call(spec));
     const bool object = spec.kind == GrammarSpec::Kind::kJsonObject;
     return compiler.CompileJSONSchema(object ? std::string(kAnyObjectSchema) : spec.schema,
                                       /*any_whitespace=*/true, /*indent=*/std::nullopt,
                                       /*separators=*/std::nullopt,
                                       /*strict_mode=*/object ? false : spec.strict,
                                       options.max_whitespace);
+  }
+
+  // An EBNF string literal: xgrammar reads JSON's escapes in its double-quoted strings.
+  static std::string literal(const std::string& text) {
+    std::string out;
+    python_dumps(nlohmann::ordered_json(text), out);
+    return out;
+  }
+
+  // kToolCall: the union over the calls of (the prefix, then the arguments' JSON).
+  xgrammar::Grammar tool_call(const GrammarSpec& spec) const {
+    const nlohmann::json calls = nlohmann::json::parse(spec.schema);
+    if (!calls.is_array() || calls.empty()) throw std::invalid_argument("no tool calls");
+    std::vector<xgrammar::Grammar> each;
+    for (const nlohmann::json& c : calls) {
+      const nlohmann::json& params = c.at("parameters");
+      xgrammar::Grammar args = xgrammar::Grammar::FromJSONSchema(
+          params.is_null() ? std::string(kAnyObjectSchema) : params.dump(),
+          /*any_whitespace=*/true, /*indent=*/std::nullopt, /*separators=*/std::nullopt,
+          /*strict_mode=*/!params.is_null() && c.value("strict", false), options.max_whitespace);
+      const std::string prefix = c.at("prefix").get<std::string>();
+      if (prefix.empty()) {
+        each.push_back(std::move(args));
+      } else {
+        each.push_back(xgrammar::Grammar::Concat(
+            {xgrammar::Grammar::FromEBNF("root ::= " + literal(prefix)), std::move(args)}));
+      }
+    }
+    return each.size() == 1 ? each[0] : xgrammar::Grammar::Union(each);
   }
 
   XGrammarOptions options;

@@ -162,10 +162,12 @@ json to_json(const PdRequest& p) {
   if (sp.repetition_penalty != 1.0f) j["repetition_penalty"] = sp.repetition_penalty;
   if (!sp.logit_bias.empty()) j["logit_bias"] = sp.logit_bias;  // [[id, bias], ...]
   if (r.grammar) {
-    json g = {
-        {"kind", r.grammar->kind == GrammarSpec::Kind::kJsonSchema ? "json_schema" : "json_object"},
-        {"strict", r.grammar->strict}};
-    if (r.grammar->kind == GrammarSpec::Kind::kJsonSchema) g["schema"] = r.grammar->schema;
+    const GrammarSpec::Kind k = r.grammar->kind;
+    json g = {{"kind", k == GrammarSpec::Kind::kJsonSchema ? "json_schema"
+                       : k == GrammarSpec::Kind::kToolCall ? "tool_call"
+                                                           : "json_object"},
+              {"strict", r.grammar->strict}};
+    if (k != GrammarSpec::Kind::kJsonObject) g["schema"] = r.grammar->schema;
     if (r.grammar->start_after) g["start_after"] = *r.grammar->start_after;
     j["grammar"] = std::move(g);
   }
@@ -212,6 +214,8 @@ Result<PdRequest> pd_request_from_json(const json& j) {
     }
     if (kind == "json_schema") {
       g.kind = GrammarSpec::Kind::kJsonSchema;
+    } else if (kind == "tool_call") {
+      g.kind = GrammarSpec::Kind::kToolCall;
     } else if (kind != "json_object") {
       return bad("PD request", fmt::format("unknown grammar kind '{}'", kind));
     }

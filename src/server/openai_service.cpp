@@ -408,6 +408,32 @@ std::optional<ApiError> check_model(const std::optional<std::string>& model,
 }
 }  // namespace
 
+namespace {
+
+// The grammar of a forced call after its prefill (tool_call_prefill): named, its arguments;
+// `required`, one of the tools' names and the syntax up to the arguments, then those. JSON
+// arguments only: DeepSeek-V3.2's DSML calls are not constrained (nullopt).
+std::optional<GrammarSpec> forced_call_grammar(const ChatCompletionRequest& req,
+                                               ToolCallSyntax syntax) {
+  if (syntax == ToolCallSyntax::kDsml) return std::nullopt;
+  const bool named = req.tool_choice.mode == ToolChoice::Mode::kFunction;
+  nlohmann::json calls = nlohmann::json::array();
+  for (const ToolDefinition& t : req.tools) {
+    if (named && t.name != req.tool_choice.function) continue;
+    std::string prefix;
+    if (!named)
+      prefix = t.name + (syntax == ToolCallSyntax::kV3_1 ? "<｜tool▁sep｜>" : "\n```json\n");
+    // A function without parameters takes an object (null: any object).
+    nlohmann::json params = nlohmann::json::parse(t.parameters, nullptr, false);
+    if (params.is_discarded() || params == nlohmann::json::object()) params = nullptr;
+    calls.push_back({{"prefix", prefix}, {"parameters", params}, {"strict", t.strict}});
+  }
+  if (calls.empty()) return std::nullopt;
+  return GrammarSpec{GrammarSpec::Kind::kToolCall, calls.dump(), false, std::nullopt};
+}
+
+}  // namespace
+
 Reply OpenAiService::chat_completions(std::string_view body) {
   ApiResult<ChatCompletionRequest> req = parse_chat_request(body, options_.limits);
   if (!req.ok()) return error_reply(req.error());
@@ -457,6 +483,17 @@ Reply OpenAiService::chat_completions(std::string_view body) {
       p.tools.prefill = tool_call_prefill(req->tool_choice.function, p.tools.syntax);
     }
     *text += p.tools.prefill;
+    // The rest of a forced call, constrained: a name from `tools` (the named one) and arguments
+    // that meet its parameters (docs/server.md, Tool calls).
+    if (!p.tools.prefill.empty() && !req->gen.ignore_eos && options_.grammar) {
+      req->gen.grammar = forced_call_grammar(*req, p.tools.syntax);
+      if (req->gen.grammar) {
+        if (Status st = options_.grammar->check(*req->gen.grammar); !st.ok()) {
+          return error_reply(bad_request(
+              "a function's parameters cannot constrain its call: " + st.message(), "tools"));
+        }
+      }
+    }
   }
   p.prompt = tokenizer_.encode(*text, /*add_bos=*/false);  // the template writes BOS itself
   p.gen = std::move(req->gen);

@@ -155,6 +155,7 @@ Result<std::vector<ToolDefinition>> parse_tools_json(std::string_view json_text)
     if (auto it = f.find("description"); it != f.end() && it->is_string()) {
       d.description = it->get<std::string>();
     }
+    if (auto it = f.find("strict"); it != f.end() && it->is_boolean()) d.strict = it->get<bool>();
     if (auto it = f.find("parameters"); it != f.end() && !it->is_null()) {
       d.parameters.clear();
       python_dumps(*it, d.parameters);

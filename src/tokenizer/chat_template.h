@@ -56,6 +56,7 @@ struct ToolDefinition {
   std::string description;
   std::string parameters = "{}";
   std::string function_json;  // the "function" object alone (V3.2's tool schemas)
+  bool strict = false;        // the function's "strict" (its arguments follow the schema exactly)
 };
 
 struct Message {

@@ -83,9 +83,21 @@ for i, msgs in enumerate(convs):
     r = c.chat.completions.create(model="m", messages=msgs, max_tokens=3, tools=tools)
     assert r.usage.prompt_tokens == len(ids), (name, "tools", i, r.usage.prompt_tokens, len(ids))
     checked += 1
-# A named tool_choice opens the call in the template's syntax; the client gets the call (the
-# random model's arguments run to max_tokens), the same streamed as not.
+# A forced call opens in the template's syntax and is constrained to its arguments' schema:
+# even this random model's calls parse (tools/ a named function, `required`), the same
+# streamed as not. With ignore_eos (no end to constrain towards) the arguments run as written.
 named = {"type": "function", "function": {"name": "get_weather"}}
+for choice in ("required", named):
+    r = c.chat.completions.create(model="m", messages=convs[0], tools=tools, tool_choice=choice,
+                                  max_tokens=40, temperature=0)
+    calls = r.choices[0].message.tool_calls
+    # ("length": the budget's last tokens closed the JSON: whole, but cut short.)
+    assert r.choices[0].finish_reason in ("tool_calls", "length") and len(calls) == 1, r
+    assert calls[0].function.name in ("get_weather", "now"), calls
+    args = json.loads(calls[0].function.arguments)
+    assert isinstance(args, dict), args
+    if calls[0].function.name == "get_weather" and "city" in args:
+        assert isinstance(args["city"], str), args
 kw = dict(model="m", messages=convs[0], tools=tools, tool_choice=named, max_tokens=8,
           temperature=0, extra_body={"ignore_eos": True})
 r = c.chat.completions.create(**kw)

@@ -3,6 +3,7 @@
 // special tokens and padding ids never pass, EOS only at the end, bad schemas are clear errors.
 #include "grammar/xgrammar_backend.h"
 
+#include <map>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -198,6 +199,46 @@ TEST(XGrammarBackend, BadSchemasAreClearErrors) {
                         {}});
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   EXPECT_TRUE(backend().check({GrammarSpec::Kind::kJsonSchema, kPersonSchema, true, {}}).ok());
+}
+
+// A forced tool call: random walks end in one of the calls' prefix (a name and the syntax up to
+// its arguments) and then arguments that meet that function's parameters (any object for a
+// function without them); a named call (prefix "") is its arguments alone.
+TEST(XGrammarBackend, ToolCallWalksEndInACallWithValidArguments) {
+  const json weather = {{"type", "object"},
+                        {"properties",
+                         {{"city", {{"type", "string"}, {"maxLength", 10}}},
+                          {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 1000}}}}},
+                        {"required", {"city"}}};
+  const json calls = json::array(
+      {{{"prefix", "get_weather\n```json\n"}, {"parameters", weather}, {"strict", true}},
+       {{"prefix", "now\n```json\n"}, {"parameters", nullptr}, {"strict", false}}});
+  std::map<std::string, int> seen;
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    auto c = backend().start({GrammarSpec::Kind::kToolCall, calls.dump(), false, std::nullopt});
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    const std::string text = random_walk(**c, seed);
+    const size_t fence = text.find("\n```json\n");
+    ASSERT_NE(fence, std::string::npos) << text;
+    const std::string name = text.substr(0, fence);
+    ASSERT_TRUE(name == "get_weather" || name == "now") << text;
+    ++seen[name];
+    const json args = json::parse(text.substr(fence + 9), nullptr, false);
+    ASSERT_TRUE(args.is_object()) << text;
+    if (name == "get_weather") {
+      ASSERT_TRUE(args.contains("city") && args["city"].is_string()) << text;
+      for (const auto& [k, v] : args.items()) EXPECT_TRUE(k == "city" || k == "days") << text;
+      if (args.contains("days")) EXPECT_TRUE(args["days"].is_number_integer()) << text;
+    }
+  }
+  EXPECT_EQ(seen.size(), 2u) << "the walks never took one of the calls";
+  const json named = json::array({{{"prefix", ""}, {"parameters", weather}, {"strict", true}}});
+  auto c = backend().start({GrammarSpec::Kind::kToolCall, named.dump(), false, std::nullopt});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  const json args = json::parse(random_walk(**c, 99), nullptr, false);
+  EXPECT_TRUE(args.is_object() && args.contains("city"));
+  // A call list that is not one is a clear error.
+  EXPECT_FALSE(backend().check({GrammarSpec::Kind::kToolCall, "[]", false, std::nullopt}).ok());
 }
 
 }  // namespace

@@ -154,6 +154,12 @@ TEST(PdProtocol, RequestsAndOutputsRoundTripBitForBit) {
   back = pd_request_from_json(nlohmann::json::parse(to_json(p).dump()));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->request, p.request);
+  p.request.grammar =
+      GrammarSpec{GrammarSpec::Kind::kToolCall,
+                  R"([{"prefix": "", "parameters": null, "strict": false}])", false, std::nullopt};
+  back = pd_request_from_json(nlohmann::json::parse(to_json(p).dump()));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->request, p.request);
   p.request.grammar = GrammarSpec{};
   back = pd_request_from_json(nlohmann::json::parse(to_json(p).dump()));
   ASSERT_TRUE(back.ok()) << back.status().to_string();

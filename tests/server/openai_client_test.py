@@ -207,8 +207,9 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 def test_tools(client, model):
     """Tools through the client: accepted, tool results in the conversation, and the parse path.
-    The tiny model's text is random, so a named tool_choice (the prompt opens that call) is what
-    makes it call; its arguments are whatever it writes until max_tokens."""
+    The tiny model's text is random, so a forced tool_choice (the prompt opens that call) is what
+    makes it call; with ignore_eos its arguments are whatever it writes until max_tokens, without
+    it they are constrained to the function's schema."""
     tools = [WEATHER_TOOL, {"type": "function", "function": {"name": "get_time"}}]
     r = chat(client, model, tools=tools, tool_choice="auto", max_tokens=8, temperature=0)
     check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
@@ -248,6 +249,24 @@ def test_tools(client, model):
     check(name == "get_weather" and len(ids) == 1 and finish == "length", (name, ids, finish))
     check(args == calls[0].function.arguments, f"stream {args!r} != {calls[0].function.arguments!r}")
     check(content == (c.message.content or ""), (content, c.message.content))
+    # Without ignore_eos a forced call is constrained (docs/server.md): its arguments parse and
+    # meet the function's schema, even from this random model; streamed the same.
+    for choice in ("required", named):
+        kw = dict(tools=tools, tool_choice=choice, max_tokens=40, temperature=0)
+        c = chat(client, model, **kw).choices[0]
+        calls = c.message.tool_calls
+        check(c.finish_reason in ("tool_calls", "length") and calls and len(calls) == 1, c)
+        parsed = json.loads(calls[0].function.arguments)
+        check(isinstance(parsed, dict), parsed)
+        if calls[0].function.name == "get_weather":
+            check(isinstance(parsed.get("city"), str), parsed)
+        else:
+            check(calls[0].function.name == "get_time", calls)
+        streamed = ""
+        for chunk in chat(client, model, stream=True, **kw):
+            for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                streamed += tc.function.arguments or ""
+        check(streamed == calls[0].function.arguments, (streamed, calls[0].function.arguments))
     # tool_choice "none": no call is parsed.
     r = chat(client, model, tools=tools, tool_choice="none", max_tokens=6, temperature=0)
     check(not r.choices[0].message.tool_calls, r)

@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "grammar/xgrammar_backend.h"
 #include "harness.h"
 #include "server/choice_output.h"
 #include "server/tool_call_parser.h"
@@ -470,6 +471,42 @@ TEST(ToolCalls, V32SpecialeThinksAlwaysAndRefusesTools) {
   EXPECT_EQ(j["choices"][0]["message"]["reasoning_content"], "hmm");
   EXPECT_EQ(j["choices"][0]["message"]["content"], "42");
   EXPECT_TRUE(prompt_text(h).ends_with("<｜User｜>6*7?<｜Assistant｜><think>"));
+}
+
+// A forced call is constrained (with a grammar backend): the engine gets the calls' grammar,
+// the named function's arguments alone, or for `required` every tool's name and fence, then
+// its arguments (null parameters: any object); `auto`, ignore_eos and V3.2's DSML get none.
+TEST(ToolCalls, ForcedCallsCarryTheirGrammar) {
+  ServiceOptions so;
+  auto backend = XGrammarBackend::create(v3_tokenizer(), 129280);
+  ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+  so.grammar = std::move(*backend);
+  auto grammar_of = [&](const std::string& extra, std::optional<ChatTemplate> tmpl = std::nullopt) {
+    Harness h(scripted("{}"), {}, so, tmpl);
+    auto r = h.post("/v1/chat/completions", request(extra));
+    EXPECT_EQ(r->status, 200) << r->body;
+    auto sub = h.engine.submitted();
+    EXPECT_EQ(sub.size(), 1u);
+    return sub.empty() ? std::optional<GrammarSpec>() : sub[0].grammar;
+  };
+  auto named =
+      grammar_of(R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})");
+  ASSERT_TRUE(named.has_value());
+  EXPECT_EQ(named->kind, GrammarSpec::Kind::kToolCall);
+  const json n = json::parse(named->schema);
+  ASSERT_EQ(n.size(), 1u);
+  EXPECT_EQ(n[0]["prefix"], "");
+  EXPECT_EQ(n[0]["parameters"]["required"], json::array({"city"}));
+  auto required = grammar_of(R"(,"tool_choice":"required")");
+  ASSERT_TRUE(required.has_value());
+  const json q = json::parse(required->schema);
+  ASSERT_EQ(q.size(), 2u);
+  EXPECT_EQ(q[0]["prefix"], "get_weather\n```json\n");
+  EXPECT_EQ(q[1]["prefix"], "get_time\n```json\n");
+  EXPECT_TRUE(q[1]["parameters"].is_null());  // no parameters: any object
+  EXPECT_FALSE(grammar_of("").has_value());   // auto
+  EXPECT_FALSE(grammar_of(R"(,"tool_choice":"required","ignore_eos":true)").has_value());
+  EXPECT_FALSE(grammar_of(R"(,"tool_choice":"required")", v32()).has_value());
 }
 
 }  // namespace
