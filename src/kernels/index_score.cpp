@@ -1,12 +1,28 @@
 #include "kernels/index_score.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <numeric>
 
 #include "core/dtype.h"
 
 namespace moeserve {
+
+namespace index_score_detail {
+const uint8_t* e4m3_bf16_tables() {
+  static const auto tables = [] {
+    std::array<uint8_t, 256> t{};
+    for (int i = 0; i < 128; ++i) {
+      const uint16_t b = f32_to_bf16(fp8e4m3_to_f32(uint8_t(i)));  // exact: e4m3 fits BF16
+      t[size_t(i)] = uint8_t(b & 0xff);
+      t[size_t(128 + i)] = uint8_t(b >> 8);
+    }
+    return t;
+  }();
+  return tables.data();
+}
+}  // namespace index_score_detail
 
 float index_score(const uint8_t* q_fp8, const float* w, int64_t n_heads, const uint8_t* key,
                   float key_scale) {

@@ -65,6 +65,8 @@ void index_topk(std::span<const IndexRows> seqs, int64_t heads, int64_t top_k, T
                 std::vector<std::vector<int32_t>>& out, Isa isa = active_isa());
 
 namespace index_score_detail {
+// The bytes of BF16(|e4m3 value|) for the 128 magnitudes: 128 low bytes, then 128 high bytes.
+const uint8_t* e4m3_bf16_tables();
 void index_scores_avx512(const uint8_t* q8, const float* w, int64_t rows, int64_t heads,
                          const IndexKeys& keys, int64_t key_begin, int64_t key_end, float* scores,
                          int64_t ld);

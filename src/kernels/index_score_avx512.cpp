@@ -13,28 +13,37 @@ namespace {
 constexpr int64_t kPairs = kIndexKeyDim / 2;  // BF16 pairs per key: one 32-bit lane each
 constexpr int kKeys = 4;                      // keys scored together (their queries loaded once)
 
-// BF16 bits of the e4m3 values with a zero exponent field (zero and the subnormals m * 2^-9).
-alignas(64) const uint16_t kSubnormalBf16[32] = {0,      0x3B00, 0x3B80, 0x3BC0,
-                                                 0x3C00, 0x3C20, 0x3C40, 0x3C60};
-
-// 32 e4m3 bytes as 32 BF16 values (exact: BF16 has e4m3's range and more mantissa).
-__m512i e4m3_to_bf16(const uint8_t* src) {
-  const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-  const __m512i em = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
-  // Normal: the exponent rebased from 7 to 127, the 3 mantissa bits atop BF16's 7.
-  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(em, 4), _mm512_set1_epi16(0x3C00));
-  const __m512i sub = _mm512_permutexvar_epi16(em, _mm512_load_si512(kSubnormalBf16));
-  const __mmask32 small = _mm512_cmplt_epu16_mask(em, _mm512_set1_epi16(8));
-  const __m512i mag = _mm512_mask_blend_epi16(small, normal, sub);
-  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
-  return _mm512_or_si512(mag, sign);
-}
-
-void key_to_bf16(const uint8_t* key, uint16_t* out) {
-  for (int64_t i = 0; i < kIndexKeyDim; i += 32) {
-    _mm512_storeu_si512(out + i, e4m3_to_bf16(key + i));
+// The e4m3 -> BF16 tables (index_score_detail::e4m3_bf16_tables, built by the baseline code:
+// no inline code shared with it) in registers, for a call's keys and queries.
+struct Widen {
+  __m512i lo0, lo1, hi0, hi1;
+  Widen() {
+    const uint8_t* t = e4m3_bf16_tables();
+    lo0 = _mm512_loadu_si512(t);
+    lo1 = _mm512_loadu_si512(t + 64);
+    hi0 = _mm512_loadu_si512(t + 128);
+    hi1 = _mm512_loadu_si512(t + 192);
   }
-}
+
+  // 64 e4m3 bytes as 64 BF16 values (exact), into out[0, 64), in the order of the byte
+  // unpacks: within each 16-value lane group, values 0-7 go to the first vector and 8-15 to the
+  // second. Queries and keys are widened alike, and the order keeps each value beside its pair
+  // partner (2i, 2i + 1), so the dot products sum over the same pairs.
+  void to_bf16_64(const uint8_t* src, uint16_t* out) const {
+    const __m512i x = _mm512_loadu_si512(src);
+    // VBMI: bits 0-6 of each byte pick one of 128 table bytes (bit 7, the sign, is ignored).
+    const __m512i lo = _mm512_permutex2var_epi8(lo0, x, lo1);
+    __m512i hi = _mm512_permutex2var_epi8(hi0, x, hi1);
+    hi = _mm512_or_si512(hi, _mm512_and_si512(x, _mm512_set1_epi8(char(0x80))));  // the sign
+    _mm512_storeu_si512(out, _mm512_unpacklo_epi8(lo, hi));
+    _mm512_storeu_si512(out + 32, _mm512_unpackhi_epi8(lo, hi));
+  }
+
+  void key(const uint8_t* key, uint16_t* out) const {
+    to_bf16_64(key, out);
+    to_bf16_64(key + 64, out + 64);
+  }
+};
 
 // Adds sum_h w[h] * ReLU(q[h] . k_j) over G groups of 16 heads to tot[j], for kKeys keys:
 // qp [kPairs][heads] (a row's query pairs, heads across lanes, from head `h0`), kp[j] the keys'
@@ -66,13 +75,14 @@ void score_heads(const uint32_t* qp, int64_t heads, int64_t h0, const uint32_t* 
 void index_scores_avx512(const uint8_t* q8, const float* w, int64_t rows, int64_t heads,
                          const IndexKeys& keys, int64_t key_begin, int64_t key_end, float* scores,
                          int64_t ld) {
+  const Widen widen;
   // Every row's query as pairs with the heads across the lanes: [rows][kPairs][heads].
   std::vector<uint32_t> qp(size_t(rows * kPairs * heads));
   {
     alignas(64) uint16_t q16[kIndexKeyDim];
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t h = 0; h < heads; ++h) {
-        key_to_bf16(q8 + (r * heads + h) * kIndexKeyDim, q16);
+        widen.key(q8 + (r * heads + h) * kIndexKeyDim, q16);
         uint32_t* dst = &qp[size_t(r * kPairs * heads + h)];
         for (int64_t p = 0; p < kPairs; ++p) std::memcpy(dst + p * heads, q16 + 2 * p, 4);
       }
@@ -89,7 +99,7 @@ void index_scores_avx512(const uint8_t* q8, const float* w, int64_t rows, int64_
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t* key =
           keys.blocks[size_t(b)] + (s0 - b * kIndexKeyBlock + i) * kIndexKeyEntryBytes;
-      key_to_bf16(key, reinterpret_cast<uint16_t*>(kb[i]));
+      widen.key(key, reinterpret_cast<uint16_t*>(kb[i]));
       std::memcpy(&ks[i], key + kIndexKeyDim, sizeof(float));
     }
     for (int64_t i = n; i < padded; ++i) {
