@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 
 #include "core/check.h"
 #include "kernels/convert.h"
@@ -122,9 +121,8 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
   linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
 }
 
-// Absorbed attention on the fast path: q_lat = W_UK^T q_nope per head (FP32 GEMM against
-// matrices dequantized at construction), the paged MLA kernel over the cache, then
-// o = W_UV o_lat per head.
+// The absorbed form's projections, heads in parallel: q_lat = W_UK^T q_nope per head (FP32 GEMM
+// against matrices dequantized at construction) beside q_pe, and o = W_UV o_lat per head.
 void DeepseekModel::absorb_queries(int64_t layer, const float* q, int64_t n, float* qa) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
