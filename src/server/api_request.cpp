@@ -664,15 +664,18 @@ ApiResult<CompletionRequest> parse_completion_request(std::string_view body,
   } else {
     return wrong_type("prompt", "a string or an array of token ids", *p);
   }
-  bool echo = false;
-  RETURN_IF_API_ERROR(f.get_bool("echo", echo));
-  if (echo) return bad_request("'echo' is not supported", "echo");
-  if (const json* s = f.find("suffix")) {
+  RETURN_IF_API_ERROR(f.get_bool("echo", r.echo));
+  if (const json* s = f.find("suffix")) {  // (fill-in-the-middle: no DeepSeek chat model does it)
     if (!s->is_string()) return wrong_type("suffix", "a string", *s);
     if (!s->get<std::string>().empty()) return bad_request("'suffix' is not supported", "suffix");
   }
   r.gen.max_tokens = 16;  // the legacy API's default
   RETURN_IF_API_ERROR(parse_generation(f, limits, /*chat=*/false, r.gen));
+  if (r.echo && r.gen.logprobs) {
+    return bad_request(
+        "'echo' with 'logprobs' is not supported: this server does not score prompt tokens",
+        "echo");
+  }
   return r;
 }
 

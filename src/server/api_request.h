@@ -3,8 +3,8 @@
 // ranges, caps), once, at the boundary; the handlers then trust the structs. Checks that need
 // the prompt's token count (prompt + max_tokens beyond the context) are the handlers'.
 //
-// Unknown fields are ignored, as vLLM does. Fields the server cannot honour (logit_bias,
-// non-zero penalties, echo, suffix) are rejected with 400 rather than silently ignored.
+// Unknown fields are ignored, as vLLM does. Fields the server cannot honour (suffix, echo with
+// logprobs) are rejected with 400 rather than silently ignored.
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -88,6 +88,9 @@ struct CompletionRequest {
   // Text, or token ids (each < vocab_size, non-empty).
   std::variant<std::string, std::vector<int32_t>> prompt;
   GenerationOptions gen;
+  // The legacy API's echo: the prompt's text before the completion's (not with logprobs: the
+  // engine does not score prompt tokens).
+  bool echo = false;
 };
 
 ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,

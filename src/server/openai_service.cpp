@@ -43,6 +43,7 @@ struct OpenAiService::Prepared {
   GenerationOptions gen;
   ReasoningMode reasoning;
   ToolCallMode tools;
+  std::string echo;  // completions with echo: the prompt's text, before each choice's
 };
 
 // The state of one generation request while it is served: the engine job, one ChoiceOutput per
@@ -249,6 +250,12 @@ class OpenAiService::Stream final : public ReplyStream {
           json delta = {{"role", "assistant"}, {"content", ""}};
           if (p.reasoning.split) delta["reasoning_content"] = "";
           append_event(out, choice_chunk(int(i), std::move(delta), nullptr, nullptr));
+        }
+        return true;
+      }
+      if (!p.echo.empty()) {  // completions with echo: the prompt first
+        for (size_t i = 0; i < run_->choices.size(); ++i) {
+          append_event(out, choice_chunk(int(i), p.echo, nullptr, nullptr));
         }
         return true;
       }
@@ -515,6 +522,10 @@ Reply OpenAiService::completions(std::string_view body) {
     p.prompt = std::get<std::vector<int32_t>>(req->prompt);
   }
   p.gen = std::move(req->gen);
+  if (req->echo) {
+    const auto* text = std::get_if<std::string>(&req->prompt);
+    p.echo = text ? *text : tokenizer_.decode(p.prompt, /*skip_special=*/false);
+  }
   return generate(std::move(p));
 }
 
@@ -637,7 +648,7 @@ Reply OpenAiService::finish_blocking(std::shared_ptr<Run> run) {
       c["message"] = std::move(msg);
       c["logprobs"] = logprobs ? chat_logprobs(tokenizer_, acc[i].tokens) : json(nullptr);
     } else {
-      c["text"] = acc[i].content;
+      c["text"] = p.echo + acc[i].content;
       int64_t offset = 0;
       c["logprobs"] =
           logprobs ? completion_logprobs(tokenizer_, acc[i].tokens, offset) : json(nullptr);

@@ -249,6 +249,30 @@ TEST(HttpServer, CompletionsWithTextAndTokenPrompts) {
   EXPECT_EQ(h.engine.submitted()[1].prompt, (std::vector<int32_t>{5, 6, 7}));
 }
 
+// echo: the prompt's text before each choice's (a text prompt as sent, token ids decoded),
+// streamed as the first event of each choice.
+TEST(HttpServer, CompletionsEchoThePrompt) {
+  Harness h(scripted(" world"));
+  auto r = h.post("/v1/completions", R"({"prompt":"Hello","max_tokens":5,"echo":true,"n":2})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], "Hello world");
+  EXPECT_EQ(j["choices"][1]["text"], "Hello world");
+  const std::vector<int32_t> ids = v3_tokenizer().encode("Hi there", false);
+  r = h.post("/v1/completions",
+             json({{"prompt", ids}, {"echo", true}, {"stream", true}, {"max_tokens", 5}}).dump());
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::string text;
+  for (const json& e : sse_events(r->body)) {
+    if (e != "[DONE]") text += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, "Hi there world");
+  EXPECT_EQ(sse_events(r->body)[0]["choices"][0]["text"], "Hi there");
+  r = h.post("/v1/completions", R"({"prompt":"Hello","echo":true,"logprobs":1})");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "echo");
+}
+
 TEST(HttpServer, ModelsHealthAndUnknownRoutes) {
   Harness h;
   auto r = h.get("/v1/models");

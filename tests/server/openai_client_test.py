@@ -166,6 +166,11 @@ def test_completions(client, model):
                                        temperature=0, stream=True, extra_body={"ignore_eos": True})
     text = "".join(ch.text for chunk in stream for ch in chunk.choices)
     check(text == ids.choices[0].text, (text, ids.choices[0].text))
+    # echo: the prompt's text, then the same completion.
+    prompt = "The capital of France is"
+    echoed = client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0,
+                                       echo=True, extra_body={"ignore_eos": True})
+    check(echoed.choices[0].text == prompt + c.text, (echoed.choices[0].text, c.text))
 
 
 def test_concurrent_equals_alone(client, model, greedy_text):
