@@ -51,12 +51,7 @@ void DsmlParser::open_call(std::string_view header, ToolCallParser::Parts& out) 
 }
 
 void DsmlParser::add_arguments(std::string_view text, ToolCallParser::Parts& out) {
-  if (!current_kept_ || text.empty()) return;
-  if (!out.calls.empty() && out.calls.back().index == opened_ - 1) {
-    out.calls.back().arguments.append(text);
-  } else {
-    out.calls.push_back({opened_ - 1, false, "", "", std::string(text)});
-  }
+  if (current_kept_) append_call_arguments(out, opened_ - 1, text);
 }
 
 void DsmlParser::open_param(std::string_view header, ToolCallParser::Parts& out) {

@@ -427,9 +427,13 @@ std::optional<GrammarSpec> forced_call_grammar(const ChatCompletionRequest& req,
   nlohmann::json calls = nlohmann::json::array();
   for (const ToolDefinition& t : req.tools) {
     if (named && t.name != req.tool_choice.function) continue;
+    // `required`: what the named prefill writes past the unnamed one (the name and the syntax up
+    // to the arguments).
     std::string prefix;
-    if (!named)
-      prefix = t.name + (syntax == ToolCallSyntax::kV3_1 ? "<｜tool▁sep｜>" : "\n```json\n");
+    if (!named) {
+      prefix =
+          tool_call_prefill(t.name, syntax).substr(tool_call_prefill(std::nullopt, syntax).size());
+    }
     // A function without parameters takes an object (null: any object).
     nlohmann::json params = nlohmann::json::parse(t.parameters, nullptr, false);
     if (params.is_discarded() || params == nlohmann::json::object()) params = nullptr;

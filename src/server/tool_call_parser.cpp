@@ -147,13 +147,17 @@ void ToolCallParser::open_call(std::string_view header, Parts& out) {
   ++opened_;
 }
 
-void ToolCallParser::add_arguments(std::string_view text, Parts& out) {
-  if (!current_kept_ || text.empty()) return;
-  if (!out.calls.empty() && out.calls.back().index == opened_ - 1) {
+void append_call_arguments(ToolCallParser::Parts& out, int64_t index, std::string_view text) {
+  if (text.empty()) return;
+  if (!out.calls.empty() && out.calls.back().index == index) {
     out.calls.back().arguments.append(text);
   } else {
-    out.calls.push_back({opened_ - 1, false, "", "", std::string(text)});
+    out.calls.push_back({index, false, "", "", std::string(text)});
   }
+}
+
+void ToolCallParser::add_arguments(std::string_view text, Parts& out) {
+  if (current_kept_) append_call_arguments(out, opened_ - 1, text);
 }
 
 ToolCallParser::Parts ToolCallParser::push(std::string_view piece) {

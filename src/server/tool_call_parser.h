@@ -106,4 +106,9 @@ class ToolCallParser {
   std::unique_ptr<DsmlParser> dsml_;  // kDsml: all the work is its
 };
 
+// Appends `text` (when not empty) to call `index`'s arguments in `out`: to the last delta when
+// it is that call's (one fragment per delta and call), else as a new delta. Shared by the
+// parsers of every syntax.
+void append_call_arguments(ToolCallParser::Parts& out, int64_t index, std::string_view text);
+
 }  // namespace moeserve

@@ -141,7 +141,8 @@ for p in json.load(open(fixture))["prompts"]:
 print("dsa: PD (router, prefill and decode unit) = one server")
 PY
 
-# The fast path (the indexer on BF16 GEMMs, sparse tokens through the F32 attention code):
+# The fast path (the indexer's projections on BF16 GEMMs, its scores on the SIMD kernel, sparse
+# tokens through mla_sparse):
 # with a top-k above the context, the V3 checkpoint's fast-path bits; with top-k 16, a prompt in
 # a batch with prefill chunks of 7 tokens gets what it gets alone in one chunk.
 gen "$dir/fast_wide.jsonl" "$dir/wide" "${prompts[@]}"
