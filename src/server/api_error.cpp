@@ -21,6 +21,13 @@ ApiError bad_request(std::string message, std::optional<std::string> param) {
   return e;
 }
 
+Reply error_reply(const ApiError& e) {
+  Reply r;
+  r.status = e.http_status;
+  r.body = e.to_json();
+  return r;
+}
+
 ApiError error_from_status(const Status& status) {
   ApiError e;
   e.message = status.message();

@@ -11,6 +11,7 @@
 #include <variant>
 
 #include "core/status.h"
+#include "server/reply.h"
 
 namespace moeserve {
 
@@ -30,6 +31,8 @@ ApiError bad_request(std::string message, std::optional<std::string> param = std
 // Maps an engine Status: InvalidArgument 400, ResourceExhausted 429, Unavailable 503,
 // anything else 500.
 ApiError error_from_status(const Status& status);
+// A reply carrying the error (OpenAI's shape).
+Reply error_reply(const ApiError& e);
 
 template <typename T>
 class ApiResult {

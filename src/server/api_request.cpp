@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "server/api_json.h"
 #include "tokenizer/chat_messages_json.h"
 
 namespace moeserve {
@@ -121,12 +122,6 @@ class Fields {
 };
 
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
-
-#define RETURN_IF_API_ERROR(expr)              \
-  do {                                         \
-    std::optional<ApiError> api_error_ = expr; \
-    if (api_error_) return *api_error_;        \
-  } while (0)
 
 // Deepest nesting of arrays and objects in a JSON text (strings skipped). The parser is
 // iterative but dump() and the destructor of deeply nested values recurse, so a body of 100000
@@ -615,6 +610,15 @@ std::optional<ApiError> parse_tools(const Fields& f, std::string_view body,
 }
 
 }  // namespace
+
+std::optional<ApiError> check_request_body(std::string_view body, size_t max_keys) {
+  ApiResult<json> j = parse_object(body);
+  if (!j.ok()) return j.error();
+  if (widest_object(*j) > max_keys) {
+    return bad_request(fmt::format("an object in the request has more than {} keys", max_keys));
+  }
+  return std::nullopt;
+}
 
 ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,
                                                     const RequestLimits& limits) {

@@ -93,6 +93,11 @@ struct CompletionRequest {
   bool echo = false;
 };
 
+// The checks every request body gets before its fields are read: nesting depth, JSON syntax,
+// an object at the top, and no object wider than `max_keys` (the APIs that translate into a chat
+// request keep the client's key order, which costs time quadratic in an object's width).
+std::optional<ApiError> check_request_body(std::string_view body, size_t max_keys);
+
 ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,
                                                     const RequestLimits& limits);
 ApiResult<CompletionRequest> parse_completion_request(std::string_view body,

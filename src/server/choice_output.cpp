@@ -75,8 +75,10 @@ ChoiceDelta ChoiceOutput::on_tokens(const std::vector<GeneratedToken>& tokens) {
   for (const GeneratedToken& t : tokens) {
     ++completion_tokens_;
     d.tokens.push_back(t);
+    const bool was_reasoning = reasoning_ && reasoning_->in_reasoning();
     StopMatcher::Step s = stop_.push(detok_.push(t.id));
     emit(s.text, d);
+    if (was_reasoning || (reasoning_ && reasoning_->in_reasoning())) ++reasoning_tokens_;
     if (s.stopped) {
       flush(d);
       finish_as("stop", d);

@@ -57,6 +57,10 @@ class ChoiceOutput {
   bool stopped_by_string() const { return stop_.stopped(); }
   const std::optional<std::string>& finish_reason() const { return finish_reason_; }
   int64_t completion_tokens() const { return completion_tokens_; }
+  // Of those, the tokens of the thinking block (its tags included).
+  int64_t reasoning_tokens() const { return reasoning_tokens_; }
+  // The stop string that ended the choice (empty when none did).
+  const std::string& stop_string() const { return stop_.matched(); }
 
  private:
   void emit(std::string_view text, ChoiceDelta& d);
@@ -71,6 +75,7 @@ class ChoiceOutput {
   std::vector<ToolCallDelta> prefilled_;  // the prefill's opening delta, sent with the first
   std::optional<std::string> finish_reason_;
   int64_t completion_tokens_ = 0;
+  int64_t reasoning_tokens_ = 0;
 };
 
 }  // namespace moeserve

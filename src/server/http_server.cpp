@@ -9,7 +9,9 @@
 #include "server/api_error.h"
 #include "server/auth.h"
 #include "server/chat_page.h"
+#include "server/messages_api.h"
 #include "server/openai_service.h"
+#include "server/responses_api.h"
 
 namespace moeserve {
 
@@ -25,9 +27,17 @@ ApiError make_error(int status, std::string message, std::string type,
   return e;
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+// The API whose shape an error takes: Anthropic's on /v1/messages, OpenAI's elsewhere.
+enum class ErrorShape { kOpenAi, kAnthropic };
+
+ErrorShape shape_of(const std::string& path) {
+  return path.starts_with("/v1/messages") ? ErrorShape::kAnthropic : ErrorShape::kOpenAi;
+}
+
+void send_error(httplib::Response& res, const ApiError& e, ErrorShape shape = ErrorShape::kOpenAi) {
   res.status = e.http_status;
-  res.set_content(e.to_json(), "application/json");
+  res.set_content(shape == ErrorShape::kAnthropic ? anthropic_error_body(e) : e.to_json(),
+                  "application/json");
 }
 
 size_t header_bytes(const httplib::Request& req) {
@@ -40,12 +50,19 @@ size_t header_bytes(const httplib::Request& req) {
 
 struct HttpServer::Impl {
   Impl(OpenAiService& service, Engine& engine, ServerMetrics& metrics, HttpServerOptions options)
-      : service(service), engine(engine), metrics(metrics), options(std::move(options)) {}
+      : service(service),
+        engine(engine),
+        metrics(metrics),
+        options(std::move(options)),
+        responses(service, this->options.responses),
+        messages(service) {}
 
   OpenAiService& service;
   Engine& engine;
   ServerMetrics& metrics;
   const HttpServerOptions options;
+  ResponsesApi responses;
+  MessagesApi messages;
   httplib::Server svr;
   std::thread listener;
   int port = 0;
@@ -58,22 +75,33 @@ struct HttpServer::Impl {
   // The checks every route shares; false when `res` already holds the refusal.
   bool admit(const httplib::Request& req, httplib::Response& res, bool v1,
              bool while_draining = false) {
+    const ErrorShape shape = shape_of(req.path);
     if (header_bytes(req) > options.max_header_bytes) {
       send_error(
           res,
           make_error(431, fmt::format("request headers exceed {} bytes", options.max_header_bytes),
-                     "invalid_request_error", "header_too_large"));
+                     "invalid_request_error", "header_too_large"),
+          shape);
       return false;
     }
+    // The key as OpenAI's clients send it, or as Anthropic's do (x-api-key).
     if (v1 && options.api_key &&
-        !bearer_matches(req.get_header_value("Authorization"), *options.api_key)) {
-      send_error(res, make_error(401, "missing or invalid API key (send Authorization: Bearer KEY)",
-                                 "authentication_error", "invalid_api_key"));
+        !bearer_matches(req.get_header_value("Authorization"), *options.api_key) &&
+        !(req.has_header("x-api-key") &&
+          constant_time_equal(req.get_header_value("x-api-key"), *options.api_key))) {
+      send_error(res,
+                 make_error(401,
+                            "missing or invalid API key (send Authorization: Bearer KEY or "
+                            "x-api-key: KEY)",
+                            "authentication_error", "invalid_api_key"),
+                 shape);
       return false;
     }
     if (v1 && !while_draining && draining.load()) {
-      send_error(res, make_error(503, "the server is shutting down", "service_unavailable",
-                                 "shutting_down"));
+      send_error(
+          res,
+          make_error(503, "the server is shutting down", "service_unavailable", "shutting_down"),
+          shape);
       return false;
     }
     return true;
@@ -122,6 +150,31 @@ struct HttpServer::Impl {
     svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       if (admit(req, res, true)) send(res, service.completions(req.body));
     });
+    svr.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+      if (admit(req, res, true)) send(res, responses.create(req.body));
+    });
+    svr.Get(R"(/v1/responses/([^/]+))",
+            [this](const httplib::Request& req, httplib::Response& res) {
+              if (admit(req, res, true)) send(res, responses.retrieve(std::string(req.matches[1])));
+            });
+    svr.Get(R"(/v1/responses/([^/]+)/input_items)",
+            [this](const httplib::Request& req, httplib::Response& res) {
+              if (admit(req, res, true)) {
+                send(res, responses.input_items(std::string(req.matches[1])));
+              }
+            });
+    svr.Delete(R"(/v1/responses/([^/]+))",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 if (admit(req, res, true))
+                   send(res, responses.remove(std::string(req.matches[1])));
+               });
+    svr.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+      if (admit(req, res, true)) send(res, messages.create(req.body));
+    });
+    svr.Post("/v1/messages/count_tokens",
+             [this](const httplib::Request& req, httplib::Response& res) {
+               if (admit(req, res, true)) send(res, messages.count_tokens(req.body));
+             });
     svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       if (admit(req, res, true)) send(res, service.models());
     });
@@ -202,10 +255,10 @@ struct HttpServer::Impl {
       }
       ApiError e = make_error(res.status, msg,
                               res.status >= 500 ? "internal_error" : "invalid_request_error");
-      res.set_content(e.to_json(), "application/json");
+      send_error(res, e, shape_of(req.path));
     });
     svr.set_exception_handler(
-        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
           std::string what = "unknown exception";
           try {
             if (ep) std::rethrow_exception(ep);
@@ -213,7 +266,8 @@ struct HttpServer::Impl {
             what = e.what();
           } catch (...) {
           }
-          send_error(res, make_error(500, "internal error: " + what, "internal_error"));
+          send_error(res, make_error(500, "internal error: " + what, "internal_error"),
+                     shape_of(req.path));
         });
     // API replies by status (scrapes of /metrics and /health are not counted).
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {

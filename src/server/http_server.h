@@ -1,7 +1,10 @@
 // HttpServer: the HTTP front of an OpenAiService (cpp-httplib, confined to http_server.cpp).
 //
-// Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/<id>] (API key
-// required on every /v1 route when one is set), GET /health (200 while the engine steps, 503
+// Routes: POST /v1/chat/completions, POST /v1/completions, the Responses API (POST /v1/responses,
+// GET and DELETE /v1/responses/<id>, GET /v1/responses/<id>/input_items), Anthropic's Messages
+// API (POST /v1/messages[/count_tokens], with errors in Anthropic's shape), GET
+// /v1/models[/<id>] (API key required on every /v1 route when one is set, as a bearer token or
+// an x-api-key header), GET /health (200 while the engine steps, 503
 // when it is dead or the server drains), GET /metrics (Prometheus text). Unknown routes get 404,
 // oversized bodies 413, oversized headers 431, all with OpenAI-style error bodies.
 //
@@ -25,6 +28,7 @@
 #include "engine/engine.h"
 #include "server/metrics.h"
 #include "server/reply.h"
+#include "server/responses_api.h"
 
 namespace moeserve {
 
@@ -50,6 +54,7 @@ struct HttpServerOptions {
   std::chrono::milliseconds stream_poll{50};   // how often an idle stream checks its client
   std::vector<HttpRoute> routes;               // more routes
   std::function<std::string()> extra_metrics;  // appended to GET /metrics
+  ResponsesOptions responses;                  // how many, how long responses are kept
 };
 
 class HttpServer {

@@ -10,12 +10,13 @@
 #include "core/check.h"
 #include "server/choice_output.h"
 #include "server/generation_job.h"
+#include "server/generation_run.h"
 #include "tokenizer/utf8.h"
 
 namespace moeserve {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using Clock = GenerationRun::Clock;
 
 namespace {
 
@@ -23,169 +24,7 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-Reply error_reply(const ApiError& e) {
-  Reply r;
-  r.status = e.http_status;
-  r.body = e.to_json();
-  return r;
-}
-
-double seconds(Clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
-
 }  // namespace
-
-// What both endpoints hand to generate(): a validated, tokenized request.
-struct OpenAiService::Prepared {
-  bool chat = true;
-  std::vector<int32_t> prompt;
-  GenerationOptions gen;
-  ReasoningMode reasoning;
-  ToolCallMode tools;
-  std::string echo;  // completions with echo: the prompt's text, before each choice's
-};
-
-// The state of one generation request while it is served: the engine job, one ChoiceOutput per
-// choice, usage and latency bookkeeping. Used by one HTTP thread at a time.
-class OpenAiService::Run {
- public:
-  struct ChoiceState {
-    std::optional<ChoiceOutput> out;
-    std::optional<Clock::time_point> last_token;
-    int64_t draft_tokens = 0, accepted_draft_tokens = 0;  // MTP, so far
-  };
-
-  Run(OpenAiService& svc, Prepared p, std::string id, std::shared_ptr<GenerationJob> job,
-      Clock::time_point t0)
-      : svc(svc),
-        p(std::move(p)),
-        id(std::move(id)),
-        job(std::move(job)),
-        t0(t0),
-        created(std::time(nullptr)) {
-    for (int64_t i = 0; i < this->p.gen.n; ++i) {
-      choices.emplace_back();
-      choices.back().out.emplace(svc.tokenizer_, this->p.gen.stop, this->p.reasoning,
-                                 this->p.tools);
-    }
-  }
-
-  ~Run() {
-    if (!done()) {  // the client went away mid-stream
-      job->cancel_all();
-      for (const ChoiceState& c : choices) {
-        if (!c.out->finished()) svc.metrics_.count_finish("abort");
-      }
-    }
-    --svc.in_flight_;
-  }
-
-  bool done() const {
-    if (error) return true;
-    for (const ChoiceState& c : choices) {
-      if (!c.out->finished()) return false;
-    }
-    return true;
-  }
-
-  // Processes what the engine delivered (waiting up to `wait`), calling sink for each delta.
-  void pump(std::chrono::milliseconds wait, const std::function<void(int, ChoiceDelta&)>& sink) {
-    std::vector<JobEvent> events;
-    job->wait(events, wait);
-    if (events.empty() && !error && !svc.engine_.healthy() && job->live() > 0) {
-      // The engine stopped without finishing these requests: nothing more will come.
-      error = error_from_status(Unavailable("the engine has stopped"));
-      return;
-    }
-    for (JobEvent& ev : events) {
-      if (error) break;
-      ChoiceState& c = choices[size_t(ev.choice)];
-      if (c.out->finished()) continue;
-      const RequestOutput& o = ev.output;
-      if (ev.choice == 0) cached_prompt_tokens = o.cached_prompt_tokens;
-      c.draft_tokens = o.draft_tokens;
-      c.accepted_draft_tokens = o.accepted_draft_tokens;
-      if (!o.tokens.empty()) observe_tokens(c, int64_t(o.tokens.size()), ev.at);
-      if (o.finished && o.finish_reason == FinishReason::kError) {
-        error = ApiError{500, "generation failed: " + o.error.to_string(), "internal_error",
-                         std::nullopt, std::nullopt};
-        svc.metrics_.count_finish("error");
-        job->cancel_all();
-        break;
-      }
-      ChoiceDelta d = c.out->on_tokens(o.tokens);
-      if (c.out->stopped_by_string()) job->cancel_choice(ev.choice);
-      if (!c.out->finished() && o.finished) {
-        ChoiceDelta tail = c.out->on_finish(o.finish_reason);
-        d.reasoning += tail.reasoning;
-        d.content += tail.content;
-        d.tool_calls.insert(d.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
-        d.finish_reason = tail.finish_reason;
-      }
-      if (d.finish_reason) {
-        svc.metrics_.observe_e2e(seconds(ev.at - t0));
-        svc.metrics_.count_finish(*d.finish_reason);
-      }
-      sink(ev.choice, d);
-    }
-  }
-
-  // A tool call's id: unique per response, choice and call.
-  std::string call_id(int choice, int64_t index) const {
-    return fmt::format("call_{}{:02x}{:02x}", id.substr(id.find('-') + 1), choice, index);
-  }
-
-  int64_t completion_tokens() const {
-    int64_t n = 0;
-    for (const ChoiceState& c : choices) n += c.out->completion_tokens();
-    return n;
-  }
-
-  json usage() const {
-    int64_t prompt = int64_t(p.prompt.size()), completion = completion_tokens();
-    json u = {{"prompt_tokens", prompt},
-              {"completion_tokens", completion},
-              {"total_tokens", prompt + completion},
-              {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens}}},
-              // DeepSeek's API names for the same split (its pricing: hits are cheaper).
-              {"prompt_cache_hit_tokens", cached_prompt_tokens},
-              {"prompt_cache_miss_tokens", prompt - cached_prompt_tokens}};
-    if (svc.options_.speculative) {  // an extension: MTP drafts verified and accepted
-      int64_t drafts = 0, accepted = 0;
-      for (const ChoiceState& c : choices) {
-        drafts += c.draft_tokens;
-        accepted += c.accepted_draft_tokens;
-      }
-      u["speculative"] = {
-          {"draft_tokens", drafts},
-          {"accepted_draft_tokens", accepted},
-          {"acceptance_rate", drafts > 0 ? double(accepted) / double(drafts) : 0.0}};
-    }
-    return u;
-  }
-
-  OpenAiService& svc;
-  const Prepared p;
-  const std::string id;
-  const std::shared_ptr<GenerationJob> job;
-  const Clock::time_point t0;
-  const int64_t created;
-  std::vector<ChoiceState> choices;
-  std::optional<ApiError> error;
-  int64_t cached_prompt_tokens = 0;
-
- private:
-  void observe_tokens(ChoiceState& c, int64_t n, Clock::time_point at) {
-    if (!c.last_token) {
-      svc.metrics_.observe_ttft(seconds(at - t0));
-    } else {  // tokens delivered together share the gap
-      const double gap = seconds(at - *c.last_token) / double(n);
-      for (int64_t k = 0; k < n; ++k) svc.metrics_.observe_inter_token(gap);
-    }
-    c.last_token = at;
-  }
-};
 
 namespace {
 
@@ -232,17 +71,34 @@ json completion_logprobs(const Tokenizer& tok, const std::vector<GeneratedToken>
           {"text_offset", std::move(offsets)}};
 }
 
-}  // namespace
+// The usage object of chat and completions replies.
+json usage_json(const RunUsage& u, bool speculative) {
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}},
+            // DeepSeek's API names for the same split (its pricing: hits are cheaper).
+            {"prompt_cache_hit_tokens", u.cached_prompt_tokens},
+            {"prompt_cache_miss_tokens", u.prompt_tokens - u.cached_prompt_tokens}};
+  if (speculative) {  // an extension: MTP drafts verified and accepted
+    j["speculative"] = {
+        {"draft_tokens", u.draft_tokens},
+        {"accepted_draft_tokens", u.accepted_draft_tokens},
+        {"acceptance_rate",
+         u.draft_tokens > 0 ? double(u.accepted_draft_tokens) / double(u.draft_tokens) : 0.0}};
+  }
+  return j;
+}
 
 // An SSE reply: chat.completion.chunk or text_completion events, then "data: [DONE]".
-class OpenAiService::Stream final : public ReplyStream {
+class CompletionStream final : public ReplyStream {
  public:
-  explicit Stream(std::shared_ptr<Run> run)
-      : run_(std::move(run)), text_offsets_(run_->choices.size(), 0) {}
+  CompletionStream(std::shared_ptr<GenerationRun> run, std::string model)
+      : run_(std::move(run)), model_(std::move(model)), text_offsets_(run_->choices.size(), 0) {}
 
   bool next(std::string& out, std::chrono::milliseconds wait) override {
     if (complete_) return false;
-    const Prepared& p = run_->p;
+    const PreparedRequest& p = run_->p;
     if (!started_) {
       started_ = true;
       if (p.chat) {  // OpenAI opens each choice with the assistant role
@@ -268,7 +124,7 @@ class OpenAiService::Stream final : public ReplyStream {
     } else if (p.gen.include_usage) {
       json last = base();
       last["choices"] = json::array();
-      last["usage"] = run_->usage();
+      last["usage"] = usage_json(run_->usage(), run_->ctx.speculative);
       append_event(out, last);
     }
     out += "data: [DONE]\n\n";
@@ -276,14 +132,14 @@ class OpenAiService::Stream final : public ReplyStream {
     return false;
   }
 
-  void abandon() override { run_->job->cancel_all(); }
+  void abandon() override { run_->abandon(); }
 
  private:
   json base() const {
     return {{"id", run_->id},
             {"object", run_->p.chat ? "chat.completion.chunk" : "text_completion"},
             {"created", run_->created},
-            {"model", run_->svc.options_.served_model_name}};
+            {"model", model_}};
   }
 
   json choice_chunk(int i, json delta, json logprobs, json finish) const {
@@ -301,13 +157,13 @@ class OpenAiService::Stream final : public ReplyStream {
   }
 
   void append_delta(std::string& out, int i, ChoiceDelta& d) {
-    const Prepared& p = run_->p;
+    const PreparedRequest& p = run_->p;
     bool has_logprobs = p.gen.logprobs && !d.tokens.empty();
     if (d.content.empty() && d.reasoning.empty() && d.tool_calls.empty() && !has_logprobs &&
         !d.finish_reason) {
       return;
     }
-    const Tokenizer& tok = run_->svc.tokenizer_;
+    const Tokenizer& tok = run_->ctx.tokenizer;
     json logprobs = nullptr;
     if (has_logprobs) {
       logprobs = p.chat ? chat_logprobs(tok, d.tokens)
@@ -354,11 +210,14 @@ class OpenAiService::Stream final : public ReplyStream {
   }
   static void append_event(std::string& out, const json& j) { append_data(out, dump(j)); }
 
-  std::shared_ptr<Run> run_;
+  std::shared_ptr<GenerationRun> run_;
+  const std::string model_;
   std::vector<int64_t> text_offsets_;
   bool started_ = false;
   bool complete_ = false;
 };
+
+}  // namespace
 
 OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer, ChatTemplate chat_template,
                              ServiceOptions options, ServerMetrics& metrics)
@@ -377,7 +236,7 @@ OpenAiService::~OpenAiService() = default;
 
 std::string OpenAiService::new_id(std::string_view prefix) {
   std::lock_guard<std::mutex> lock(mu_);
-  return fmt::format("{}-{:016x}", prefix, id_rng_());
+  return fmt::format("{}{:016x}", prefix, id_rng_());
 }
 
 void OpenAiService::track(const std::shared_ptr<GenerationJob>& job) {
@@ -448,31 +307,37 @@ std::optional<GrammarSpec> forced_call_grammar(const ChatCompletionRequest& req,
 Reply OpenAiService::chat_completions(std::string_view body) {
   ApiResult<ChatCompletionRequest> req = parse_chat_request(body, options_.limits);
   if (!req.ok()) return error_reply(req.error());
-  if (auto e = check_model(req->model, options_.served_model_name)) return error_reply(*e);
+  ApiResult<std::shared_ptr<GenerationRun>> run = start_chat(std::move(*req), "chatcmpl-");
+  if (!run.ok()) return error_reply(run.error());
+  return reply(std::move(*run));
+}
+
+ApiResult<PreparedRequest> OpenAiService::prepare_chat(ChatCompletionRequest& req) const {
+  if (auto e = check_model(req.model, options_.served_model_name)) return *e;
   // tool_choice "none": the tools are neither described nor parsed (the model is not told of
   // them). "required" / a named function: the prompt opens the call (see docs/server.md).
-  const bool use_tools = !req->tools.empty() && req->tool_choice.mode != ToolChoice::Mode::kNone;
+  const bool use_tools = !req.tools.empty() && req.tool_choice.mode != ToolChoice::Mode::kNone;
   if (options_.reasoning_only) {
     if (use_tools) {
-      return error_reply(bad_request(
+      return bad_request(
           "this model reasons only and does not call tools: send no 'tools' (or 'tool_choice': "
           "'none')",
-          "tools"));
+          "tools");
     }
-    req->thinking = true;
+    req.thinking = true;
   }
-  if (use_tools && req->gen.grammar) {  // (the grammar would keep the model from calling them)
-    return error_reply(bad_request(
+  if (use_tools && req.gen.grammar) {  // (the grammar would keep the model from calling them)
+    return bad_request(
         "a JSON 'response_format' cannot be combined with 'tools' (unless 'tool_choice' is "
         "'none')",
-        "response_format"));
+        "response_format");
   }
   Result<std::string> text = template_.render(
-      req->messages, /*add_generation_prompt=*/true,
-      use_tools ? std::span<const ToolDefinition>(req->tools) : std::span<const ToolDefinition>(),
-      req->thinking);
-  if (!text.ok()) return error_reply(bad_request(text.status().message(), "messages"));
-  Prepared p;
+      req.messages, /*add_generation_prompt=*/true,
+      use_tools ? std::span<const ToolDefinition>(req.tools) : std::span<const ToolDefinition>(),
+      req.thinking);
+  if (!text.ok()) return bad_request(text.status().message(), "messages");
+  PreparedRequest p;
   p.chat = true;
   p.tools.parse = use_tools;
   switch (template_.variant()) {
@@ -485,40 +350,53 @@ Reply OpenAiService::chat_completions(std::string_view body) {
     default:
       p.tools.syntax = ToolCallSyntax::kV3;
   }
-  if (!req->parallel_tool_calls) p.tools.max_calls = 1;
+  if (!req.parallel_tool_calls) p.tools.max_calls = 1;
   // An R1 prompt that opens <think> leaves the call to the model (it reasons first).
-  if (use_tools && !template_.generation_opens_think(req->thinking)) {
-    if (req->tool_choice.mode == ToolChoice::Mode::kRequired) {
+  if (use_tools && !template_.generation_opens_think(req.thinking)) {
+    if (req.tool_choice.mode == ToolChoice::Mode::kRequired) {
       p.tools.prefill = tool_call_prefill(std::nullopt, p.tools.syntax);
-    } else if (req->tool_choice.mode == ToolChoice::Mode::kFunction) {
-      p.tools.prefill = tool_call_prefill(req->tool_choice.function, p.tools.syntax);
+    } else if (req.tool_choice.mode == ToolChoice::Mode::kFunction) {
+      p.tools.prefill = tool_call_prefill(req.tool_choice.function, p.tools.syntax);
     }
     *text += p.tools.prefill;
     // The rest of a forced call, constrained: a name from `tools` (the named one) and arguments
     // that meet its parameters (docs/server.md, Tool calls).
-    if (!p.tools.prefill.empty() && !req->gen.ignore_eos && options_.grammar) {
-      req->gen.grammar = forced_call_grammar(*req, p.tools.syntax);
-      if (req->gen.grammar) {
-        if (Status st = options_.grammar->check(*req->gen.grammar); !st.ok()) {
-          return error_reply(bad_request(
-              "a function's parameters cannot constrain its call: " + st.message(), "tools"));
+    if (!p.tools.prefill.empty() && !req.gen.ignore_eos && options_.grammar) {
+      req.gen.grammar = forced_call_grammar(req, p.tools.syntax);
+      if (req.gen.grammar) {
+        if (Status st = options_.grammar->check(*req.gen.grammar); !st.ok()) {
+          return bad_request("a function's parameters cannot constrain its call: " + st.message(),
+                             "tools");
         }
       }
     }
   }
   p.prompt = tokenizer_.encode(*text, /*add_bos=*/false);  // the template writes BOS itself
-  p.gen = std::move(req->gen);
-  p.reasoning.split = options_.split_reasoning && template_.reasons(req->thinking);
+  p.gen = std::move(req.gen);
+  p.reasoning.split = options_.split_reasoning && template_.reasons(req.thinking);
   p.reasoning.starts_in_reasoning =
-      p.reasoning.split && template_.generation_opens_think(req->thinking);
-  return generate(std::move(p));
+      p.reasoning.split && template_.generation_opens_think(req.thinking);
+  return p;
+}
+
+ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start_chat(ChatCompletionRequest req,
+                                                                    std::string_view id_prefix) {
+  ApiResult<PreparedRequest> p = prepare_chat(req);
+  if (!p.ok()) return p.error();
+  return start(std::move(*p), id_prefix);
+}
+
+ApiResult<int64_t> OpenAiService::count_chat_tokens(ChatCompletionRequest req) const {
+  ApiResult<PreparedRequest> p = prepare_chat(req);
+  if (!p.ok()) return p.error();
+  return int64_t(p->prompt.size());
 }
 
 Reply OpenAiService::completions(std::string_view body) {
   ApiResult<CompletionRequest> req = parse_completion_request(body, options_.limits);
   if (!req.ok()) return error_reply(req.error());
   if (auto e = check_model(req->model, options_.served_model_name)) return error_reply(*e);
-  Prepared p;
+  PreparedRequest p;
   p.chat = false;
   if (const auto* text = std::get_if<std::string>(&req->prompt)) {
     p.prompt = tokenizer_.encode(*text, tokenizer_.default_add_bos());
@@ -530,29 +408,32 @@ Reply OpenAiService::completions(std::string_view body) {
     const auto* text = std::get_if<std::string>(&req->prompt);
     p.echo = text ? *text : tokenizer_.decode(p.prompt, /*skip_special=*/false);
   }
-  return generate(std::move(p));
+  ApiResult<std::shared_ptr<GenerationRun>> run = start(std::move(p), "cmpl-");
+  if (!run.ok()) return error_reply(run.error());
+  return reply(std::move(*run));
 }
 
-Reply OpenAiService::generate(Prepared p) {
+ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start(PreparedRequest p,
+                                                               std::string_view id_prefix) {
   const Clock::time_point t0 = Clock::now();
   const int64_t n_prompt = int64_t(p.prompt.size());
   const int64_t context = options_.limits.max_context;
-  if (n_prompt == 0) return error_reply(bad_request("the prompt is empty", "prompt"));
+  if (n_prompt == 0) return bad_request("the prompt is empty", "prompt");
   const char* prompt_param = p.chat ? "messages" : "prompt";
   if (n_prompt >= context) {
-    return error_reply(bad_request(
+    return bad_request(
         fmt::format("the prompt is {} tokens; the model's context is {} tokens", n_prompt, context),
-        prompt_param));
+        prompt_param);
   }
   const char* max_param = p.chat ? "max_completion_tokens" : "max_tokens";
   if (!p.gen.max_tokens) {
     p.gen.max_tokens = context - n_prompt;
   } else if (n_prompt + *p.gen.max_tokens > context) {
-    return error_reply(bad_request(
+    return bad_request(
         fmt::format("the prompt ({} tokens) plus max_tokens ({}) exceeds the model's context of {} "
                     "tokens",
                     n_prompt, *p.gen.max_tokens, context),
-        max_param));
+        max_param);
   }
   EngineRequest er;
   er.prompt = p.prompt;
@@ -572,69 +453,53 @@ Reply OpenAiService::generate(Prepared p) {
   er.top_logprobs = p.gen.logprobs ? p.gen.top_logprobs : 0;
   if (p.gen.grammar) {
     if (!options_.grammar) {
-      return error_reply(
-          bad_request("this server cannot constrain output to JSON", "response_format"));
+      return bad_request("this server cannot constrain output to JSON", "response_format");
     }
     // A reasoning model writes its thoughts first; the JSON is the answer after </think>.
     if (p.reasoning.starts_in_reasoning) {
       std::optional<int32_t> end_think = tokenizer_.token_to_id("</think>");
       if (!end_think) {
-        return error_reply(bad_request(
+        return bad_request(
             "the prompt opens reasoning, and the tokenizer has no </think> token to end it",
-            "response_format"));
+            "response_format");
       }
       p.gen.grammar->start_after = *end_think;
     }
     if (Status st = options_.grammar->check(*p.gen.grammar); !st.ok()) {
-      return error_reply(bad_request(st.message(), "response_format"));
+      return bad_request(st.message(), "response_format");
     }
     er.grammar = p.gen.grammar;
   }
 
-  const std::string id = new_id(p.chat ? "chatcmpl" : "cmpl");
+  const std::string id = new_id(id_prefix);
   auto job = std::make_shared<GenerationJob>(engine_);
-  ++in_flight_;  // from here on Run's destructor gives it back
+  ++in_flight_;  // from here on the run's destructor gives it back
   Status s = job->submit(id, er, int(p.gen.n));
   if (!s.ok()) {
     --in_flight_;
-    return error_reply(error_from_status(s));
+    return error_from_status(s);
   }
   track(job);
-  const bool stream = p.gen.stream;
-  auto run = std::make_shared<Run>(*this, std::move(p), id, std::move(job), t0);
-  if (!stream) return finish_blocking(std::move(run));
+  const RunContext ctx{engine_, tokenizer_, metrics_, options_.speculative, in_flight_};
+  return std::make_shared<GenerationRun>(ctx, std::move(p), id, std::move(job), t0);
+}
+
+Reply OpenAiService::reply(std::shared_ptr<GenerationRun> run) {
+  if (!run->p.gen.stream) return finish_blocking(*run);
   Reply r;
   r.content_type = "text/event-stream";
-  r.stream = std::make_shared<Stream>(std::move(run));
+  r.stream = std::make_shared<CompletionStream>(std::move(run), options_.served_model_name);
   return r;
 }
 
-Reply OpenAiService::finish_blocking(std::shared_ptr<Run> run) {
-  struct Acc {
-    std::string reasoning, content;
-    std::vector<ParsedToolCall> calls;
-    std::vector<GeneratedToken> tokens;
-  };
-  std::vector<Acc> acc(run->choices.size());
-  const bool logprobs = run->p.gen.logprobs;
-  while (!run->done()) {
-    run->pump(std::chrono::milliseconds(200), [&](int i, ChoiceDelta& d) {
-      Acc& a = acc[size_t(i)];
-      a.reasoning += d.reasoning;
-      a.content += d.content;
-      for (const ToolCallDelta& c : d.tool_calls) {
-        if (c.opens) a.calls.push_back({c.type, c.name, ""});
-        CHECK(size_t(c.index) < a.calls.size(), "tool call arguments before the call opened");
-        a.calls[size_t(c.index)].arguments += c.arguments;
-      }
-      if (logprobs) a.tokens.insert(a.tokens.end(), d.tokens.begin(), d.tokens.end());
-    });
-  }
-  if (run->error) return error_reply(*run->error);
-  const Prepared& p = run->p;
+Reply OpenAiService::finish_blocking(GenerationRun& run) {
+  std::vector<ChoiceText> acc = run.collect();
+  if (run.error) return error_reply(*run.error);
+  const PreparedRequest& p = run.p;
+  const bool logprobs = p.gen.logprobs;
   json choices = json::array();
   for (size_t i = 0; i < acc.size(); ++i) {
-    json c = {{"index", i}, {"finish_reason", *run->choices[i].out->finish_reason()}};
+    json c = {{"index", i}, {"finish_reason", *run.choices[i].out->finish_reason()}};
     if (p.chat) {
       json msg = {{"role", "assistant"}, {"content", acc[i].content}};
       if (p.reasoning.split) msg["reasoning_content"] = acc[i].reasoning;
@@ -643,7 +508,7 @@ Reply OpenAiService::finish_blocking(std::shared_ptr<Run> run) {
         json calls = json::array();
         for (size_t k = 0; k < acc[i].calls.size(); ++k) {
           const ParsedToolCall& c = acc[i].calls[k];
-          calls.push_back({{"id", run->call_id(int(i), int64_t(k))},
+          calls.push_back({{"id", run.call_id(int(i), int64_t(k))},
                            {"type", c.type},
                            {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
         }
@@ -659,12 +524,12 @@ Reply OpenAiService::finish_blocking(std::shared_ptr<Run> run) {
     }
     choices.push_back(std::move(c));
   }
-  json body = {{"id", run->id},
+  json body = {{"id", run.id},
                {"object", p.chat ? "chat.completion" : "text_completion"},
-               {"created", run->created},
+               {"created", run.created},
                {"model", options_.served_model_name},
                {"choices", std::move(choices)},
-               {"usage", run->usage()}};
+               {"usage", usage_json(run.usage(), options_.speculative)}};
   Reply r;
   r.body = dump(body);
   return r;

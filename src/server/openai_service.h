@@ -4,6 +4,10 @@
 // tokenizes, checks the context, submits one engine request per choice, and turns the engine's
 // tokens into text (choice_output.h), usage, logprobs and metrics.
 //
+// start_chat() is the core that the other chat-shaped APIs share: the Responses API
+// (responses_api.h) and Anthropic's Messages API (messages_api.h) translate their requests into
+// a ChatCompletionRequest, start it here, and format the GenerationRun in their own shape.
+//
 // Threading: every method may be called from any HTTP worker thread. A ReplyStream is used by
 // one thread at a time. The Engine, the metrics and the service must outlive every Reply.
 #pragma once
@@ -28,6 +32,8 @@
 namespace moeserve {
 
 class GenerationJob;
+class GenerationRun;
+struct PreparedRequest;
 
 struct ServiceOptions {
   std::string served_model_name = "moeserve";
@@ -52,21 +58,29 @@ class OpenAiService {
   Reply completions(std::string_view body);
   Reply models() const;
 
+  // Validates what parse_chat_request could not (the model, tools against the template),
+  // renders, tokenizes and submits: a run for the caller to format. `id_prefix` begins the
+  // run's id ("chatcmpl-", "resp_", "msg_").
+  ApiResult<std::shared_ptr<GenerationRun>> start_chat(ChatCompletionRequest req,
+                                                       std::string_view id_prefix);
+  // The prompt's token count for `req`, as start_chat would submit it.
+  ApiResult<int64_t> count_chat_tokens(ChatCompletionRequest req) const;
+
   // Cancels every engine request in flight (shutdown past its deadline).
   void cancel_all();
   // Generation requests being served (a stream counts until it ends or is dropped).
   int64_t in_flight() const;
 
   const std::string& served_model_name() const { return options_.served_model_name; }
+  const RequestLimits& limits() const { return options_.limits; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const ChatTemplate& chat_template() const { return template_; }
 
  private:
-  struct Prepared;
-  class Run;
-  class Stream;
-  friend class Stream;
-
-  Reply generate(Prepared p);
-  Reply finish_blocking(std::shared_ptr<Run> run);
+  ApiResult<PreparedRequest> prepare_chat(ChatCompletionRequest& req) const;
+  ApiResult<std::shared_ptr<GenerationRun>> start(PreparedRequest p, std::string_view id_prefix);
+  Reply reply(std::shared_ptr<GenerationRun> run);  // the chat/completions shape
+  Reply finish_blocking(GenerationRun& run);
   std::string new_id(std::string_view prefix);
   void track(const std::shared_ptr<GenerationJob>& job);
 

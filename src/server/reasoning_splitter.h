@@ -24,6 +24,8 @@ class ReasoningSplitter {
   Parts push(std::string_view piece);
   // End of the stream: releases what is held back.
   Parts finish();
+  // Inside the thinking block (its closing tag included, until the tag has been pushed).
+  bool in_reasoning() const { return state_ == State::kReasoning; }
 
  private:
   enum class State { kStart, kReasoning, kContent };

@@ -18,7 +18,13 @@ StopMatcher::Step StopMatcher::push(std::string_view piece) {
   }
   // The earliest match of any stop string wins.
   size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, buf.find(s));
+  for (const std::string& s : stops_) {
+    const size_t at = buf.find(s);
+    if (at < first || (at == first && at != std::string::npos && s.size() < matched_.size())) {
+      first = at;
+      matched_ = s;
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
     step.stopped = true;

@@ -29,11 +29,14 @@ class StopMatcher {
   std::string finish();
 
   bool stopped() const { return stopped_; }
+  // The stop string that ended the text (empty before a stop).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
   bool stopped_ = false;
+  std::string matched_;
 };
 
 }  // namespace moeserve
