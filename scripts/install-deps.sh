@@ -28,8 +28,9 @@ if ! python3 -c "import openai" 2>/dev/null; then
 fi
 # jsonschema validates the replies of tests/cli/structured_outputs.sh against their schemas;
 # jinja2 renders the chat templates in tests/cli/chat_templates.sh; gguf (llama.cpp's own
-# reader and writer) and ml_dtypes (an FP8 decoder) are tools/export_gguf.py and its test.
-for mod in jsonschema jinja2 gguf ml_dtypes; do
+# reader and writer) and ml_dtypes (an FP8 decoder) are tools/export_gguf.py and its test;
+# anthropic, the official Anthropic client, drives /v1/messages in tests/cli/agent_apis.sh.
+for mod in jsonschema jinja2 gguf ml_dtypes anthropic; do
   if ! python3 -c "import $mod" 2>/dev/null; then
     python3 -m pip install --quiet "$mod" 2>/dev/null ||
       python3 -m pip install --quiet --user "$mod" 2>/dev/null ||
