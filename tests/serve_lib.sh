@@ -4,7 +4,9 @@
 # set (a test with several appends them to the array pids, all killed at exit); fail MESSAGE
 # prints the tail of every $dir/*.log and exits 1; free_port prints a port nobody listens on
 # now; wait_health PORT waits for /health, failing if $pid (when set) exits first; wait_units
-# PORT N waits until the router on PORT has N units registered and active.
+# PORT N waits until the router on PORT has N units registered and active; with_template BASE
+# NAME OUT makes OUT, the model BASE (its files linked) whose tokenizer_config.json carries the
+# chat template tests/data/tokenizer/templates/NAME.jinja.
 dir=$(mktemp -d)
 pid=""
 pids=()
@@ -40,4 +42,16 @@ wait_units() {
     sleep 0.1
   done
   fail "$2 units did not register at the router on port $1 ($n did)"
+}
+with_template() {
+  mkdir -p "$3"
+  for f in "$1"/*; do ln -s "$f" "$3/"; done
+  rm "$3/tokenizer_config.json"
+  python3 - "$1/tokenizer_config.json" "tests/data/tokenizer/templates/$2.jinja" \
+    "$3/tokenizer_config.json" <<'PY'
+import json, sys
+cfg = json.load(open(sys.argv[1], encoding="utf-8"))
+cfg["chat_template"] = open(sys.argv[2], encoding="utf-8").read()
+json.dump(cfg, open(sys.argv[3], "w", encoding="utf-8"), ensure_ascii=False)
+PY
 }

@@ -15,16 +15,7 @@ python3 -c "import openai, jinja2" 2>/dev/null ||
 "$bin" make-model --preset tiny --out "$dir/base" 2>/dev/null || fail "make-model"
 for name in v3-0324 r1-0528 v3.1; do
   m="$dir/$name"
-  mkdir -p "$m"
-  for f in "$dir"/base/*; do ln -s "$f" "$m/"; done
-  rm "$m/tokenizer_config.json"
-  python3 - "$dir/base/tokenizer_config.json" "tests/data/tokenizer/templates/$name.jinja" \
-    "$m/tokenizer_config.json" <<'PY'
-import json, sys
-cfg = json.load(open(sys.argv[1], encoding="utf-8"))
-cfg["chat_template"] = open(sys.argv[2], encoding="utf-8").read()
-json.dump(cfg, open(sys.argv[3], "w", encoding="utf-8"), ensure_ascii=False)
-PY
+  with_template "$dir/base" "$name" "$m"
   port=$(free_port)
   "$bin" serve --model "$m" --host 127.0.0.1 --port "$port" --served-model-name m \
     --max-model-len 1024 --kv-cache-gb 0.1 > "$dir/serve.log" 2>&1 &
