@@ -19,14 +19,13 @@ struct GrammarSpec {
   enum class Kind : uint8_t {
     kJsonObject,  // any JSON object (OpenAI's response_format json_object)
     kJsonSchema,  // a JSON Schema (response_format json_schema)
-    // A forced tool call (tool_choice "required" or a named function): one of the calls in
-    // `schema`, a JSON array of {"prefix": text, "parameters": JSON Schema or null, "strict":
-    // bool}: the prefix as written (the function's name and the syntax up to its arguments; ""
-    // when the prompt wrote them), then arguments that meet the parameters (null: any object).
-    kToolCall,
+    // xgrammar's structural tag (its JSON format: formats such as sequence, or, tag,
+    // triggered_tags, json_schema): what the server builds to constrain tool calls to the
+    // template's syntax, the request's tools and their parameters (server/tool_call_grammar.h).
+    kStructuralTag,
   };
   Kind kind = Kind::kJsonObject;
-  std::string schema;   // kJsonSchema: the schema's JSON text; kToolCall: the calls
+  std::string schema;   // kJsonSchema: the schema's JSON text; kStructuralTag: the tag's
   bool strict = false;  // kJsonSchema: properties the schema does not name are not allowed
   // The constraint starts after this token (a reasoning model's end of thinking); before it the
   // model writes freely. nullopt: from the first generated token.

@@ -9,10 +9,8 @@
 
 #include <dlpack/dlpack.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <xgrammar/xgrammar.h>
-
-#include "tokenizer/chat_messages_json.h"
+#include <nlohmann/json.hpp>
 
 namespace moeserve {
 
@@ -35,11 +33,14 @@ std::string shorten(std::string s) {
 
 // The tokens that close JSON fastest, best first: EOS (where the grammar has ended); a quote
 // followed only by quotes and closing brackets (inside a string the quote must come first:
-// brackets there are only text; '""' is a whole string value); closing brackets alone; ':'; '0'
-// (the shortest value); ',' (a required property still to come). Longer first within a kind: each
-// closes more. The mask decides which of them is valid where. Where none of them fits (a property
-// name, an enum value, a boolean), the allowed token with the most bytes that are not whitespace
-// (it goes furthest), the one with less whitespace among those.
+// brackets there are only text; '""' is a whole string value); closing brackets alone; the
+// tokens that close a block of the chat syntax around the JSON (DeepSeek's <｜tool▁call▁end｜>
+// and <｜tool▁calls▁end｜>, XML closing tags such as DSML's), so that a grammar that may go on
+// with another tool call ends instead; ':'; '0' (the shortest value); ',' (a required property
+// still to come). Longer first within a kind: each closes more. The mask decides which of them
+// is valid where. Where none of them fits (a property name, an enum value, a boolean), the
+// allowed token with the most bytes that are not whitespace (it goes furthest), the one with
+// less whitespace among those.
 struct EndTokens {
   std::vector<int32_t> closers;  // best first
   std::vector<uint16_t> score;   // per id: 256 x non-blank bytes - blank bytes (0: none)
@@ -65,12 +66,14 @@ EndTokens end_tokens(const Tokenizer& tok) {
       tier = 0;
     } else if (b->find_first_not_of("}]") == std::string_view::npos) {
       tier = 1;
-    } else if (*b == ":") {
+    } else if (b->starts_with("</") || b->ends_with("end｜>")) {
       tier = 2;
-    } else if (*b == "0") {
+    } else if (*b == ":") {
       tier = 3;
-    } else if (*b == ",") {
+    } else if (*b == "0") {
       tier = 4;
+    } else if (*b == ",") {
+      tier = 5;
     }
     if (tier >= 0) ranked.push_back({{tier, -int64_t(b->size())}, id});
   }
@@ -101,6 +104,13 @@ class XGrammarConstraint final : public TokenConstraint {
   bool narrow_to_end(std::span<uint32_t> words) override {
     if (!active_) return false;
     auto allowed = [&](int32_t t) { return (words[size_t(t / 32)] >> (t % 32)) & 1u; };
+    // Free text that may end anywhere (a grammar's text around tool calls): nothing to close;
+    // the model writes on until max_tokens.
+    if (allowed(end_->closers[0])) {
+      int64_t n_allowed = 0;
+      for (uint32_t w : words) n_allowed += std::popcount(w);
+      if (n_allowed > int64_t(end_->score.size()) / 2) return false;
+    }
     for (int32_t t : end_->closers) {
       if (allowed(t)) {
         std::fill(words.begin(), words.end(), 0u);
@@ -153,42 +163,15 @@ struct XGrammarBackend::Impl {
 
   // Throws what xgrammar throws for a schema it cannot compile.
   xgrammar::CompiledGrammar compile(const GrammarSpec& spec) {
-    if (spec.kind == GrammarSpec::Kind::kToolCall) return compiler.CompileGrammar(tool_call(spec));
+    if (spec.kind == GrammarSpec::Kind::kStructuralTag) {
+      return compiler.CompileStructuralTag(spec.schema);
+    }
     const bool object = spec.kind == GrammarSpec::Kind::kJsonObject;
     return compiler.CompileJSONSchema(object ? std::string(kAnyObjectSchema) : spec.schema,
                                       /*any_whitespace=*/true, /*indent=*/std::nullopt,
                                       /*separators=*/std::nullopt,
                                       /*strict_mode=*/object ? false : spec.strict,
                                       options.max_whitespace);
-  }
-
-  // An EBNF string literal: xgrammar reads JSON's escapes in its double-quoted strings.
-  static std::string literal(const std::string& text) {
-    std::string out;
-    python_dumps(nlohmann::ordered_json(text), out);
-    return out;
-  }
-
-  // kToolCall: the union over the calls of (the prefix, then the arguments' JSON).
-  xgrammar::Grammar tool_call(const GrammarSpec& spec) const {
-    const nlohmann::json calls = nlohmann::json::parse(spec.schema);
-    if (!calls.is_array() || calls.empty()) throw std::invalid_argument("no tool calls");
-    std::vector<xgrammar::Grammar> each;
-    for (const nlohmann::json& c : calls) {
-      const nlohmann::json& params = c.at("parameters");
-      xgrammar::Grammar args = xgrammar::Grammar::FromJSONSchema(
-          params.is_null() ? std::string(kAnyObjectSchema) : params.dump(),
-          /*any_whitespace=*/true, /*indent=*/std::nullopt, /*separators=*/std::nullopt,
-          /*strict_mode=*/!params.is_null() && c.value("strict", false), options.max_whitespace);
-      const std::string prefix = c.at("prefix").get<std::string>();
-      if (prefix.empty()) {
-        each.push_back(std::move(args));
-      } else {
-        each.push_back(xgrammar::Grammar::Concat(
-            {xgrammar::Grammar::FromEBNF("root ::= " + literal(prefix)), std::move(args)}));
-      }
-    }
-    return each.size() == 1 ? each[0] : xgrammar::Grammar::Union(each);
   }
 
   XGrammarOptions options;

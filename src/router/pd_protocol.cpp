@@ -164,7 +164,7 @@ json to_json(const PdRequest& p) {
   if (r.grammar) {
     const GrammarSpec::Kind k = r.grammar->kind;
     json g = {{"kind", k == GrammarSpec::Kind::kJsonSchema ? "json_schema"
-                       : k == GrammarSpec::Kind::kToolCall ? "tool_call"
+                       : k == GrammarSpec::Kind::kStructuralTag ? "structural_tag"
                                                            : "json_object"},
               {"strict", r.grammar->strict}};
     if (k != GrammarSpec::Kind::kJsonObject) g["schema"] = r.grammar->schema;
@@ -214,8 +214,8 @@ Result<PdRequest> pd_request_from_json(const json& j) {
     }
     if (kind == "json_schema") {
       g.kind = GrammarSpec::Kind::kJsonSchema;
-    } else if (kind == "tool_call") {
-      g.kind = GrammarSpec::Kind::kToolCall;
+    } else if (kind == "structural_tag") {
+      g.kind = GrammarSpec::Kind::kStructuralTag;
     } else if (kind != "json_object") {
       return bad("PD request", fmt::format("unknown grammar kind '{}'", kind));
     }

@@ -1,5 +1,6 @@
 #include "server/openai_service.h"
 
+#include <algorithm>
 #include <ctime>
 #include <functional>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "server/choice_output.h"
 #include "server/generation_job.h"
 #include "server/generation_run.h"
+#include "server/tool_call_grammar.h"
 #include "tokenizer/utf8.h"
 
 namespace moeserve {
@@ -274,36 +276,6 @@ std::optional<ApiError> check_model(const std::optional<std::string>& model,
 }
 }  // namespace
 
-namespace {
-
-// The grammar of a forced call after its prefill (tool_call_prefill): named, its arguments;
-// `required`, one of the tools' names and the syntax up to the arguments, then those. JSON
-// arguments only: DeepSeek-V3.2's DSML calls are not constrained (nullopt).
-std::optional<GrammarSpec> forced_call_grammar(const ChatCompletionRequest& req,
-                                               ToolCallSyntax syntax) {
-  if (syntax == ToolCallSyntax::kDsml) return std::nullopt;
-  const bool named = req.tool_choice.mode == ToolChoice::Mode::kFunction;
-  nlohmann::json calls = nlohmann::json::array();
-  for (const ToolDefinition& t : req.tools) {
-    if (named && t.name != req.tool_choice.function) continue;
-    // `required`: what the named prefill writes past the unnamed one (the name and the syntax up
-    // to the arguments).
-    std::string prefix;
-    if (!named) {
-      prefix =
-          tool_call_prefill(t.name, syntax).substr(tool_call_prefill(std::nullopt, syntax).size());
-    }
-    // A function without parameters takes an object (null: any object).
-    nlohmann::json params = nlohmann::json::parse(t.parameters, nullptr, false);
-    if (params.is_discarded() || params == nlohmann::json::object()) params = nullptr;
-    calls.push_back({{"prefix", prefix}, {"parameters", params}, {"strict", t.strict}});
-  }
-  if (calls.empty()) return std::nullopt;
-  return GrammarSpec{GrammarSpec::Kind::kToolCall, calls.dump(), false, std::nullopt};
-}
-
-}  // namespace
-
 Reply OpenAiService::chat_completions(std::string_view body) {
   ApiResult<ChatCompletionRequest> req = parse_chat_request(body, options_.limits);
   if (!req.ok()) return error_reply(req.error());
@@ -351,24 +323,41 @@ ApiResult<PreparedRequest> OpenAiService::prepare_chat(ChatCompletionRequest& re
       p.tools.syntax = ToolCallSyntax::kV3;
   }
   if (!req.parallel_tool_calls) p.tools.max_calls = 1;
-  // An R1 prompt that opens <think> leaves the call to the model (it reasons first).
-  if (use_tools && !template_.generation_opens_think(req.thinking)) {
-    if (req.tool_choice.mode == ToolChoice::Mode::kRequired) {
-      p.tools.prefill = tool_call_prefill(std::nullopt, p.tools.syntax);
-    } else if (req.tool_choice.mode == ToolChoice::Mode::kFunction) {
-      p.tools.prefill = tool_call_prefill(req.tool_choice.function, p.tools.syntax);
-    }
+  using Mode = ToolChoice::Mode;
+  const bool forced =
+      req.tool_choice.mode == Mode::kRequired || req.tool_choice.mode == Mode::kFunction;
+  std::optional<std::string_view> named;
+  if (req.tool_choice.mode == Mode::kFunction) named = req.tool_choice.function;
+  // A forced call opens in the prompt, except where the prompt opens <think>: the model reasons
+  // first, and its call comes after (R1, V3.1 and V3.2 thinking).
+  const bool reasons_first = template_.generation_opens_think(req.thinking);
+  if (use_tools && forced && !reasons_first) {
+    p.tools.prefill = tool_call_prefill(named, p.tools.syntax);
     *text += p.tools.prefill;
-    // The rest of a forced call, constrained: a name from `tools` (the named one) and arguments
-    // that meet its parameters (docs/server.md, Tool calls).
-    if (!p.tools.prefill.empty() && !req.gen.ignore_eos && options_.grammar) {
-      req.gen.grammar = forced_call_grammar(req, p.tools.syntax);
-      if (req.gen.grammar) {
-        if (Status st = options_.grammar->check(*req.gen.grammar); !st.ok()) {
-          return bad_request("a function's parameters cannot constrain its call: " + st.message(),
-                             "tools");
-        }
+  }
+  // The calls constrained (docs/server.md, Tool calls): a forced call's name from `tools` (the
+  // named one) and arguments that meet its parameters; with `auto`, the calls the model opens
+  // once a function is `strict`. (An output that ignores EOS has no end for the grammar.)
+  const bool strict = std::any_of(req.tools.begin(), req.tools.end(),
+                                  [](const ToolDefinition& t) { return t.strict; });
+  if (use_tools && options_.grammar && !req.gen.ignore_eos && (forced || strict)) {
+    const ToolCallFormat f = tool_call_format(p.tools.syntax);
+    if (forced && !reasons_first) {
+      req.gen.grammar = forced_call_grammar(req.tools, f, named, req.parallel_tool_calls);
+    } else {
+      // Where the prompt opens <think>, the grammar takes the thinking in, and ends it in time
+      // for a call or an answer (thinking_budget).
+      std::optional<ThinkingBudget> thinking;
+      if (reasons_first) {
+        thinking.emplace();
+        if (req.gen.max_tokens) thinking->max_tokens = thinking_budget(*req.gen.max_tokens);
       }
+      req.gen.grammar =
+          triggered_call_grammar(req.tools, f, named, req.parallel_tool_calls, forced, thinking);
+    }
+    if (Status st = options_.grammar->check(*req.gen.grammar); !st.ok()) {
+      return bad_request("the tools' parameters cannot constrain their calls: " + st.message(),
+                         "tools");
     }
   }
   p.prompt = tokenizer_.encode(*text, /*add_bos=*/false);  // the template writes BOS itself
@@ -455,8 +444,10 @@ ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start(PreparedRequest p
     if (!options_.grammar) {
       return bad_request("this server cannot constrain output to JSON", "response_format");
     }
-    // A reasoning model writes its thoughts first; the JSON is the answer after </think>.
-    if (p.reasoning.starts_in_reasoning) {
+    // A reasoning model writes its thoughts first; the JSON is the answer after </think>. (A
+    // tool-call grammar was placed after the thinking by prepare_chat.)
+    if (p.reasoning.starts_in_reasoning &&
+        p.gen.grammar->kind != GrammarSpec::Kind::kStructuralTag) {
       std::optional<int32_t> end_think = tokenizer_.token_to_id("</think>");
       if (!end_think) {
         return bad_request(

@@ -45,6 +45,45 @@ std::string_view strip_close(std::string_view args) {
 
 }  // namespace
 
+ToolCallFormat tool_call_format(ToolCallSyntax syntax) {
+  ToolCallFormat f;
+  f.syntax = syntax;
+  switch (syntax) {
+    case ToolCallSyntax::kDsml:
+      f.calls_begin = "\n\n<｜DSML｜function_calls>\n";
+      f.trigger = "<｜DSML｜function_calls>";
+      f.call_end = "</｜DSML｜invoke>\n";  // (its "\n" separates the next call)
+      f.calls_end = "</｜DSML｜function_calls>";
+      f.xml = true;
+      break;
+    case ToolCallSyntax::kV3_1:
+      f.calls_begin = f.trigger = std::string(kCallsBegin);
+      f.call_end = std::string(kCallEnd);
+      f.calls_end = std::string(kCallsEnd);
+      break;
+    case ToolCallSyntax::kV3:
+      f.calls_begin = f.trigger = std::string(kCallsBegin);
+      f.call_end = std::string(kFencedCallEnd);
+      f.separator = "\n";
+      f.calls_end = std::string(kCallsEnd);
+      break;
+  }
+  return f;
+}
+
+std::string ToolCallFormat::call_begin(std::string_view name) const {
+  switch (syntax) {
+    case ToolCallSyntax::kDsml:
+      return "<｜DSML｜invoke name=\"" + std::string(name) + "\">\n";
+    case ToolCallSyntax::kV3_1:
+      return std::string(kCallBegin) + std::string(name) + std::string(kSep);
+    case ToolCallSyntax::kV3:
+      break;
+  }
+  return std::string(kCallBegin) + "function" + std::string(kSep) + std::string(name) + "\n" +
+         std::string(kArgsOpen);
+}
+
 std::string tool_call_prefill(std::optional<std::string_view> name, ToolCallSyntax syntax) {
   if (syntax == ToolCallSyntax::kDsml) {
     std::string s = "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"";

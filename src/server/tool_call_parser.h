@@ -63,6 +63,19 @@ struct ToolCallDelta {
   std::string arguments;
 };
 
+// How a syntax writes a block of calls, for the grammars that constrain calls
+// (server/tool_call_grammar.h): calls_begin, then calls each call_begin(name) + arguments +
+// call_end joined by `separator`, then calls_end. `trigger` starts the block in free text (for
+// DSML the "\n\n" before it is free text); `xml`: the arguments are DSML parameters, not JSON.
+// tool_call_prefill(name) is calls_begin + call_begin(name).
+struct ToolCallFormat {
+  std::string calls_begin, call_end, separator, calls_end, trigger;
+  bool xml = false;
+  ToolCallSyntax syntax = ToolCallSyntax::kV3;
+  std::string call_begin(std::string_view name) const;
+};
+ToolCallFormat tool_call_format(ToolCallSyntax syntax);
+
 // The start of a call, for a prompt that forces one (tool_choice): up to where the name goes,
 // or with `name` up to the arguments. The parser is fed the same text before the model's.
 std::string tool_call_prefill(std::optional<std::string_view> name,

@@ -5,9 +5,13 @@
 
 #include <map>
 #include <random>
+#include <set>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "server/tool_call_grammar.h"
+#include "tokenizer/chat_messages_json.h"
 
 namespace moeserve {
 namespace {
@@ -201,44 +205,109 @@ TEST(XGrammarBackend, BadSchemasAreClearErrors) {
   EXPECT_TRUE(backend().check({GrammarSpec::Kind::kJsonSchema, kPersonSchema, true, {}}).ok());
 }
 
-// A forced tool call: random walks end in one of the calls' prefix (a name and the syntax up to
-// its arguments) and then arguments that meet that function's parameters (any object for a
-// function without them); a named call (prefix "") is its arguments alone.
-TEST(XGrammarBackend, ToolCallWalksEndInACallWithValidArguments) {
-  const json weather = {{"type", "object"},
-                        {"properties",
-                         {{"city", {{"type", "string"}, {"maxLength", 10}}},
-                          {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 1000}}}}},
-                        {"required", {"city"}}};
-  const json calls = json::array(
-      {{{"prefix", "get_weather\n```json\n"}, {"parameters", weather}, {"strict", true}},
-       {{"prefix", "now\n```json\n"}, {"parameters", nullptr}, {"strict", false}}});
-  std::map<std::string, int> seen;
-  for (uint64_t seed = 1; seed <= 16; ++seed) {
-    auto c = backend().start({GrammarSpec::Kind::kToolCall, calls.dump(), false, std::nullopt});
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
-    const std::string text = random_walk(**c, seed);
-    const size_t fence = text.find("\n```json\n");
-    ASSERT_NE(fence, std::string::npos) << text;
-    const std::string name = text.substr(0, fence);
-    ASSERT_TRUE(name == "get_weather" || name == "now") << text;
-    ++seen[name];
-    const json args = json::parse(text.substr(fence + 9), nullptr, false);
-    ASSERT_TRUE(args.is_object()) << text;
-    if (name == "get_weather") {
-      ASSERT_TRUE(args.contains("city") && args["city"].is_string()) << text;
-      for (const auto& [k, v] : args.items()) EXPECT_TRUE(k == "city" || k == "days") << text;
-      if (args.contains("days")) EXPECT_TRUE(args["days"].is_number_integer()) << text;
+// Tool calls under the grammars of server/tool_call_grammar.h, for each of DeepSeek's call
+// syntaxes: random walks through the masks, after the prompt's prefill, always parse into calls
+// of the request's tools whose arguments meet their parameters (the named tool only, one call
+// when parallel calls are off); a thinking model's walk thinks first.
+// "now" takes no parameters: any object, which a random walk of DSML parameters (free names,
+// free values) does not end; there it takes none at all.
+std::vector<ToolDefinition> weather_tools(ToolCallSyntax syntax) {
+  const std::string now = syntax == ToolCallSyntax::kDsml
+                              ? R"({"type": "function", "function": {"name": "now", "parameters":
+                                   {"type": "object", "properties": {},
+                                    "additionalProperties": false}}})"
+                              : R"({"type": "function", "function": {"name": "now"}})";
+  auto r = parse_tools_json(R"([
+      {"type": "function", "function": {"name": "get_weather", "strict": true, "parameters":
+        {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Lima"]},
+         "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+         "required": ["city"], "additionalProperties": false}}}, )" +
+                            now + "]");
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? *r : std::vector<ToolDefinition>();
+}
+
+void expect_valid_calls(const ParsedToolCalls& parsed, std::optional<std::string_view> named,
+                        bool parallel, const std::string& text) {
+  ASSERT_FALSE(parsed.calls.empty()) << text;
+  if (!parallel) EXPECT_EQ(parsed.calls.size(), 1u) << text;
+  for (const ParsedToolCall& c : parsed.calls) {
+    if (named) EXPECT_EQ(c.name, *named) << text;
+    ASSERT_TRUE(c.name == "get_weather" || c.name == "now") << text;
+    const json args = json::parse(c.arguments, nullptr, false);
+    ASSERT_TRUE(args.is_object()) << c.arguments << " in " << text;
+    if (c.name != "get_weather") continue;
+    ASSERT_TRUE(args.contains("city")) << text;
+    EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Lima") << text;
+    for (const auto& [k, v] : args.items()) EXPECT_TRUE(k == "city" || k == "days") << text;
+    if (args.contains("days")) {
+      EXPECT_TRUE(args["days"].is_number_integer() && args["days"] >= 1 && args["days"] <= 9)
+          << text;
     }
   }
-  EXPECT_EQ(seen.size(), 2u) << "the walks never took one of the calls";
-  const json named = json::array({{{"prefix", ""}, {"parameters", weather}, {"strict", true}}});
-  auto c = backend().start({GrammarSpec::Kind::kToolCall, named.dump(), false, std::nullopt});
-  ASSERT_TRUE(c.ok()) << c.status().to_string();
-  const json args = json::parse(random_walk(**c, 99), nullptr, false);
-  EXPECT_TRUE(args.is_object() && args.contains("city"));
-  // A call list that is not one is a clear error.
-  EXPECT_FALSE(backend().check({GrammarSpec::Kind::kToolCall, "[]", false, std::nullopt}).ok());
+}
+
+TEST(XGrammarBackend, ForcedToolCallWalksParseIntoValidCalls) {
+  for (ToolCallSyntax syntax :
+       {ToolCallSyntax::kV3, ToolCallSyntax::kV3_1, ToolCallSyntax::kDsml}) {
+    const ToolCallFormat f = tool_call_format(syntax);
+    for (std::optional<std::string_view> named :
+         {std::optional<std::string_view>(), std::optional<std::string_view>("get_weather")}) {
+      for (bool parallel : {true, false}) {
+        std::set<size_t> counts;
+        for (uint64_t seed = 1; seed <= 6; ++seed) {
+          const GrammarSpec g = forced_call_grammar(weather_tools(syntax), f, named, parallel);
+          auto c = backend().start(g);
+          ASSERT_TRUE(c.ok()) << c.status().to_string();
+          const std::string text = tool_call_prefill(named, syntax) + random_walk(**c, seed);
+          const ParsedToolCalls parsed = parse_tool_calls(text, std::nullopt, syntax);
+          expect_valid_calls(parsed, named, parallel && !named, text);
+          EXPECT_EQ(parsed.content, "") << text;
+          counts.insert(parsed.calls.size());
+        }
+        if (parallel && !named) {
+          EXPECT_GT(*counts.rbegin(), 1u)
+              << "no walk made parallel calls (syntax " << int(syntax) << ")";
+        }
+      }
+    }
+  }
+}
+
+TEST(XGrammarBackend, TriggeredToolCallWalksParseIntoValidCalls) {
+  for (ToolCallSyntax syntax :
+       {ToolCallSyntax::kV3, ToolCallSyntax::kV3_1, ToolCallSyntax::kDsml}) {
+    const ToolCallFormat f = tool_call_format(syntax);
+    // A forced call of a thinking model: the thinking (its budget forces </think>), then calls.
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      const GrammarSpec g = triggered_call_grammar(weather_tools(syntax), f, std::nullopt, true,
+                                                   /*at_least_one=*/true, ThinkingBudget{8});
+      auto c = backend().start(g);
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      const std::string text = random_walk(**c, seed);
+      const size_t end_think = text.find("</think>");
+      ASSERT_NE(end_think, std::string::npos) << text;
+      const ParsedToolCalls parsed =
+          parse_tool_calls(text.substr(end_think + 8), std::nullopt, syntax);
+      expect_valid_calls(parsed, std::nullopt, true, text);
+    }
+    // `auto`: text, and where the model opens a block, valid calls. Walked from the trigger on
+    // (a random walk would rarely write it): the trigger's tokens are accepted first.
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      const GrammarSpec g =
+          triggered_call_grammar(weather_tools(syntax), f, std::nullopt, false, false);
+      auto c = backend().start(g);
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      const std::string opening = "Let me check." + f.calls_begin;
+      for (int32_t t : tokenizer().encode(opening, false)) ASSERT_TRUE((*c)->accept(t)) << t;
+      const std::string text = opening + random_walk(**c, seed);
+      const ParsedToolCalls parsed = parse_tool_calls(text, std::nullopt, syntax);
+      expect_valid_calls(parsed, std::nullopt, false, text);
+      EXPECT_EQ(parsed.content.substr(0, 13), "Let me check.") << text;
+    }
+  }
+  EXPECT_FALSE(
+      backend().check({GrammarSpec::Kind::kStructuralTag, R"({"type": "nope"})", false, {}}).ok());
 }
 
 }  // namespace

@@ -155,8 +155,9 @@ TEST(PdProtocol, RequestsAndOutputsRoundTripBitForBit) {
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->request, p.request);
   p.request.grammar =
-      GrammarSpec{GrammarSpec::Kind::kToolCall,
-                  R"([{"prefix": "", "parameters": null, "strict": false}])", false, std::nullopt};
+      GrammarSpec{GrammarSpec::Kind::kStructuralTag,
+                  R"({"type": "structural_tag", "format": {"type": "const_string", "value": "x"}})",
+                  false, std::nullopt};
   back = pd_request_from_json(nlohmann::json::parse(to_json(p).dump()));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->request, p.request);

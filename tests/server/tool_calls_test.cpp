@@ -9,7 +9,9 @@
 #include "grammar/xgrammar_backend.h"
 #include "harness.h"
 #include "server/choice_output.h"
+#include "server/tool_call_grammar.h"
 #include "server/tool_call_parser.h"
+#include "tokenizer/chat_messages_json.h"
 #include "tool_call_text.h"
 
 namespace moeserve::testing {
@@ -473,40 +475,62 @@ TEST(ToolCalls, V32SpecialeThinksAlwaysAndRefusesTools) {
   EXPECT_TRUE(prompt_text(h).ends_with("<｜User｜>6*7?<｜Assistant｜><think>"));
 }
 
-// A forced call is constrained (with a grammar backend): the engine gets the calls' grammar,
-// the named function's arguments alone, or for `required` every tool's name and fence, then
-// its arguments (null parameters: any object); `auto`, ignore_eos and V3.2's DSML get none.
-TEST(ToolCalls, ForcedCallsCarryTheirGrammar) {
+// Calls are constrained (with a grammar backend): a forced call gets the grammar of what follows
+// its prefill (the named function's arguments; for `required` every tool's name, then its
+// arguments, and more calls when parallel calls are allowed); `auto` gets one only when a tool
+// is `strict` (free text until the model opens a block of calls); a prompt that opens <think>
+// gets the calls after the thinking; ignore_eos none. The grammars' walks are checked in
+// tests/grammar (XGrammarBackend.*ToolCallWalks*).
+TEST(ToolCalls, CallsCarryTheirGrammar) {
   ServiceOptions so;
   auto backend = XGrammarBackend::create(v3_tokenizer(), 129280);
   ASSERT_TRUE(backend.ok()) << backend.status().to_string();
   so.grammar = std::move(*backend);
-  auto grammar_of = [&](const std::string& extra, std::optional<ChatTemplate> tmpl = std::nullopt) {
+  auto grammar_of = [&](const std::string& extra, std::optional<ChatTemplate> tmpl = std::nullopt,
+                        const std::string& tools = "") {
     Harness h(scripted("{}"), {}, so, tmpl);
-    auto r = h.post("/v1/chat/completions", request(extra));
+    std::string body = request(extra);
+    if (!tools.empty()) {
+      body = R"({"messages":[{"role":"user","content":"Weather?"}],"tools":[)" + tools + "]" +
+             extra + "}";
+    }
+    auto r = h.post("/v1/chat/completions", body);
     EXPECT_EQ(r->status, 200) << r->body;
     auto sub = h.engine.submitted();
     EXPECT_EQ(sub.size(), 1u);
     return sub.empty() ? std::optional<GrammarSpec>() : sub[0].grammar;
   };
+  const ToolCallFormat f = tool_call_format(ToolCallSyntax::kV3);
+  auto tools = parse_tools_json("[" + kWeatherTool + "," + kTimeTool + "]");
+  ASSERT_TRUE(tools.ok());
   auto named =
       grammar_of(R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})");
   ASSERT_TRUE(named.has_value());
-  EXPECT_EQ(named->kind, GrammarSpec::Kind::kToolCall);
-  const json n = json::parse(named->schema);
-  ASSERT_EQ(n.size(), 1u);
-  EXPECT_EQ(n[0]["prefix"], "");
-  EXPECT_EQ(n[0]["parameters"]["required"], json::array({"city"}));
-  auto required = grammar_of(R"(,"tool_choice":"required")");
-  ASSERT_TRUE(required.has_value());
-  const json q = json::parse(required->schema);
-  ASSERT_EQ(q.size(), 2u);
-  EXPECT_EQ(q[0]["prefix"], "get_weather\n```json\n");
-  EXPECT_EQ(q[1]["prefix"], "get_time\n```json\n");
-  EXPECT_TRUE(q[1]["parameters"].is_null());  // no parameters: any object
-  EXPECT_FALSE(grammar_of("").has_value());   // auto
+  EXPECT_EQ(named->kind, GrammarSpec::Kind::kStructuralTag);
+  EXPECT_EQ(*named, forced_call_grammar(*tools, f, "get_weather", true));
+  EXPECT_EQ(grammar_of(R"(,"tool_choice":"required")"),
+            forced_call_grammar(*tools, f, std::nullopt, true));
+  EXPECT_EQ(grammar_of(R"(,"tool_choice":"required","parallel_tool_calls":false)"),
+            forced_call_grammar(*tools, f, std::nullopt, false));
+  EXPECT_FALSE(grammar_of("").has_value());  // auto, no strict tool
+  const std::string strict_tool =
+      R"({"type":"function","function":{"name":"get_weather","strict":true,)"
+      R"("parameters":{"type":"object","properties":{"city":{"type":"string"}}}}})";
+  auto strict_tools = parse_tools_json("[" + strict_tool + "]");
+  ASSERT_TRUE(strict_tools.ok());
+  EXPECT_EQ(grammar_of("", std::nullopt, strict_tool),
+            triggered_call_grammar(*strict_tools, f, std::nullopt, true, false));
   EXPECT_FALSE(grammar_of(R"(,"tool_choice":"required","ignore_eos":true)").has_value());
-  EXPECT_FALSE(grammar_of(R"(,"tool_choice":"required")", v32()).has_value());
+  // V3.2's DSML calls, and a thinking prompt: the thinking first, within max_tokens less the
+  // room kept for the calls.
+  EXPECT_EQ(
+      grammar_of(R"(,"tool_choice":"required")", v32()),
+      forced_call_grammar(*tools, tool_call_format(ToolCallSyntax::kDsml), std::nullopt, true));
+  EXPECT_EQ(grammar_of(R"(,"tool_choice":"required","max_tokens":100,)"
+                       R"("chat_template_kwargs":{"thinking":true})",
+                       v3_1_template()),
+            triggered_call_grammar(*tools, tool_call_format(ToolCallSyntax::kV3_1), std::nullopt,
+                                   true, true, ThinkingBudget{50}));
 }
 
 }  // namespace
