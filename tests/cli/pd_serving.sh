@@ -4,7 +4,8 @@
 # TCP only (UCX_TLS=tcp: no shared memory between the units). A co-located `serve` in the
 # router's namespace is the reference. For the BF16 and the FP8 KV cache:
 #   - the official openai client against the router: greedy and seeded sampled chat and
-#     completions, streamed and not, concurrent, get exactly the co-located tokens and logprobs;
+#     completions, streamed and not, concurrent, get exactly the co-located tokens and logprobs
+#     (and a Responses API and a streamed Anthropic Messages call, their replies);
 #   - bad input at the boundaries (a unit of another KV format registering, a decode of an
 #     unknown hand-off, malformed unit requests) gets a clear error and loses no request;
 #   - /admin/units and /metrics show the units and the hand-offs; SIGTERM drains a unit, and
@@ -113,11 +114,26 @@ cases = [
          temperature=0.7, seed=5, presence_penalty=0.6, frequency_penalty=0.4,
          logit_bias={"16": 3, "90": -2}, logprobs=True, top_logprobs=2,
          extra_body={"repetition_penalty": 1.2, "min_p": 0.05}),
+    # The Responses and Anthropic Messages APIs (docs/server.md) on the router as on serve.
+    dict(kind="responses", input=long_prompt, instructions="Be brief.", max_output_tokens=12,
+         temperature=0),
+    dict(kind="messages", body={"model": "tiny-py", "max_tokens": 12, "temperature": 0,
+                                "system": "Be brief.", "stream": True,
+                                "messages": [{"role": "user", "content": "hi"}]}),
 ]
 def run(client, case):
     c = dict(case)
     kind = c.pop("kind")
     stream = c.get("stream", False)
+    if kind == "responses":
+        r = client.responses.create(model="tiny-py", **c)
+        return r.output_text, r.status, r.usage.input_tokens, r.usage.output_tokens
+    if kind == "messages":  # (the events as sent, minus the message id)
+        req = urllib.request.Request(str(client.base_url).rstrip("/") + "/messages",
+                                     data=json.dumps(c["body"]).encode(),
+                                     headers={"Content-Type": "application/json"})
+        body = urllib.request.urlopen(req).read().decode()
+        return [l for l in body.splitlines() if '"message_start"' not in l]
     if kind == "chat":
         r = client.chat.completions.create(model="tiny-py", **c)
         if stream:
