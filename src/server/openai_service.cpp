@@ -352,8 +352,8 @@ ApiResult<PreparedRequest> OpenAiService::prepare_chat(ChatCompletionRequest& re
         thinking.emplace();
         if (req.gen.max_tokens) thinking->max_tokens = thinking_budget(*req.gen.max_tokens);
       }
-      req.gen.grammar =
-          triggered_call_grammar(req.tools, f, named, req.parallel_tool_calls, forced, thinking);
+      req.gen.grammar = triggered_call_grammar(req.tools, f, named,
+                                               req.parallel_tool_calls && !named, forced, thinking);
     }
     if (Status st = options_.grammar->check(*req.gen.grammar); !st.ok()) {
       return bad_request("the tools' parameters cannot constrain their calls: " + st.message(),

@@ -23,7 +23,8 @@ GrammarSpec forced_call_grammar(std::span<const ToolDefinition> tools, const Too
                                 std::optional<std::string_view> named, bool parallel);
 
 // Free text until the model opens a block of calls (f.trigger), then calls constrained as above
-// (one per block unless `parallel`), and the end after the block. `at_least_one`: the output
+// (one per block unless `parallel`; a named function is called once), and the end after the
+// block. `at_least_one`: the output
 // must be a block of calls (a forced call of a model that reasons first). `named`: only that
 // tool. `thinking`: the output opens with free thinking up to "</think>" (the prompt opened
 // <think>), at most max_tokens of it when set.
