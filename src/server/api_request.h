@@ -98,6 +98,16 @@ struct CompletionRequest {
 // request keep the client's key order, which costs time quadratic in an object's width).
 std::optional<ApiError> check_request_body(std::string_view body, size_t max_keys);
 
+// What a request's headers add (docs/fault-tolerance.md, "A stream outlives its router"):
+// `Idempotency-Key` makes the reply's id and (when the request sets none) its sampling seed
+// functions of the key, so that the same request sent again, through any router, is the same
+// completion; `Last-Event-ID` resumes a stream after the event with that id (the tokens the
+// client has).
+struct RequestContext {
+  std::optional<std::string> idempotency_key;
+  std::optional<int64_t> last_event_id;
+};
+
 ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,
                                                     const RequestLimits& limits);
 ApiResult<CompletionRequest> parse_completion_request(std::string_view body,

@@ -67,7 +67,7 @@ void ChoiceOutput::finish_as(std::string reason, ChoiceDelta& d) {
   d.finish_reason = finish_reason_;
 }
 
-ChoiceDelta ChoiceOutput::on_tokens(const std::vector<GeneratedToken>& tokens) {
+ChoiceDelta ChoiceOutput::on_tokens(std::span<const GeneratedToken> tokens) {
   ChoiceDelta d;
   if (finished()) return d;
   append_calls(prefilled_, d.tool_calls);

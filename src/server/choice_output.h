@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,7 @@ class ChoiceOutput {
   // Tokens from one engine callback. When a stop string completes, the delta has
   // finish_reason "stop", the remaining tokens are dropped, and stopped_by_string() turns true:
   // the caller then cancels the engine request.
-  ChoiceDelta on_tokens(const std::vector<GeneratedToken>& tokens);
+  ChoiceDelta on_tokens(std::span<const GeneratedToken> tokens);
   // The engine finished the request (kError is the caller's to report). Flushes held-back text.
   // Nothing happens if the choice already finished on a stop string.
   ChoiceDelta on_finish(FinishReason reason);

@@ -88,7 +88,20 @@ void GenerationRun::pump(std::chrono::milliseconds wait,
       job_->cancel_all();
       break;
     }
-    ChoiceDelta d = c.out->on_tokens(o.tokens);
+    // A resumed stream: a delta ends where the client's tokens end, so that the stream can leave
+    // out the events it has (their ids are the tokens accounted for: event_id()).
+    std::span<const GeneratedToken> tokens(o.tokens);
+    if (p.resume_after && ev.choice == 0 && c.out->completion_tokens() < *p.resume_after) {
+      const size_t head = size_t(
+          std::min<int64_t>(*p.resume_after - c.out->completion_tokens(), int64_t(tokens.size())));
+      ChoiceDelta d = c.out->on_tokens(tokens.first(head));
+      tokens = tokens.subspan(head);
+      if (c.out->stopped_by_string()) job_->cancel_choice(ev.choice);
+      finished_choice(ev, d);
+      sink(ev.choice, d);
+      if (c.out->finished() || (tokens.empty() && !o.finished)) continue;
+    }
+    ChoiceDelta d = c.out->on_tokens(tokens);
     if (c.out->stopped_by_string()) job_->cancel_choice(ev.choice);
     if (!c.out->finished() && o.finished) {
       ChoiceDelta tail = c.out->on_finish(o.finish_reason);
@@ -97,12 +110,15 @@ void GenerationRun::pump(std::chrono::milliseconds wait,
       d.tool_calls.insert(d.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
       d.finish_reason = tail.finish_reason;
     }
-    if (d.finish_reason) {
-      ctx.metrics.observe_e2e(seconds(ev.at - t0));
-      ctx.metrics.count_finish(*d.finish_reason);
-    }
+    finished_choice(ev, d);
     sink(ev.choice, d);
   }
+}
+
+void GenerationRun::finished_choice(const JobEvent& ev, const ChoiceDelta& d) {
+  if (!d.finish_reason) return;
+  ctx.metrics.observe_e2e(seconds(ev.at - t0));
+  ctx.metrics.count_finish(*d.finish_reason);
 }
 
 std::vector<ChoiceText> GenerationRun::collect() {
@@ -113,6 +129,13 @@ std::vector<ChoiceText> GenerationRun::collect() {
          [&](int i, ChoiceDelta& d) { out[size_t(i)].add(d, keep_tokens); });
   }
   return out;
+}
+
+int64_t GenerationRun::event_id() const {
+  int64_t n = 0;
+  for (const ChoiceState& c : choices)
+    n += c.out->completion_tokens() + (c.out->finished() ? 1 : 0);
+  return n;
 }
 
 std::string GenerationRun::call_id(int choice, int64_t index) const {

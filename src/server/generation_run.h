@@ -25,6 +25,7 @@
 namespace moeserve {
 
 class GenerationJob;
+struct JobEvent;
 
 // A validated, tokenized request, ready for the engine.
 struct PreparedRequest {
@@ -34,6 +35,9 @@ struct PreparedRequest {
   ReasoningMode reasoning;
   ToolCallMode tools;
   std::string echo;  // completions with echo: the prompt's text, before each choice's
+  // A resumed stream (Last-Event-ID: the events up to this id are the client's already): the
+  // stream leaves them out; pump() ends a delta at the tokens they account for.
+  std::optional<int64_t> resume_after;
 };
 
 // What a run reads and reports to; owned by the service, which outlives every run.
@@ -79,6 +83,10 @@ class GenerationRun {
   bool done() const;
   // Processes what the engine delivered (waiting up to `wait`), calling sink for each delta.
   void pump(std::chrono::milliseconds wait, const std::function<void(int, ChoiceDelta&)>& sink);
+  // The id of the SSE event after the deltas so far: the tokens the choices have accounted for,
+  // and one for each choice that has finished (a function of the tokens alone, whatever batches
+  // the engine delivered them in; the role chunk before them is 0).
+  int64_t event_id() const;
   // Pumps until every choice has finished (or the run failed): the whole reply.
   std::vector<ChoiceText> collect();
   // The client went away: cancels the engine requests.
@@ -98,6 +106,7 @@ class GenerationRun {
 
  private:
   void observe_tokens(ChoiceState& c, int64_t n, Clock::time_point at);
+  void finished_choice(const JobEvent& ev, const ChoiceDelta& d);  // its metrics
 
   const std::shared_ptr<GenerationJob> job_;
   int64_t cached_prompt_tokens_ = 0;

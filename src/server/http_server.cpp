@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <atomic>
+#include <charconv>
 #include <thread>
 
 #include <fmt/format.h>
@@ -38,6 +39,31 @@ void send_error(httplib::Response& res, const ApiError& e, ErrorShape shape = Er
   res.status = e.http_status;
   res.set_content(shape == ErrorShape::kAnthropic ? anthropic_error_body(e) : e.to_json(),
                   "application/json");
+}
+
+// The Idempotency-Key and Last-Event-ID headers (docs/fault-tolerance.md).
+ApiResult<RequestContext> request_context(const httplib::Request& req) {
+  RequestContext ctx;
+  if (req.has_header("Idempotency-Key")) {
+    std::string key = req.get_header_value("Idempotency-Key");
+    if (key.empty() || key.size() > 255) {
+      return bad_request("the Idempotency-Key header must be 1 to 255 bytes", "Idempotency-Key");
+    }
+    ctx.idempotency_key = std::move(key);
+  }
+  if (req.has_header("Last-Event-ID")) {
+    const std::string v = req.get_header_value("Last-Event-ID");
+    int64_t id = -1;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), id);
+    if (ec != std::errc() || end != v.data() + v.size() || id < 0) {
+      return bad_request(
+          "the Last-Event-ID header must be the id of an event of the stream (an "
+          "integer >= 0)",
+          "Last-Event-ID");
+    }
+    ctx.last_event_id = id;
+  }
+  return ctx;
 }
 
 size_t header_bytes(const httplib::Request& req) {
@@ -145,10 +171,14 @@ struct HttpServer::Impl {
 
   void routes() {
     svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      if (admit(req, res, true)) send(res, service.chat_completions(req.body));
+      if (!admit(req, res, true)) return;
+      ApiResult<RequestContext> ctx = request_context(req);
+      send(res, ctx.ok() ? service.chat_completions(req.body, *ctx) : error_reply(ctx.error()));
     });
     svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      if (admit(req, res, true)) send(res, service.completions(req.body));
+      if (!admit(req, res, true)) return;
+      ApiResult<RequestContext> ctx = request_context(req);
+      send(res, ctx.ok() ? service.completions(req.body, *ctx) : error_reply(ctx.error()));
     });
     svr.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
       if (admit(req, res, true)) send(res, responses.create(req.body));

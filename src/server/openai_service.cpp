@@ -103,17 +103,17 @@ class CompletionStream final : public ReplyStream {
     const PreparedRequest& p = run_->p;
     if (!started_) {
       started_ = true;
-      if (p.chat) {  // OpenAI opens each choice with the assistant role
+      if (p.chat && !p.resume_after) {  // OpenAI opens each choice with the assistant role
         for (size_t i = 0; i < run_->choices.size(); ++i) {
           json delta = {{"role", "assistant"}, {"content", ""}};
           if (p.reasoning.split) delta["reasoning_content"] = "";
-          append_event(out, choice_chunk(int(i), std::move(delta), nullptr, nullptr));
+          append_event(out, choice_chunk(int(i), std::move(delta), nullptr, nullptr), 0);
         }
         return true;
       }
-      if (!p.echo.empty()) {  // completions with echo: the prompt first
+      if (!p.echo.empty() && !p.resume_after) {  // completions with echo: the prompt first
         for (size_t i = 0; i < run_->choices.size(); ++i) {
-          append_event(out, choice_chunk(int(i), p.echo, nullptr, nullptr));
+          append_event(out, choice_chunk(int(i), p.echo, nullptr, nullptr), 0);
         }
         return true;
       }
@@ -127,7 +127,8 @@ class CompletionStream final : public ReplyStream {
       json last = base();
       last["choices"] = json::array();
       last["usage"] = usage_json(run_->usage(), run_->ctx.speculative);
-      append_event(out, last);
+      const int64_t id = run_->event_id() + 1;
+      if (!p.resume_after || id > *p.resume_after) append_event(out, last, id);
     }
     out += "data: [DONE]\n\n";
     complete_ = true;
@@ -160,6 +161,9 @@ class CompletionStream final : public ReplyStream {
 
   void append_delta(std::string& out, int i, ChoiceDelta& d) {
     const PreparedRequest& p = run_->p;
+    // (A resumed stream leaves out what the client has: the events up to its Last-Event-ID.)
+    const int64_t id = run_->event_id();
+    if (p.resume_after && id <= *p.resume_after) return;
     bool has_logprobs = p.gen.logprobs && !d.tokens.empty();
     if (d.content.empty() && d.reasoning.empty() && d.tool_calls.empty() && !has_logprobs &&
         !d.finish_reason) {
@@ -184,7 +188,8 @@ class CompletionStream final : public ReplyStream {
       delta = d.content;
     }
     json finish = d.finish_reason ? json(*d.finish_reason) : json(nullptr);
-    append_event(out, choice_chunk(i, std::move(delta), std::move(logprobs), std::move(finish)));
+    append_event(out, choice_chunk(i, std::move(delta), std::move(logprobs), std::move(finish)),
+                 id);
   }
 
   // OpenAI's stream form: a call's first delta has its id, type and name (and the arguments so
@@ -210,7 +215,13 @@ class CompletionStream final : public ReplyStream {
     out += data;
     out += "\n\n";
   }
-  static void append_event(std::string& out, const json& j) { append_data(out, dump(j)); }
+  // An event with its id (GenerationRun::event_id), for Last-Event-ID.
+  static void append_event(std::string& out, const json& j, int64_t id) {
+    out += "id: ";
+    out += std::to_string(id);
+    out += "\n";
+    append_data(out, dump(j));
+  }
 
   std::shared_ptr<GenerationRun> run_;
   const std::string model_;
@@ -218,6 +229,16 @@ class CompletionStream final : public ReplyStream {
   bool started_ = false;
   bool complete_ = false;
 };
+
+// FNV-1a, 64 bits: a key's id and seed, the same on every router.
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) {
+    h ^= uint8_t(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
 
 }  // namespace
 
@@ -276,10 +297,10 @@ std::optional<ApiError> check_model(const std::optional<std::string>& model,
 }
 }  // namespace
 
-Reply OpenAiService::chat_completions(std::string_view body) {
+Reply OpenAiService::chat_completions(std::string_view body, const RequestContext& ctx) {
   ApiResult<ChatCompletionRequest> req = parse_chat_request(body, options_.limits);
   if (!req.ok()) return error_reply(req.error());
-  ApiResult<std::shared_ptr<GenerationRun>> run = start_chat(std::move(*req), "chatcmpl-");
+  ApiResult<std::shared_ptr<GenerationRun>> run = start_chat(std::move(*req), "chatcmpl-", ctx);
   if (!run.ok()) return error_reply(run.error());
   return reply(std::move(*run));
 }
@@ -369,10 +390,11 @@ ApiResult<PreparedRequest> OpenAiService::prepare_chat(ChatCompletionRequest& re
 }
 
 ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start_chat(ChatCompletionRequest req,
-                                                                    std::string_view id_prefix) {
+                                                                    std::string_view id_prefix,
+                                                                    const RequestContext& ctx) {
   ApiResult<PreparedRequest> p = prepare_chat(req);
   if (!p.ok()) return p.error();
-  return start(std::move(*p), id_prefix);
+  return start(std::move(*p), id_prefix, ctx);
 }
 
 ApiResult<int64_t> OpenAiService::count_chat_tokens(ChatCompletionRequest req) const {
@@ -381,7 +403,7 @@ ApiResult<int64_t> OpenAiService::count_chat_tokens(ChatCompletionRequest req) c
   return int64_t(p->prompt.size());
 }
 
-Reply OpenAiService::completions(std::string_view body) {
+Reply OpenAiService::completions(std::string_view body, const RequestContext& ctx) {
   ApiResult<CompletionRequest> req = parse_completion_request(body, options_.limits);
   if (!req.ok()) return error_reply(req.error());
   if (auto e = check_model(req->model, options_.served_model_name)) return error_reply(*e);
@@ -397,14 +419,28 @@ Reply OpenAiService::completions(std::string_view body) {
     const auto* text = std::get_if<std::string>(&req->prompt);
     p.echo = text ? *text : tokenizer_.decode(p.prompt, /*skip_special=*/false);
   }
-  ApiResult<std::shared_ptr<GenerationRun>> run = start(std::move(p), "cmpl-");
+  ApiResult<std::shared_ptr<GenerationRun>> run = start(std::move(p), "cmpl-", ctx);
   if (!run.ok()) return error_reply(run.error());
   return reply(std::move(*run));
 }
 
 ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start(PreparedRequest p,
-                                                               std::string_view id_prefix) {
+                                                               std::string_view id_prefix,
+                                                               const RequestContext& ctx) {
   const Clock::time_point t0 = Clock::now();
+  if (ctx.last_event_id) {
+    if (!ctx.idempotency_key) {
+      return bad_request(
+          "Last-Event-ID resumes a stream: send the Idempotency-Key it was sent with",
+          "Last-Event-ID");
+    }
+    if (!p.gen.stream) return bad_request("Last-Event-ID resumes a stream: set 'stream'", "stream");
+    if (p.gen.n != 1) return bad_request("a stream of n > 1 choices cannot be resumed", "n");
+    p.resume_after = ctx.last_event_id;
+  }
+  // The same key, the same completion (docs/fault-tolerance.md): the id and the seed follow
+  // from it.
+  if (ctx.idempotency_key && !p.gen.seed) p.gen.seed = fnv1a(*ctx.idempotency_key + "/seed");
   const int64_t n_prompt = int64_t(p.prompt.size());
   const int64_t context = options_.limits.max_context;
   if (n_prompt == 0) return bad_request("the prompt is empty", "prompt");
@@ -462,17 +498,20 @@ ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start(PreparedRequest p
     er.grammar = p.gen.grammar;
   }
 
-  const std::string id = new_id(id_prefix);
+  const std::string id = ctx.idempotency_key
+                             ? fmt::format("{}{:016x}", id_prefix, fnv1a(*ctx.idempotency_key))
+                             : new_id(id_prefix);
   auto job = std::make_shared<GenerationJob>(engine_);
   ++in_flight_;  // from here on the run's destructor gives it back
-  Status s = job->submit(id, er, int(p.gen.n));
+  // (Engine ids are unique among live requests; a key's id may be sent again while it runs.)
+  Status s = job->submit(ctx.idempotency_key ? new_id(id + ".") : id, er, int(p.gen.n));
   if (!s.ok()) {
     --in_flight_;
     return error_from_status(s);
   }
   track(job);
-  const RunContext ctx{engine_, tokenizer_, metrics_, options_.speculative, in_flight_};
-  return std::make_shared<GenerationRun>(ctx, std::move(p), id, std::move(job), t0);
+  const RunContext run_ctx{engine_, tokenizer_, metrics_, options_.speculative, in_flight_};
+  return std::make_shared<GenerationRun>(run_ctx, std::move(p), id, std::move(job), t0);
 }
 
 Reply OpenAiService::reply(std::shared_ptr<GenerationRun> run) {

@@ -54,15 +54,16 @@ class OpenAiService {
                 ServiceOptions options, ServerMetrics& metrics);
   ~OpenAiService();
 
-  Reply chat_completions(std::string_view body);
-  Reply completions(std::string_view body);
+  Reply chat_completions(std::string_view body, const RequestContext& ctx = {});
+  Reply completions(std::string_view body, const RequestContext& ctx = {});
   Reply models() const;
 
   // Validates what parse_chat_request could not (the model, tools against the template),
   // renders, tokenizes and submits: a run for the caller to format. `id_prefix` begins the
   // run's id ("chatcmpl-", "resp_", "msg_").
   ApiResult<std::shared_ptr<GenerationRun>> start_chat(ChatCompletionRequest req,
-                                                       std::string_view id_prefix);
+                                                       std::string_view id_prefix,
+                                                       const RequestContext& ctx = {});
   // The prompt's token count for `req`, as start_chat would submit it.
   ApiResult<int64_t> count_chat_tokens(ChatCompletionRequest req) const;
 
@@ -78,7 +79,8 @@ class OpenAiService {
 
  private:
   ApiResult<PreparedRequest> prepare_chat(ChatCompletionRequest& req) const;
-  ApiResult<std::shared_ptr<GenerationRun>> start(PreparedRequest p, std::string_view id_prefix);
+  ApiResult<std::shared_ptr<GenerationRun>> start(PreparedRequest p, std::string_view id_prefix,
+                                                  const RequestContext& ctx = {});
   Reply reply(std::shared_ptr<GenerationRun> run);  // the chat/completions shape
   Reply finish_blocking(GenerationRun& run);
   std::string new_id(std::string_view prefix);

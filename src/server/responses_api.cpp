@@ -595,7 +595,7 @@ ojson response_object(const GenerationRun& run, const Translated& t, const std::
     r["usage"] = {
         {"input_tokens", u.prompt_tokens},
         {"input_tokens_details",
-                   {{"cached_tokens", u.cached_prompt_tokens}, {"cache_write_tokens", 0}}},
+         {{"cached_tokens", u.cached_prompt_tokens}, {"cache_write_tokens", 0}}},
         {"output_tokens", u.completion_tokens},
         {"output_tokens_details", {{"reasoning_tokens", run.choices[0].out->reasoning_tokens()}}},
         {"total_tokens", u.prompt_tokens + u.completion_tokens}};

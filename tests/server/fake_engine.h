@@ -26,6 +26,7 @@ struct FakeEngineOptions {
   int64_t vocab_size = 129280;
   int64_t max_context = 1024;
   std::optional<int32_t> eos;
+  int64_t tokens_per_step = 1;  // tokens delivered together (as MTP or a hand-off delivers them)
 };
 
 class FakeEngine final : public Engine {
@@ -85,6 +86,10 @@ class FakeEngine final : public Engine {
 
   // Test controls and observations.
   void set_healthy(bool h) { healthy_ = h; }
+  void set_tokens_per_step(int64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_per_step_ = n;
+  }
   void set_submit_error(Status s) {
     std::lock_guard<std::mutex> lock(mu_);
     submit_error_ = std::move(s);
@@ -145,24 +150,27 @@ class FakeEngine final : public Engine {
           out.finish_reason = FinishReason::kCancelled;
         } else if (!paused_) {
           if (l.generated == 0) prompt_tokens_ += out.prompt_tokens;
-          int32_t tok = o_.script[size_t(l.generated) % o_.script.size()];
-          ++l.generated;
-          ++generated_;
-          GeneratedToken g;
-          g.id = tok;
-          g.logprob = -0.25f;
-          for (int64_t k = 0; k < l.req.top_logprobs; ++k) {
-            g.top.push_back({k == 0 ? tok : int32_t((tok + k) % o_.vocab_size), -0.25f - float(k)});
-          }
-          out.tokens.push_back(g);
-          const auto& stops = l.req.stop_token_ids;
-          if ((!l.req.ignore_eos && o_.eos && tok == *o_.eos) ||
-              std::find(stops.begin(), stops.end(), tok) != stops.end()) {
-            out.finished = true;
-            out.finish_reason = FinishReason::kStop;
-          } else if (l.generated >= l.req.max_tokens) {
-            out.finished = true;
-            out.finish_reason = FinishReason::kLength;
+          for (int64_t n = 0; n < tokens_per_step_ && !out.finished; ++n) {
+            int32_t tok = o_.script[size_t(l.generated) % o_.script.size()];
+            ++l.generated;
+            ++generated_;
+            GeneratedToken g;
+            g.id = tok;
+            g.logprob = -0.25f;
+            for (int64_t k = 0; k < l.req.top_logprobs; ++k) {
+              g.top.push_back(
+                  {k == 0 ? tok : int32_t((tok + k) % o_.vocab_size), -0.25f - float(k)});
+            }
+            out.tokens.push_back(g);
+            const auto& stops = l.req.stop_token_ids;
+            if ((!l.req.ignore_eos && o_.eos && tok == *o_.eos) ||
+                std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+              out.finished = true;
+              out.finish_reason = FinishReason::kStop;
+            } else if (l.generated >= l.req.max_tokens) {
+              out.finished = true;
+              out.finish_reason = FinishReason::kLength;
+            }
           }
         } else {
           ++it;
@@ -193,6 +201,7 @@ class FakeEngine final : public Engine {
   bool paused_ = false;                                    // guarded by mu_
   bool stop_ = false;                                      // guarded by mu_
   int64_t prompt_tokens_ = 0, generated_ = 0, steps_ = 0;  // guarded by mu_
+  int64_t tokens_per_step_ = o_.tokens_per_step;           // guarded by mu_
   std::atomic<bool> healthy_{true};
   std::thread thread_;
 };

@@ -87,9 +87,24 @@ inline std::vector<nlohmann::json> sse_events(const std::string& body) {
     if (end == std::string::npos) break;
     std::string ev = body.substr(pos, end - pos);
     pos = end + 2;
+    if (ev.starts_with("id: ")) ev = ev.substr(ev.find('\n') + 1);  // (sse_ids reads them)
     EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
     std::string data = ev.substr(6);
     out.push_back(data == "[DONE]" ? nlohmann::json("[DONE]") : nlohmann::json::parse(data));
+  }
+  return out;
+}
+
+// The ids of an SSE body's events, in order (-1 for an event without one).
+inline std::vector<int64_t> sse_ids(const std::string& body) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    const std::string ev = body.substr(pos, end - pos);
+    pos = end + 2;
+    out.push_back(ev.starts_with("id: ") ? std::stoll(ev.substr(4)) : -1);
   }
   return out;
 }

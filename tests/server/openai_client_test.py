@@ -393,7 +393,7 @@ def fuzz(raw, model, n, seed):
         except Exception as e:  # a dropped connection counts as a failure
             raise AssertionError(f"{where}: {type(e).__name__}: {e}")
         check(status < 500, f"{where} -> {status} {data[:300]!r}")
-        if status == 200 and data.startswith(b"data: "):  # a stream must not fail midway
+        if status == 200 and data.startswith((b"data: ", b"id: ")):  # a stream must not fail midway
             check(b'data: {"error"' not in data and data.rstrip().endswith(b"data: [DONE]"),
                   f"{where} -> stream {data[-300:]!r}")
         if status >= 400:
