@@ -14,6 +14,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "commands.h"
 #include "core/trace.h"
@@ -44,13 +45,13 @@ struct ServeOptions {
   EpFlags ep;            // expert parallelism (under mpirun or with --ep) and EPLB
   SpecFlags spec;        // MTP speculative decoding
   // Prefill/decode disaggregation (docs/pd.md): this process as a unit behind `moeserve router`.
-  std::string role;            // prefill, decode, both; empty: a server of its own
-  std::string router_url;      // http://host:port of the router to register with
-  std::string advertise_host;  // how the router reaches this unit (default: --host)
-  std::string transfer_host;   // where the KV transfer server listens (default: advertise)
-  int transfer_port = 0;       // 0: any free port
-  double kv_lease_s = 30;      // a hand-off nobody pulls is dropped after this
-  double kv_retain_s = 600;    // a pulled one is kept this long for failover (unless released)
+  std::string role;                      // prefill, decode, both; empty: a server of its own
+  std::vector<std::string> router_urls;  // http://host:port of each router to register with
+  std::string advertise_host;            // how the router reaches this unit (default: --host)
+  std::string transfer_host;  // where the KV transfer server listens (default: advertise)
+  int transfer_port = 0;      // 0: any free port
+  double kv_lease_s = 30;     // a hand-off nobody pulls is dropped after this
+  double kv_retain_s = 600;   // a pulled one is kept this long for failover (unless released)
 };
 
 // Ranks other than 0 serve the requests rank 0 hands them until rank 0 stops the group, the
@@ -88,7 +89,7 @@ int run_serve(ServeOptions o) {
   signal(SIGPIPE, SIG_IGN);
 
   std::optional<UnitRole> role;
-  if (!o.role.empty() || !o.router_url.empty()) {
+  if (!o.role.empty() || !o.router_urls.empty()) {
     auto r = parse_unit_role(o.role.empty() ? "both" : o.role);
     if (!r.ok()) {
       fmt::print(stderr, "serve: --role: {}\n", r.status().message());
@@ -200,7 +201,7 @@ int run_serve(ServeOptions o) {
     if (role) {
       PdUnitOptions uo;
       uo.role = *role;
-      uo.router_url = o.router_url;
+      uo.router_urls = o.router_urls;
       uo.api_key = o.front.api_key;
       auto u = PdUnit::start(**engine, *transport, uo);
       if (!u.ok()) {
@@ -230,7 +231,10 @@ int run_serve(ServeOptions o) {
       unit->join(fmt::format("http://{}:{}", o.advertise_host, http.port()));
       fmt::print(stderr, "serve: {} unit{}{}\n", to_string(*role),
                  unit->info().transfer.empty() ? "" : ", KV transfer on " + unit->info().transfer,
-                 o.router_url.empty() ? "" : ", router " + o.router_url);
+                 o.router_urls.empty()
+                     ? ""
+                     : fmt::format(", router{} {}", o.router_urls.size() > 1 ? "s" : "",
+                                   fmt::join(o.router_urls, ", ")));
     }
 
     // Until a signal, or until the engine dies (e.g. an EP peer went silent): then the API
@@ -323,8 +327,9 @@ Subcommand add_serve_command(CLI::App& parent) {
                   "Run as a unit of a disaggregated deployment: prefill, decode or both "
                   "(docs/pd.md; default with --router: both)")
       ->check(CLI::IsMember({"prefill", "decode", "both"}));
-  app->add_option("--router", o->router_url,
-                  "Register with the router at this URL (http://host:port) and heartbeat to it");
+  app->add_option("--router", o->router_urls,
+                  "Register with the router at this URL (http://host:port) and heartbeat to it; "
+                  "repeat it for several routers in front of the same units");
   app->add_option("--advertise-host", o->advertise_host,
                   "The address the router and other units reach this unit at (default: --host)");
   app->add_option("--kv-transfer-host", o->transfer_host,

@@ -77,10 +77,10 @@ Result<std::unique_ptr<PdUnit>> PdUnit::start(Engine& engine, PdTransport& trans
   u->info_.fingerprint = engine.kv_fingerprint();
   u->info_.kv_blocks_total = engine.stats().kv_blocks_total;
   u->info_.transfer = transport.address();
-  if (!o.router_url.empty()) {
+  for (const std::string& url : o.router_urls) {
     std::string host;
     int port = 0;
-    RETURN_IF_ERROR(split_http_url(o.router_url, &host, &port).with_context("--router"));
+    RETURN_IF_ERROR(split_http_url(url, &host, &port).with_context("--router"));
   }
   return u;
 }
@@ -88,8 +88,10 @@ Result<std::unique_ptr<PdUnit>> PdUnit::start(Engine& engine, PdTransport& trans
 void PdUnit::join(const std::string& url) {
   info_.url = url;
   info_.name = url.rfind("http://", 0) == 0 ? url.substr(7) : url;
-  if (!options_.router_url.empty() && !heartbeat_.joinable()) {
-    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  if (heartbeats_.empty()) {  // (one thread per router: a router that hangs delays no other)
+    for (const std::string& router : options_.router_urls) {
+      heartbeats_.emplace_back([this, router] { heartbeat_loop(router); });
+    }
   }
 }
 
@@ -100,7 +102,7 @@ PdUnit::~PdUnit() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
+  for (std::thread& t : heartbeats_) t.join();
 }
 
 std::vector<HttpRoute> PdUnit::routes() {
@@ -194,11 +196,11 @@ Reply PdUnit::decode(std::string_view body) {
   return reply;
 }
 
-Status PdUnit::post(const std::string& path, const std::string& body, int* status,
-                    std::string* reply) {
+Status PdUnit::post(const std::string& router, const std::string& path, const std::string& body,
+                    int* status, std::string* reply) {
   std::string host;
   int port = 0;
-  RETURN_IF_ERROR(split_http_url(options_.router_url, &host, &port));
+  RETURN_IF_ERROR(split_http_url(router, &host, &port));
   httplib::Client c(host, port);
   c.set_connection_timeout(1, 0);
   c.set_read_timeout(2, 0);
@@ -206,7 +208,7 @@ Status PdUnit::post(const std::string& path, const std::string& body, int* statu
   if (!options_.api_key.empty()) c.set_bearer_token_auth(options_.api_key);
   auto res = c.Post(path, body, "application/json");
   if (!res) {
-    return Unavailable(fmt::format("the router at {} does not answer ({})", options_.router_url,
+    return Unavailable(fmt::format("the router at {} does not answer ({})", router,
                                    httplib::to_string(res.error())));
   }
   *status = res->status;
@@ -214,7 +216,7 @@ Status PdUnit::post(const std::string& path, const std::string& body, int* statu
   return Status::Ok();
 }
 
-void PdUnit::heartbeat_loop() {
+void PdUnit::heartbeat_loop(const std::string& router) {
   bool registered = false;
   bool said_unreachable = false;
   std::unique_lock<std::mutex> lock(mu_);
@@ -225,16 +227,16 @@ void PdUnit::heartbeat_loop() {
       Status st;
       if (!registered) {
         std::string reply;
-        st = post("/pd/v1/register", to_json(info_).dump(), &status, &reply);
+        st = post(router, "/pd/v1/register", to_json(info_).dump(), &status, &reply);
         registered = st.ok() && status == 200;
         if (st.ok() && status != 200 && !said_unreachable) {
           fmt::print(stderr, "serve: the router at {} refuses this unit (HTTP {}: {}); retrying\n",
-                     options_.router_url, status, reply);
+                     router, status, reply);
           said_unreachable = true;
         }
         if (registered) {
-          fmt::print(stderr, "serve: registered with the router at {} as a {} unit\n",
-                     options_.router_url, to_string(options_.role));
+          fmt::print(stderr, "serve: registered with the router at {} as a {} unit\n", router,
+                     to_string(options_.role));
           said_unreachable = false;
         }
       } else {
@@ -242,9 +244,9 @@ void PdUnit::heartbeat_loop() {
         UnitLoad l{info_.name,       s.running,         s.waiting,
                    s.kv_blocks_used, s.kv_blocks_total, transport_.server_stats().leases,
                    draining_.load()};
-        st = post("/pd/v1/heartbeat", to_json(l).dump(), &status);
-        if (st.ok() && status == 404) registered = false;  // a restarted router: register again
-        if (!st.ok()) registered = false;
+        st = post(router, "/pd/v1/heartbeat", to_json(l).dump(), &status);
+        // A restarted router does not know the unit (404): register again.
+        if (!st.ok() || status == 404) registered = false;
       }
       if (!st.ok() && !said_unreachable) {
         fmt::print(stderr, "serve: {}; retrying every {} ms\n", st.message(),
@@ -259,13 +261,15 @@ void PdUnit::heartbeat_loop() {
 
 void PdUnit::drain() {
   if (draining_.exchange(true)) return;
-  if (options_.router_url.empty()) return;
+  if (options_.router_urls.empty()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     deregistered_ = true;
   }
-  int status = 0;
-  (void)post("/pd/v1/deregister", json{{"name", info_.name}}.dump(), &status);
+  for (const std::string& router : options_.router_urls) {
+    int status = 0;
+    (void)post(router, "/pd/v1/deregister", json{{"name", info_.name}}.dump(), &status);
+  }
 }
 
 std::string PdUnit::metrics_text() {

@@ -10,9 +10,11 @@
 //   both:    either.
 //   POST /pd/v1/drain: the router asks the unit to leave (drain_requested()).
 //
-// Registration runs on a thread of its own: register, then a heartbeat every interval with the
-// engine's load; a router that does not know the unit (it restarted) gets a registration again,
-// so units rejoin a restarted router by themselves. The destructor deregisters.
+// Registration runs on a thread of its own: with every router given (several routers front one
+// fleet: docs/fault-tolerance.md), register, then a heartbeat every interval with the engine's
+// load, so that each router's balancers see the load the others' requests make; a router that
+// does not know the unit (it restarted) gets a registration again, so units rejoin a restarted
+// router by themselves. The destructor deregisters.
 #pragma once
 
 #include <atomic>
@@ -22,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/status.h"
 #include "engine/engine.h"
@@ -34,8 +37,8 @@ namespace moeserve {
 
 struct PdUnitOptions {
   UnitRole role = UnitRole::kBoth;
-  std::string router_url;  // http://host:port; empty: no registration (routes only)
-  std::string api_key;     // sent to the router (one key for the deployment); empty: none
+  std::vector<std::string> router_urls;  // http://host:port each; none: no registration
+  std::string api_key;  // sent to the router (one key for the deployment); empty: none
   std::chrono::milliseconds heartbeat{500};
   // How long POST /pd/v1/prefill waits for the engine (queue and prefill) before it cancels.
   std::chrono::milliseconds prefill_timeout{std::chrono::minutes(10)};
@@ -72,9 +75,9 @@ class PdUnit {
  private:
   PdUnit(Engine& engine, PdTransport& t, const PdUnitOptions& o)
       : engine_(engine), transport_(t), options_(o) {}
-  void heartbeat_loop();
-  Status post(const std::string& path, const std::string& body, int* status,
-              std::string* reply = nullptr);
+  void heartbeat_loop(const std::string& router);
+  Status post(const std::string& router, const std::string& path, const std::string& body,
+              int* status, std::string* reply = nullptr);
 
   Engine& engine_;
   PdTransport& transport_;
@@ -86,7 +89,7 @@ class PdUnit {
   std::condition_variable cv_;
   bool stop_ = false;
   bool deregistered_ = false;
-  std::thread heartbeat_;
+  std::vector<std::thread> heartbeats_;  // one per router
 };
 
 }  // namespace moeserve

@@ -10,15 +10,18 @@
 #   3. SIGSTOP of a decode unit mid-stream (it stops answering without dying): the same; then
 #      SIGCONT and SIGTERM: it exits 0;
 #   4. kill -9 of a prefill unit while prompts are being prefilled and handed off;
-#   5. kill -9 of the router mid-stream: every client sees an error within seconds (none
-#      hangs); a restarted router has its units back by themselves and serves equal output.
+#   5. kill -9 of router A mid-stream, with a second router B in front of the same units (every
+#      unit registers with both; /admin/units agrees): every stream resumes through B with its
+#      Idempotency-Key and Last-Event-ID, nothing lost or changed; a non-streamed request cut by
+#      the kill, sent again to B with its key, is the same completion; a restarted router A has
+#      its units back by themselves and serves equal output.
 # Needs root (network namespaces); without the privilege it says so and is skipped (exit 77).
 set -euo pipefail
 bin=$(readlink -f "$1")
 load=$(dirname "$(readlink -f "$0")")/pd_load.py
 tag=pf$$
 net=10.$((50 + $$ % 100)).$(($$ % 200))
-hosts=(r p1 p2 d1 d2)
+hosts=(r p1 p2 d1 d2 r2)
 declare -A ip
 for i in "${!hosts[@]}"; do ip[${hosts[$i]}]=$net.$((i + 1)); done
 nsS=${tag}s
@@ -60,6 +63,8 @@ model=build/models/tiny-py
 export UCX_TLS=tcp
 R=${ip[r]}
 router_url=http://$R:8000
+R2=${ip[r2]}
+router2_url=http://$R2:8000
 in_r() { ip netns exec "${tag}r" "$@"; }
 wait_health() {  # HOST PORT
   for _ in $(seq 300); do
@@ -84,11 +89,13 @@ start_router() {
     --unit-timeout-ms 1500 --max-model-len 4096 >> "$dir/router.log" 2>&1 &
   router=$!
 }
+ip netns exec "${tag}r2" "$bin" router --model "$model" --host "$R2" --port 8000 \
+  --unit-timeout-ms 1500 --max-model-len 4096 >> "$dir/router2.log" 2>&1 &
 common=(--model "$model" --threads 1 --kv-cache-gb 0.2 --max-model-len 4096)
 declare -A unit_pid
 start_unit() {  # HOST ROLE PORT
   ip netns exec "$tag$1" "$bin" serve "${common[@]}" --host "${ip[$1]}" --port "$3" --role "$2" \
-    --router "$router_url" >> "$dir/$1.log" 2>&1 &
+    --router "$router_url" --router "$router2_url" >> "$dir/$1.log" 2>&1 &
   unit_pid[$1]=$!
 }
 start_router
@@ -116,7 +123,7 @@ grep -q "re-bound" "$dir/router.log" || fail "the router logged no re-bound requ
 echo "== 2. d1 joins again while streams run"
 # (the command the load runs starts d1 in its namespace; its pid lands in a file)
 run_load "decode unit join" --n 6 --max-tokens 60 --at 5 \
-  --then "ip netns exec ${tag}d1 $bin serve ${common[*]} --host ${ip[d1]} --port 8002 --role decode --router $router_url >> $dir/d1.log 2>&1 & echo \$! > $dir/d1.pid"
+  --then "ip netns exec ${tag}d1 $bin serve ${common[*]} --host ${ip[d1]} --port 8002 --role decode --router $router_url --router $router2_url >> $dir/d1.log 2>&1 & echo \$! > $dir/d1.pid"
 unit_pid[d1]=$(cat "$dir/d1.pid")
 wait_units 4
 
@@ -139,9 +146,59 @@ moved=$(in_r curl -sf "$router_url/metrics" | awk '/^moeserve_router_(prefill_re
 echo "prefill retries + re-prefills after the prefill unit's kill: $moved"
 [[ $moved -gt 0 ]] || fail "the prefill unit's kill moved no request (the test missed its moment)"
 
-echo "== 5. kill -9 of the router mid-stream"
-run_load "router kill -9" --n 4 --max-tokens 80 --at 10 --then "kill -9 $router" \
-  --expect-errors --end-within 10
+echo "== 5. kill -9 of router A mid-stream; the streams resume through router B"
+wait_health "$R2" 8000
+# Both routers know the same units, in the same states (within a few heartbeats).
+in_r python3 - "$router_url" "$router2_url" <<'PY' || fail "the routers disagree on the units"
+import json, sys, time, urllib.request
+def units(url):
+    try:
+        us = json.load(urllib.request.urlopen(url + "/admin/units", timeout=2))["units"]
+        return sorted((u["name"], u["role"], u["state"]) for u in us)
+    except Exception as e:  # noqa: BLE001 (polled again)
+        return str(e)
+for _ in range(100):
+    a, b = units(sys.argv[1]), units(sys.argv[2])
+    if a == b:
+        print(f"both routers list the same {len(a)} units")
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit(f"router A: {a}\nrouter B: {b}")
+PY
+run_load "router kill -9, resumed through router B" --n 4 --max-tokens 80 --at 10 \
+  --then "kill -9 $router" --resume-url "$router2_url/v1"
+wait "$router" 2>/dev/null || true
+# A non-streamed request cut by the kill of its router, sent again to B with the same key: the
+# same completion (id and text) as B gives that key every time, and the co-located text.
+start_router
+wait_health "$R" 8000
+wait_units 3
+in_r python3 - "$router_url" "$router2_url" "http://$R:8100" "$router" <<'PY' || fail "a retried non-streamed request"
+import json, os, signal, sys, threading, time
+import openai
+a, b, ref = (openai.OpenAI(base_url=u + "/v1", api_key="none", max_retries=0, timeout=120)
+             for u in sys.argv[1:4])
+params = dict(model="tiny-py", prompt="def main():\n" * 20, max_tokens=1500, temperature=0.8, seed=5)
+key = {"Idempotency-Key": f"retry-{time.time_ns()}"}
+cut = []
+def first():
+    try:
+        a.completions.create(extra_headers=key, **params)
+    except Exception as e:  # noqa: BLE001 (the kill)
+        cut.append(e)
+t = threading.Thread(target=first)
+t.start()
+time.sleep(0.5)
+os.kill(int(sys.argv[4]), signal.SIGKILL)
+t.join()
+assert cut, "the router's kill did not cut the request (it ended first)"
+r1 = b.completions.create(extra_headers=key, **params)
+r2 = b.completions.create(extra_headers=key, **params)
+want = ref.completions.create(**params)
+assert (r1.id, r1.choices[0].text) == (r2.id, r2.choices[0].text), (r1, r2)
+assert r1.choices[0].text == want.choices[0].text, (r1.choices[0].text, want.choices[0].text)
+print(f"non-streamed retry through router B: the same completion ({r1.id})")
+PY
 wait "$router" 2>/dev/null || true
 t0=$(date +%s.%N)
 start_router

@@ -8,6 +8,11 @@ requests lost (ended in an error), changed (whole but different), the longest ga
 tokens of a stream (or before its first), and the recovery time (from the kill to the end of
 the longest gap after it, the latest over the streams). Exits 1 when a request was lost or changed, unless
 --expect-errors, where every request must instead have ended (no hang) within --end-within s.
+
+--resume-url: every stream is sent with an Idempotency-Key, and one that breaks (its router died)
+is resumed there with the same key and Last-Event-ID (the id of the last event it got), as
+docs/fault-tolerance.md tells clients to; the resumed events continue the stream. The line also
+counts the resumed streams.
 """
 import argparse
 import concurrent.futures as cf
@@ -30,9 +35,13 @@ ap.add_argument("--then", default="")
 ap.add_argument("--expect-errors", action="store_true")
 ap.add_argument("--end-within", type=float, default=20.0)
 ap.add_argument("--label", default="")
+ap.add_argument("--resume-url", default="")
 a = ap.parse_args()
 
 pd = openai.OpenAI(base_url=a.url, api_key="none", max_retries=0, timeout=120)
+resume = openai.OpenAI(base_url=a.resume_url, api_key="none", max_retries=0, timeout=120) \
+    if a.resume_url else None
+run_tag = f"{a.label}-{time.time_ns()}"
 ref = openai.OpenAI(base_url=a.ref, api_key="none", max_retries=0, timeout=120)
 
 
@@ -59,26 +68,50 @@ lock = threading.Lock()
 kill_at = [None]
 
 
+def events(client, i, headers):
+    """(id, chunk) of each SSE event of a streamed completion (the raw stream: the SDK's iterator
+    does not show the events' ids)."""
+    with client.completions.with_streaming_response.create(
+            stream=True, extra_headers=headers, **params(i)) as r:
+        event_id = None
+        for line in r.iter_lines():
+            if line.startswith("id: "):
+                event_id = int(line[4:])
+            elif line.startswith("data: ") and line != "data: [DONE]":
+                yield event_id, json.loads(line[6:])
+
+
 def stream(i):
     start = time.monotonic()
     text, lps, reason = "", [], None
-    try:
-        for ch in pd.completions.create(stream=True, **params(i)):
-            if not ch.choices:
-                continue
-            c = ch.choices[0]
-            now = time.monotonic()
-            n = len(c.logprobs.token_logprobs) if c.logprobs else 0
-            text += c.text or ""
-            if c.logprobs:
-                lps += c.logprobs.token_logprobs
-            with lock:
-                counts[i] += n
-                times[i] += [now] * n
-            reason = c.finish_reason or reason
-    except Exception as e:  # noqa: BLE001 (a lost request, counted)
-        return dict(error=f"{type(e).__name__}: {e}", start=start, end=time.monotonic())
-    return dict(got=(text, reason, lps), start=start, end=time.monotonic())
+    key = f"{run_tag}-{i}"
+    last_id, resumed = None, 0
+    while True:
+        headers = {"Idempotency-Key": key} if resume else {}
+        if last_id is not None:
+            headers["Last-Event-ID"] = str(last_id)
+        try:
+            for event_id, ch in events(pd if resumed == 0 else resume, i, headers):
+                last_id = event_id
+                if "error" in ch:
+                    raise RuntimeError(f"error event: {ch['error']}")
+                if not ch["choices"]:
+                    continue
+                c = ch["choices"][0]
+                now = time.monotonic()
+                tl = (c.get("logprobs") or {}).get("token_logprobs") or []
+                text += c.get("text") or ""
+                lps += tl
+                with lock:
+                    counts[i] += len(tl)
+                    times[i] += [now] * len(tl)
+                reason = c.get("finish_reason") or reason
+            break
+        except Exception as e:  # noqa: BLE001 (a lost request, counted, unless it resumes)
+            if resume is None or resumed >= 3:
+                return dict(error=f"{type(e).__name__}: {e}", start=start, end=time.monotonic())
+            resumed += 1
+    return dict(got=(text, reason, lps), start=start, end=time.monotonic(), resumed=resumed)
 
 
 def trigger():
@@ -123,6 +156,7 @@ out = dict(label=a.label, requests=a.n, lost=len(lost), changed=len(changed),
            longest_stall_s=round(gap, 3),
            recovery_s=None if recovery is None else round(recovery, 3),
            last_end_after_kill_s=None if ended is None else round(ended, 3),
+           resumed=sum(1 for r in results if r.get("resumed")),
            errors=sorted({results[i]["error"][:200] for i in lost}))
 print(json.dumps(out), flush=True)
 for i in changed:
