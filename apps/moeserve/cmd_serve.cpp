@@ -48,10 +48,12 @@ struct ServeOptions {
   std::string role;                      // prefill, decode, both; empty: a server of its own
   std::vector<std::string> router_urls;  // http://host:port of each router to register with
   std::string advertise_host;            // how the router reaches this unit (default: --host)
-  std::string transfer_host;  // where the KV transfer server listens (default: advertise)
-  int transfer_port = 0;      // 0: any free port
-  double kv_lease_s = 30;     // a hand-off nobody pulls is dropped after this
-  double kv_retain_s = 600;   // a pulled one is kept this long for failover (unless released)
+  std::string transfer_host;       // where the KV transfer server listens (default: advertise)
+  int transfer_port = 0;           // 0: any free port
+  double kv_lease_s = 30;          // a hand-off nobody pulls is dropped after this
+  double kv_retain_s = 600;        // a pulled one is kept this long for failover (unless released)
+  double resume_grace_s = 30;      // a keyed decode request whose router died goes on this long
+  double resume_retention_s = 60;  // a keyed decode request's outputs are kept after it ends
 };
 
 // Ranks other than 0 serve the requests rank 0 hands them until rank 0 stops the group, the
@@ -202,6 +204,8 @@ int run_serve(ServeOptions o) {
       PdUnitOptions uo;
       uo.role = *role;
       uo.router_urls = o.router_urls;
+      uo.detached_grace = std::chrono::milliseconds(int64_t(o.resume_grace_s * 1000));
+      uo.kept_retention = std::chrono::milliseconds(int64_t(o.resume_retention_s * 1000));
       uo.api_key = o.front.api_key;
       auto u = PdUnit::start(**engine, *transport, uo);
       if (!u.ok()) {
@@ -342,6 +346,17 @@ Subcommand add_serve_command(CLI::App& parent) {
                   "Seconds a prefill unit keeps a hand-off's KV for the decode unit to pull")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app->add_option("--resume-grace", o->resume_grace_s,
+                  "Seconds a decode unit goes on with a request sent with an Idempotency-Key after "
+                  "its router's stream dropped, for another router to attach to; then it is "
+                  "cancelled (docs/fault-tolerance.md)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_option("--resume-retention", o->resume_retention_s,
+                  "Seconds a decode unit keeps such a request's outputs after it ended (a retried "
+                  "call is answered from them)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--kv-retain", o->kv_retain_s,
                   "Seconds a prefill unit keeps a pulled hand-off for a second pull when its "
                   "decode unit is lost, unless the router releases it first (its request ended; "

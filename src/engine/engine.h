@@ -58,6 +58,9 @@ struct EngineRequest {
   // appended to it (their KV computed here, the prompt's is not) and the sampler is advanced
   // past them; the callbacks bring the tokens after them. Empty: none past the hand-off's.
   std::vector<int32_t> resume_generated;
+  // The client's Idempotency-Key (docs/fault-tolerance.md): a decode unit keeps the outputs of
+  // such a request for a router that attaches to it after the first router died. Empty: none.
+  std::string idempotency_key;
   friend bool operator==(const EngineRequest&, const EngineRequest&) = default;
 };
 

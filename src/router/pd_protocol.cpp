@@ -163,9 +163,9 @@ json to_json(const PdRequest& p) {
   if (!sp.logit_bias.empty()) j["logit_bias"] = sp.logit_bias;  // [[id, bias], ...]
   if (r.grammar) {
     const GrammarSpec::Kind k = r.grammar->kind;
-    json g = {{"kind", k == GrammarSpec::Kind::kJsonSchema ? "json_schema"
+    json g = {{"kind", k == GrammarSpec::Kind::kJsonSchema      ? "json_schema"
                        : k == GrammarSpec::Kind::kStructuralTag ? "structural_tag"
-                                                           : "json_object"},
+                                                                : "json_object"},
               {"strict", r.grammar->strict}};
     if (k != GrammarSpec::Kind::kJsonObject) g["schema"] = r.grammar->schema;
     if (r.grammar->start_after) g["start_after"] = *r.grammar->start_after;
@@ -174,6 +174,8 @@ json to_json(const PdRequest& p) {
   if (!p.transfer.empty()) j["transfer"] = p.transfer;
   if (!p.handle.empty()) j["handle"] = p.handle;
   if (!r.resume_generated.empty()) j["generated"] = r.resume_generated;
+  if (!r.idempotency_key.empty()) j["idempotency_key"] = r.idempotency_key;
+  if (p.before) j["before"] = to_json(*p.before);
   return j;
 }
 
@@ -197,10 +199,16 @@ Result<PdRequest> pd_request_from_json(const json& j) {
       !get(j, "presence_penalty", &r.sampling.presence_penalty, &err, false) ||
       !get(j, "frequency_penalty", &r.sampling.frequency_penalty, &err, false) ||
       !get(j, "repetition_penalty", &r.sampling.repetition_penalty, &err, false) ||
-      !get(j, "logit_bias", &r.sampling.logit_bias, &err, false)) {
+      !get(j, "logit_bias", &r.sampling.logit_bias, &err, false) ||
+      !get(j, "idempotency_key", &r.idempotency_key, &err, false)) {
     return bad("PD request", err);
   }
   if (has_seed) r.seed = seed;
+  if (auto it = j.find("before"); it != j.end() && !it->is_null()) {
+    auto o = request_output_from_json(*it);
+    if (!o.ok()) return o.status().with_context("PD request: field 'before'");
+    p.before = std::move(*o);
+  }
   if (auto it = j.find("grammar"); it != j.end() && !it->is_null()) {
     GrammarSpec g;
     std::string kind;

@@ -7,9 +7,12 @@
 //   unit -> router   POST /pd/v1/deregister  {"name"}          (drained, leaving)
 //   router -> unit   POST /pd/v1/prefill     PdRequest         -> PrefillReply
 //   router -> unit   POST /pd/v1/decode      PdRequest + KV source -> NDJSON RequestOutput lines
+//   router -> unit   POST /pd/v1/attach      {"key"}           -> the same lines, from the start,
+//                                                                 of the keyed request (404: none)
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +52,9 @@ struct PdRequest {
   EngineRequest request;  // resume and hand_off are not sent: the route says which
   std::string transfer;   // decode: the prefill unit's KV transfer server ("host:port")
   std::string handle;     // decode: the hand-off's name there
+  // decode, a keyed request: what the client had before this unit (the hand-off's first token,
+  // a re-bound request's tokens), where the outputs a router attaches to begin.
+  std::optional<RequestOutput> before;
 };
 
 struct PrefillReply {

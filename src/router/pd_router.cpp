@@ -141,6 +141,7 @@ void PdRouter::cancel(const std::string& id) {
 }
 
 void PdRouter::run(Flow& f) {
+  if (!f.request.idempotency_key.empty() && attach(f)) return;
   PrefillReply reply;
   std::string unit;
   Status st = run_prefill(f, &reply, &unit);
@@ -170,6 +171,7 @@ void PdRouter::run(Flow& f) {
   RequestOutput first = reply.output;
   first.finished = false;
   first.handoff.reset();
+  if (!f.request.idempotency_key.empty()) f.delivered_tokens = first.tokens;
   if (!first.tokens.empty()) f.callback(first);
   std::vector<int32_t> delivered;  // what the client has: a re-bound request goes on from there
   for (const GeneratedToken& t : first.tokens) delivered.push_back(t.id);
@@ -219,6 +221,75 @@ void PdRouter::run(Flow& f) {
     f.callback(error_output(f.cancelled.load() ? Status::Ok() : st));
   }
   release(reply);
+}
+
+bool PdRouter::attach(Flow& f) {
+  std::vector<std::string> urls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = Clock::now();
+    for (const auto& [name, u] : units_) {
+      if (u.info.role != UnitRole::kPrefill && alive(u, now)) urls.push_back(u.info.url);
+    }
+  }
+  const std::string body = nlohmann::json{{"key", f.request.idempotency_key}}.dump();
+  for (const std::string& url : urls) {
+    std::string host;
+    int port = 0;
+    if (!split_http_url(url, &host, &port).ok()) continue;
+    httplib::Client c(host, port);
+    c.set_connection_timeout(1, 0);
+    c.set_read_timeout(
+        std::chrono::duration_cast<std::chrono::seconds>(options_.decode_idle_timeout).count(), 0);
+    if (!options_.api_key.empty()) c.set_bearer_token_auth(options_.api_key);
+    int status = 0;
+    bool finished = false;
+    std::string pending;
+    Status line_error;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/pd/v1/attach";
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    req.response_handler = [&](const httplib::Response& r) {
+      status = r.status;
+      return r.status == 200;
+    };
+    req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+      pending.append(data, len);
+      size_t nl;
+      while ((nl = pending.find('\n')) != std::string::npos) {
+        const std::string line = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        auto j = parse_json(line, "attached output");
+        auto o = j.ok() ? request_output_from_json(*j) : Result<RequestOutput>(j.status());
+        if (!o.ok()) {
+          line_error = o.status();
+          return false;
+        }
+        if (o->finished) finished = true;
+        f.callback(*o);
+        if (finished) return true;
+      }
+      return !f.cancelled.load();
+    };
+    auto res = c.send(req);
+    if (status != 200) continue;  // (not there: 404; or the unit did not answer)
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.attached;
+    }
+    if (!finished && !f.cancelled.load()) {
+      // The unit went away while this router read the kept stream: the client sends the request
+      // again (with its Last-Event-ID), and then it is generated anew.
+      f.callback(error_output(Unavailable(fmt::format(
+          "the decode unit at {} went away while the stream was resumed from it{}; send the "
+          "request again",
+          url, line_error.ok() ? "" : " (" + line_error.message() + ")"))));
+    }
+    return true;
+  }
+  return false;
 }
 
 // The request has ended: its prefill unit may drop the hand-off it retained for failover.
@@ -400,8 +471,12 @@ PdRouter::DecodeEnd PdRouter::run_decode(Flow& f, const PrefillReply& reply,
   int64_t tokens_here = 0;        // tokens this unit sent
   std::string error_body;
   int status = 0;
-  PdRequest pr{f.request, reply.transfer, reply.handle};
+  PdRequest pr{f.request, reply.transfer, reply.handle, std::nullopt};
   if (delivered->size() > 1) pr.request.resume_generated = *delivered;
+  if (!f.request.idempotency_key.empty()) {  // (where a router that attaches starts reading)
+    pr.before.emplace();
+    pr.before->tokens = f.delivered_tokens;
+  }
   httplib::Request req;
   req.method = "POST";
   req.path = "/pd/v1/decode";
@@ -433,6 +508,9 @@ PdRouter::DecodeEnd PdRouter::run_decode(Flow& f, const PrefillReply& reply,
       }
       tokens_here += int64_t(o->tokens.size());
       for (const GeneratedToken& t : o->tokens) delivered->push_back(t.id);
+      if (!f.request.idempotency_key.empty()) {
+        f.delivered_tokens.insert(f.delivered_tokens.end(), o->tokens.begin(), o->tokens.end());
+      }
       if (o->finished && o->finish_reason == FinishReason::kError) {
         // The error is not the client's yet: another unit may go on (run() decides); the
         // tokens before it are.
@@ -709,6 +787,9 @@ std::string PdRouter::metrics_text() const {
        "counter");
   line("moeserve_router_cache_aware_choices_total", "Prefill choices decided by a cached prefix",
        double(s.by_cache), "counter");
+  line("moeserve_router_attached_total",
+       "Keyed requests resumed from a decode unit that kept them (their router had died)",
+       double(s.attached), "counter");
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Clock::now();
   out +=

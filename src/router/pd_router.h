@@ -63,6 +63,7 @@ struct RouterStats {
   int64_t released = 0;         // hand-offs released at their prefill units
   int64_t failed = 0;
   int64_t by_cache = 0;  // prefill choices decided by the cached prefix
+  int64_t attached = 0;  // keyed requests served from a decode unit's kept stream
 };
 
 class PdRouter final : public Engine {
@@ -111,6 +112,9 @@ class PdRouter final : public Engine {
     std::atomic<bool> cancelled{false};
     std::atomic<bool> done{false};
     std::thread thread;
+    // A keyed request (docs/fault-tolerance.md): the tokens the client has, for the decode unit
+    // that keeps them for a router that attaches.
+    std::vector<GeneratedToken> delivered_tokens;
   };
 
   // How one decode attempt ended.
@@ -122,6 +126,9 @@ class PdRouter final : public Engine {
     kFailed,   // an error re-binding would not cure
   };
   void run(Flow& f);
+  // A keyed request that a decode unit still has (its first router died): its outputs from
+  // there. False when no decode unit has it.
+  bool attach(Flow& f);
   Status run_prefill(Flow& f, PrefillReply* reply, std::string* unit);
   // delivered: the tokens the client has (in), with those this attempt forwarded (out);
   // avoid: units not to choose (the lost ones), this attempt's unit appended.

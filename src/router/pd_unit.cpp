@@ -70,6 +70,71 @@ class DecodeStream final : public ReplyStream {
 
 }  // namespace
 
+// A keyed decode request's outputs, kept for the routers that read them
+// (docs/fault-tolerance.md): from the client's first token (PdRequest::before) on.
+struct KeptStream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string engine_id;
+  std::vector<RequestOutput> outputs;  // guarded by mu
+  bool finished = false;               // guarded by mu
+  int readers = 0;                     // guarded by mu
+  Clock::time_point unread_since;      // guarded by mu: when the last reader left
+  Clock::time_point finished_at;       // guarded by mu
+
+  static OutputCallback callback(std::shared_ptr<KeptStream> k) {
+    return [k = std::move(k)](const RequestOutput& o) {
+      std::lock_guard<std::mutex> lock(k->mu);
+      k->outputs.push_back(o);
+      if (o.finished) {
+        k->finished = true;
+        k->finished_at = Clock::now();
+      }
+      k->cv.notify_all();
+    };
+  }
+};
+
+namespace {
+
+// One reader of a KeptStream, from output `from` on, as NDJSON lines. A reader that goes away
+// (its router died) leaves the request running: PdUnit::sweep_kept decides its end.
+class KeptReader final : public ReplyStream {
+ public:
+  KeptReader(std::shared_ptr<KeptStream> k, size_t from) : k_(std::move(k)), cursor_(from) {
+    std::lock_guard<std::mutex> lock(k_->mu);
+    ++k_->readers;
+  }
+  ~KeptReader() override { abandon(); }
+
+  bool next(std::string& out, std::chrono::milliseconds wait) override {
+    if (done_) return false;
+    std::unique_lock<std::mutex> lock(k_->mu);
+    k_->cv.wait_for(lock, wait, [&] { return cursor_ < k_->outputs.size(); });
+    while (cursor_ < k_->outputs.size()) {
+      const RequestOutput& o = k_->outputs[cursor_++];
+      out += to_json(o).dump() + "\n";
+      if (o.finished) done_ = true;
+    }
+    return !done_;
+  }
+
+  void abandon() override {
+    if (left_) return;
+    left_ = done_ = true;
+    std::lock_guard<std::mutex> lock(k_->mu);
+    if (--k_->readers == 0) k_->unread_since = Clock::now();
+  }
+
+ private:
+  std::shared_ptr<KeptStream> k_;
+  size_t cursor_;
+  bool done_ = false;
+  bool left_ = false;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<PdUnit>> PdUnit::start(Engine& engine, PdTransport& transport,
                                               const PdUnitOptions& o) {
   std::unique_ptr<PdUnit> u(new PdUnit(engine, transport, o));
@@ -93,6 +158,16 @@ void PdUnit::join(const std::string& url) {
       heartbeats_.emplace_back([this, router] { heartbeat_loop(router); });
     }
   }
+  if (!sweeper_.joinable()) {
+    sweeper_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!cv_.wait_for(lock, std::chrono::milliseconds(250), [&] { return stop_; })) {
+        lock.unlock();
+        sweep_kept();
+        lock.lock();
+      }
+    });
+  }
 }
 
 PdUnit::~PdUnit() {
@@ -103,6 +178,51 @@ PdUnit::~PdUnit() {
   }
   cv_.notify_all();
   for (std::thread& t : heartbeats_) t.join();
+  if (sweeper_.joinable()) sweeper_.join();
+}
+
+void PdUnit::sweep_kept() {
+  const Clock::time_point now = Clock::now();
+  std::vector<std::string> cancel;
+  std::lock_guard<std::mutex> lock(kept_mu_);
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    KeptStream& k = *it->second;
+    bool drop = false;
+    {
+      std::lock_guard<std::mutex> klock(k.mu);
+      if (k.finished) {
+        drop = k.readers == 0 && now - k.finished_at > options_.kept_retention;
+      } else if (k.readers == 0 && now - k.unread_since > options_.detached_grace) {
+        cancel.push_back(k.engine_id);  // (its router never came back)
+        drop = true;
+      }
+    }
+    it = drop ? kept_.erase(it) : std::next(it);
+  }
+  for (const std::string& id : cancel) engine_.cancel(id);
+}
+
+Reply PdUnit::attach(std::string_view body) {
+  auto j = parse_json(body, "attach request");
+  if (!j.ok()) return error_reply(j.status());
+  auto key = j->find("key");
+  if (!j->is_object() || key == j->end() || !key->is_string()) {
+    return error_reply(InvalidArgument("attach request: needs 'key' (a string)"));
+  }
+  std::shared_ptr<KeptStream> k;
+  {
+    std::lock_guard<std::mutex> lock(kept_mu_);
+    auto it = kept_.find(key->get<std::string>());
+    if (it != kept_.end()) k = it->second;
+  }
+  if (!k) {
+    return Reply{404, "application/json",
+                 json{{"error", {{"message", "no request with that key here"}}}}.dump(), nullptr};
+  }
+  Reply reply;
+  reply.content_type = "application/x-ndjson";
+  reply.stream = std::make_shared<KeptReader>(std::move(k), 0);
+  return reply;
 }
 
 std::vector<HttpRoute> PdUnit::routes() {
@@ -112,6 +232,8 @@ std::vector<HttpRoute> PdUnit::routes() {
   }
   if (options_.role != UnitRole::kPrefill) {
     r.push_back({"POST", "/pd/v1/decode", [this](std::string_view b) { return decode(b); }});
+    r.push_back({"POST", "/pd/v1/attach", [this](std::string_view b) { return attach(b); },
+                 /*while_draining=*/true});
   }
   r.push_back({"POST", "/pd/v1/drain",
                [this](std::string_view) {
@@ -187,6 +309,29 @@ Reply PdUnit::decode(std::string_view body) {
   r.resume_from = p->transfer;
   r.resume_handle = p->handle;
   const std::string id = r.id;
+  if (!r.idempotency_key.empty()) {  // kept for a router that attaches after this one died
+    const std::string key = r.idempotency_key;
+    auto k = std::make_shared<KeptStream>();
+    k->engine_id = id;
+    k->unread_since = Clock::now();
+    size_t from = 0;
+    if (p->before) {
+      k->outputs.push_back(*p->before);
+      k->outputs.back().finished = false;
+      from = 1;  // (the router sending this has them)
+    }
+    if (Status st = engine_.submit(std::move(r), KeptStream::callback(k)); !st.ok()) {
+      return error_reply(st);
+    }
+    {
+      std::lock_guard<std::mutex> lock(kept_mu_);
+      kept_[key] = k;
+    }
+    Reply reply;
+    reply.content_type = "application/x-ndjson";
+    reply.stream = std::make_shared<KeptReader>(std::move(k), from);
+    return reply;
+  }
   auto q = std::make_shared<OutputQueue>();
   if (Status st = engine_.submit(std::move(r), OutputQueue::callback(q)); !st.ok())
     return error_reply(st);

@@ -8,6 +8,11 @@
 //   decode:  POST /pd/v1/decode submits the request to resume from there (the serving rank
 //            pulls the KV) and streams its outputs (NDJSON, one RequestOutput per line).
 //   both:    either.
+//   attach:  POST /pd/v1/attach {"key"}: the outputs of the decode request sent with that
+//            Idempotency-Key, from its start, then as they come (a router whose predecessor died
+//            resumes a client's stream: docs/fault-tolerance.md). A keyed request goes on when its
+//            router's stream drops, for `detached_grace`; its outputs are kept until
+//            `kept_retention` after it ends.
 //   POST /pd/v1/drain: the router asks the unit to leave (drain_requested()).
 //
 // Registration runs on a thread of its own: with every router given (several routers front one
@@ -20,6 +25,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,7 +48,13 @@ struct PdUnitOptions {
   std::chrono::milliseconds heartbeat{500};
   // How long POST /pd/v1/prefill waits for the engine (queue and prefill) before it cancels.
   std::chrono::milliseconds prefill_timeout{std::chrono::minutes(10)};
+  // A keyed decode request nobody reads (its router died) goes on this long, then is cancelled;
+  // a finished one's outputs are kept this long for a router that attaches (a retried call).
+  std::chrono::milliseconds detached_grace{std::chrono::seconds(30)};
+  std::chrono::milliseconds kept_retention{std::chrono::seconds(60)};
 };
+
+struct KeptStream;
 
 class PdUnit {
  public:
@@ -59,6 +71,7 @@ class PdUnit {
   std::vector<HttpRoute> routes();
   Reply prefill(std::string_view body);
   Reply decode(std::string_view body);
+  Reply attach(std::string_view body);
   // Stops taking work (heartbeats say draining) and deregisters; idempotent.
   void drain();
   // POST /pd/v1/drain (the router's /admin/drain) was received: the process should leave as on
@@ -76,6 +89,7 @@ class PdUnit {
   PdUnit(Engine& engine, PdTransport& t, const PdUnitOptions& o)
       : engine_(engine), transport_(t), options_(o) {}
   void heartbeat_loop(const std::string& router);
+  void sweep_kept();  // cancels keyed requests unread past the grace, drops expired outputs
   Status post(const std::string& router, const std::string& path, const std::string& body,
               int* status, std::string* reply = nullptr);
 
@@ -90,6 +104,10 @@ class PdUnit {
   bool stop_ = false;
   bool deregistered_ = false;
   std::vector<std::thread> heartbeats_;  // one per router
+  std::thread sweeper_;
+  // Keyed decode requests by Idempotency-Key; each KeptStream has its own lock.
+  std::mutex kept_mu_;
+  std::map<std::string, std::shared_ptr<KeptStream>> kept_;  // guarded by kept_mu_
 };
 
 }  // namespace moeserve

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
@@ -230,14 +231,10 @@ class CompletionStream final : public ReplyStream {
   bool complete_ = false;
 };
 
-// FNV-1a, 64 bits: a key's id and seed, the same on every router.
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : s) {
-    h ^= uint8_t(c);
-    h *= 0x100000001b3ull;
-  }
-  return h;
+// A key's id and seed: the same on every router (xxHash's XXH3, which the KV cache's block
+// hashes use too).
+uint64_t key_hash(std::string_view s) {
+  return XXH3_64bits(s.data(), s.size());
 }
 
 }  // namespace
@@ -440,7 +437,7 @@ ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start(PreparedRequest p
   }
   // The same key, the same completion (docs/fault-tolerance.md): the id and the seed follow
   // from it.
-  if (ctx.idempotency_key && !p.gen.seed) p.gen.seed = fnv1a(*ctx.idempotency_key + "/seed");
+  if (ctx.idempotency_key && !p.gen.seed) p.gen.seed = key_hash(*ctx.idempotency_key + "/seed");
   const int64_t n_prompt = int64_t(p.prompt.size());
   const int64_t context = options_.limits.max_context;
   if (n_prompt == 0) return bad_request("the prompt is empty", "prompt");
@@ -472,6 +469,7 @@ ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start(PreparedRequest p
   er.sampling.repetition_penalty = p.gen.repetition_penalty;
   er.sampling.logit_bias = p.gen.logit_bias;
   er.seed = p.gen.seed;
+  if (ctx.idempotency_key) er.idempotency_key = *ctx.idempotency_key;
   er.ignore_eos = p.gen.ignore_eos;
   er.stop_token_ids = p.gen.stop_token_ids;
   er.logprobs = p.gen.logprobs;  // without them the engine skips a log-softmax per token
@@ -499,7 +497,7 @@ ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start(PreparedRequest p
   }
 
   const std::string id = ctx.idempotency_key
-                             ? fmt::format("{}{:016x}", id_prefix, fnv1a(*ctx.idempotency_key))
+                             ? fmt::format("{}{:016x}", id_prefix, key_hash(*ctx.idempotency_key))
                              : new_id(id_prefix);
   auto job = std::make_shared<GenerationJob>(engine_);
   ++in_flight_;  // from here on the run's destructor gives it back

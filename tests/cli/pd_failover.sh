@@ -12,9 +12,10 @@
 #   4. kill -9 of a prefill unit while prompts are being prefilled and handed off;
 #   5. kill -9 of router A mid-stream, with a second router B in front of the same units (every
 #      unit registers with both; /admin/units agrees): every stream resumes through B with its
-#      Idempotency-Key and Last-Event-ID, nothing lost or changed; a non-streamed request cut by
-#      the kill, sent again to B with its key, is the same completion; a restarted router A has
-#      its units back by themselves and serves equal output.
+#      Idempotency-Key and Last-Event-ID, read from the decode units that went on with them,
+#      nothing lost or changed; a non-streamed request cut by the kill, sent again to B with its
+#      key (twice), is the same completion, read from the decode unit, not generated again; a
+#      restarted router A has its units back by themselves and serves equal output.
 # Needs root (network namespaces); without the privilege it says so and is skipped (exit 77).
 set -euo pipefail
 bin=$(readlink -f "$1")
@@ -91,7 +92,7 @@ start_router() {
 }
 ip netns exec "${tag}r2" "$bin" router --model "$model" --host "$R2" --port 8000 \
   --unit-timeout-ms 1500 --max-model-len 4096 >> "$dir/router2.log" 2>&1 &
-common=(--model "$model" --threads 1 --kv-cache-gb 0.2 --max-model-len 4096)
+common=(--model "$model" --threads 1 --kv-cache-gb 0.2 --max-model-len 4096 --resume-grace 3)
 declare -A unit_pid
 start_unit() {  # HOST ROLE PORT
   ip netns exec "$tag$1" "$bin" serve "${common[@]}" --host "${ip[$1]}" --port "$3" --role "$2" \
@@ -168,6 +169,9 @@ PY
 run_load "router kill -9, resumed through router B" --n 4 --max-tokens 80 --at 10 \
   --then "kill -9 $router" --resume-url "$router2_url/v1"
 wait "$router" 2>/dev/null || true
+# The decode units went on with the streams of the dead router, and B read them from there.
+attached() { in_r curl -sf "$router2_url/metrics" | awk '/^moeserve_router_attached_total/ {print $2 + 0}'; }
+[[ $(attached) -ge 4 ]] || fail "router B attached to $(attached) of the 4 kept streams"
 # A non-streamed request cut by the kill of its router, sent again to B with the same key: the
 # same completion (id and text) as B gives that key every time, and the co-located text.
 start_router
@@ -199,6 +203,35 @@ assert (r1.id, r1.choices[0].text) == (r2.id, r2.choices[0].text), (r1, r2)
 assert r1.choices[0].text == want.choices[0].text, (r1.choices[0].text, want.choices[0].text)
 print(f"non-streamed retry through router B: the same completion ({r1.id})")
 PY
+[[ $(attached) -ge 6 ]] || fail "router B generated the retried request again ($(attached) attached)"
+wait "$router" 2>/dev/null || true
+# A stream whose client never comes back after its router died: the decode unit goes on for the
+# grace (--resume-grace 3 here), then cancels it.
+start_router
+wait_health "$R" 8000
+wait_units 3
+in_r python3 - "$router_url" "$router" <<'PY' || fail "a stream nobody resumed"
+import os, signal, sys, time
+import openai
+a = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none", max_retries=0, timeout=60)
+s = a.completions.create(model="tiny-py", prompt="x = 1\n" * 10, max_tokens=3000, stream=True,
+                         temperature=0, extra_headers={"Idempotency-Key": f"gone-{time.time_ns()}"})
+for i, _ in enumerate(s):
+    if i == 5:
+        os.kill(int(sys.argv[2]), signal.SIGKILL)
+        break
+PY
+running() {  # the decode units' running requests
+  local n=0
+  for h in d1 d2; do
+    n=$((n + $(in_r curl -sf "http://${ip[$h]}:8002/metrics" | awk '/^moeserve_num_requests_running / {print int($2)}')))
+  done
+  echo $n
+}
+[[ $(running) -ge 1 ]] || fail "the decode unit did not go on with the stream of the dead router"
+sleep 4.5
+[[ $(running) -eq 0 ]] || fail "the decode unit still runs a stream nobody resumed after the grace"
+echo "a stream nobody resumed: going on after the router's kill, cancelled after the 3-s grace"
 wait "$router" 2>/dev/null || true
 t0=$(date +%s.%N)
 start_router

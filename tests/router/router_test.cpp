@@ -165,6 +165,21 @@ TEST(PdProtocol, RequestsAndOutputsRoundTripBitForBit) {
   back = pd_request_from_json(nlohmann::json::parse(to_json(p).dump()));
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->request, p.request);
+  // A keyed request (docs/fault-tolerance.md) and what its client had before the decode unit.
+  p.request.idempotency_key = "key-1";
+  p.before.emplace();
+  p.before->tokens = {GeneratedToken{7, -0.5f, {{7, -0.5f}, {9, -1.25f}}}};
+  back = pd_request_from_json(nlohmann::json::parse(to_json(p).dump()));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->request, p.request);
+  ASSERT_TRUE(back->before.has_value());
+  ASSERT_EQ(back->before->tokens.size(), 1u);
+  EXPECT_EQ(back->before->tokens[0].id, 7);
+  EXPECT_EQ(back->before->tokens[0].top.size(), 2u);
+  nlohmann::json bad_before = to_json(p);
+  bad_before["before"] = 5;
+  EXPECT_FALSE(pd_request_from_json(bad_before).ok());
+  p.before.reset();
   nlohmann::json bad_kind = to_json(p);
   bad_kind["grammar"]["kind"] = "regex";
   EXPECT_FALSE(pd_request_from_json(bad_kind).ok());
