@@ -141,7 +141,25 @@ void PdRouter::cancel(const std::string& id) {
 }
 
 void PdRouter::run(Flow& f) {
-  if (!f.request.idempotency_key.empty() && attach(f)) return;
+  if (!f.request.idempotency_key.empty()) {
+    int64_t had = 0;  // tokens the attached stream delivered before its unit went away
+    if (attach(f, &had)) return;
+    if (had > 0) {
+      // Generated again from the start (the same key, the same seed: the same tokens), the
+      // client getting only those after the ones it has.
+      fmt::print(stderr,
+                 "router: request {} generated again after its kept stream's unit went "
+                 "away ({} token(s) in)\n",
+                 f.request.id, had);
+      f.callback = [cb = std::move(f.callback), skip = had](const RequestOutput& o) mutable {
+        RequestOutput rest = o;
+        const int64_t drop = std::min<int64_t>(skip, int64_t(rest.tokens.size()));
+        rest.tokens.erase(rest.tokens.begin(), rest.tokens.begin() + drop);
+        skip -= drop;
+        if (!rest.tokens.empty() || rest.finished) cb(rest);
+      };
+    }
+  }
   PrefillReply reply;
   std::string unit;
   Status st = run_prefill(f, &reply, &unit);
@@ -223,7 +241,7 @@ void PdRouter::run(Flow& f) {
   release(reply);
 }
 
-bool PdRouter::attach(Flow& f) {
+bool PdRouter::attach(Flow& f, int64_t* had) {
   std::vector<std::string> urls;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -267,7 +285,12 @@ bool PdRouter::attach(Flow& f) {
           line_error = o.status();
           return false;
         }
-        if (o->finished) finished = true;
+        if (o->finished && o->finish_reason != FinishReason::kError) finished = true;
+        if (o->finished && !finished) {  // (the kept request failed: generated again below)
+          line_error = o->error;
+          return false;
+        }
+        *had += int64_t(o->tokens.size());
         f.callback(*o);
         if (finished) return true;
       }
@@ -279,14 +302,9 @@ bool PdRouter::attach(Flow& f) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.attached;
     }
-    if (!finished && !f.cancelled.load()) {
-      // The unit went away while this router read the kept stream: the client sends the request
-      // again (with its Last-Event-ID), and then it is generated anew.
-      f.callback(error_output(Unavailable(fmt::format(
-          "the decode unit at {} went away while the stream was resumed from it{}; send the "
-          "request again",
-          url, line_error.ok() ? "" : " (" + line_error.message() + ")"))));
-    }
+    // The unit went away (or the kept request failed) while this router read it: run() generates
+    // the request again.
+    if (!finished && !f.cancelled.load()) return false;
     return true;
   }
   return false;

@@ -127,8 +127,9 @@ class PdRouter final : public Engine {
   };
   void run(Flow& f);
   // A keyed request that a decode unit still has (its first router died): its outputs from
-  // there. False when no decode unit has it.
-  bool attach(Flow& f);
+  // there. False when no decode unit has it, or the unit went away before its end (`had`: the
+  // tokens delivered until then).
+  bool attach(Flow& f, int64_t* had);
   Status run_prefill(Flow& f, PrefillReply* reply, std::string* unit);
   // delivered: the tokens the client has (in), with those this attempt forwarded (out);
   // avoid: units not to choose (the lost ones), this attempt's unit appended.

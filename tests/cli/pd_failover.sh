@@ -15,7 +15,9 @@
 #      Idempotency-Key and Last-Event-ID, read from the decode units that went on with them,
 #      nothing lost or changed; a non-streamed request cut by the kill, sent again to B with its
 #      key (twice), is the same completion, read from the decode unit, not generated again; a
-#      restarted router A has its units back by themselves and serves equal output.
+#      stream nobody resumes is cancelled after the unit's grace; when the decode unit that
+#      B reads a stream from dies too, B generates it again and sends only what the client lacks;
+#      a restarted router A has its units back by themselves and serves equal output.
 # Needs root (network namespaces); without the privilege it says so and is skipped (exit 77).
 set -euo pipefail
 bin=$(readlink -f "$1")
@@ -233,10 +235,22 @@ sleep 4.5
 [[ $(running) -eq 0 ]] || fail "the decode unit still runs a stream nobody resumed after the grace"
 echo "a stream nobody resumed: going on after the router's kill, cancelled after the 3-s grace"
 wait "$router" 2>/dev/null || true
+# Router A dies, the streams resume through B from the decode units, and then decode unit d1
+# dies too: B generates its streams again, sending only the tokens after those the client has.
+start_router
+wait_health "$R" 8000
+wait_units 3
+run_load "router kill -9, then decode unit kill -9 under router B" --n 4 --max-tokens 300 --at 10 \
+  --then "kill -9 $router; sleep 0.3; kill -9 ${unit_pid[d1]}" --resume-url "$router2_url/v1"
+wait "$router" 2>/dev/null || true
+wait "${unit_pid[d1]}" 2>/dev/null || true
+grep -q "generated again after its kept stream's unit went away" "$dir/router2.log" ||
+  fail "router B generated no stream again after the decode unit it read from died"
+start_unit d1 decode 8002
 t0=$(date +%s.%N)
 start_router
 wait_health "$R" 8000
-wait_units 3  # p2, d1, d2 register again by themselves
+wait_units 3  # p2, d1, d2 register again by themselves (d1 anew)
 t1=$(date +%s.%N)
 echo "units back at the restarted router after $(python3 -c "print(round($t1 - $t0, 2))") s"
 run_load "after the router restart" --n 2 --max-tokens 24 --at 0
