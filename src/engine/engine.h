@@ -61,6 +61,10 @@ struct EngineRequest {
   // The client's Idempotency-Key (docs/fault-tolerance.md): a decode unit keeps the outputs of
   // such a request for a router that attaches to it after the first router died. Empty: none.
   std::string idempotency_key;
+  // A keyed request that may continue one a decode unit kept (a resumed stream, or a call that
+  // may be a retry): a router asks its decode units for it before generating it. A new stream
+  // (no Last-Event-ID) is not looked for. Not sent to units.
+  bool attach_first = false;
   friend bool operator==(const EngineRequest&, const EngineRequest&) = default;
 };
 

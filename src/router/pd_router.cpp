@@ -141,7 +141,7 @@ void PdRouter::cancel(const std::string& id) {
 }
 
 void PdRouter::run(Flow& f) {
-  if (!f.request.idempotency_key.empty()) {
+  if (f.request.attach_first) {
     int64_t had = 0;  // tokens the attached stream delivered before its unit went away
     if (attach(f, &had)) return;
     if (had > 0) {

@@ -469,7 +469,10 @@ ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start(PreparedRequest p
   er.sampling.repetition_penalty = p.gen.repetition_penalty;
   er.sampling.logit_bias = p.gen.logit_bias;
   er.seed = p.gen.seed;
-  if (ctx.idempotency_key) er.idempotency_key = *ctx.idempotency_key;
+  if (ctx.idempotency_key) {
+    er.idempotency_key = *ctx.idempotency_key;
+    er.attach_first = ctx.last_event_id.has_value() || !p.gen.stream;
+  }
   er.ignore_eos = p.gen.ignore_eos;
   er.stop_token_ids = p.gen.stop_token_ids;
   er.logprobs = p.gen.logprobs;  // without them the engine skips a log-softmax per token

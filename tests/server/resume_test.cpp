@@ -132,6 +132,20 @@ TEST(Resume, AKeyMakesTheSameCompletionEachTime) {
   EXPECT_NE(*sub[0].seed, *sub[2].seed);
   EXPECT_FALSE(sub[3].seed.has_value());
   EXPECT_NE(sub[0].id, sub[1].id);
+  // The key travels with the request (a decode unit keeps its outputs under it); a call that may
+  // be a retry is looked for at the decode units first, a new stream is not.
+  EXPECT_EQ(sub[0].idempotency_key, "k1");
+  EXPECT_TRUE(sub[0].attach_first);
+  EXPECT_TRUE(sub[3].idempotency_key.empty());
+  EXPECT_FALSE(sub[3].attach_first);
+  const std::string stream = R"({"messages":[{"role":"user","content":"Hi"}],"stream":true})";
+  ASSERT_EQ(h.post("/v1/chat/completions", stream, {{"Idempotency-Key", "k3"}})->status, 200);
+  EXPECT_FALSE(h.engine.submitted().back().attach_first);
+  ASSERT_EQ(
+      h.post("/v1/chat/completions", stream, {{"Idempotency-Key", "k3"}, {"Last-Event-ID", "2"}})
+          ->status,
+      200);
+  EXPECT_TRUE(h.engine.submitted().back().attach_first);
   auto seeded =
       h.post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"Hi"}],"seed":7})",
              {{"Idempotency-Key", "k1"}});
