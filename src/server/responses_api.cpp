@@ -436,7 +436,8 @@ class OutputBuilder {
     }
     for (const ToolCallDelta& c : d.tool_calls) {
       if (c.opens) open(Kind::kCall, &c, events);
-      if (c.arguments.empty()) continue;
+      // (A call's fragments follow its opening delta; the parser sends nothing else between.)
+      if (c.arguments.empty() || open_ != Kind::kCall) continue;
       text_ += c.arguments;
       calls_.back()["function"]["arguments"] = text_;
       emit(events, {{"type", "response.function_call_arguments.delta"},
