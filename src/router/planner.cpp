@@ -1,0 +1,166 @@
+#include "router/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+namespace moeserve {
+
+namespace {
+
+class SeasonalNaive final : public Forecaster {
+ public:
+  explicit SeasonalNaive(int64_t period) : period_(period) {}
+  double next(const std::vector<double>& h) const override {
+    if (h.empty()) return 0;
+    const int64_t n = int64_t(h.size());
+    return n >= period_ ? h[size_t(n - period_)] : h.back();
+  }
+  std::string name() const override { return "seasonal-naive"; }
+
+ private:
+  const int64_t period_;
+};
+
+class HoltWinters final : public Forecaster {
+ public:
+  HoltWinters(int64_t period, HoltWintersParams p) : period_(period), p_(p), naive_(period) {}
+
+  double next(const std::vector<double>& h) const override {
+    const int64_t m = period_, n = int64_t(h.size());
+    if (n < 2 * m) return naive_.next(h);
+    constexpr double kFloor = 1e-9;  // (a multiplicative season needs positive values)
+    auto y = [&](int64_t t) { return std::max(h[size_t(t)], kFloor); };
+    double first = 0, second = 0;
+    for (int64_t t = 0; t < m; ++t) {
+      first += y(t);
+      second += y(m + t);
+    }
+    first /= double(m);
+    second /= double(m);
+    double level = first, trend = (second - first) / double(m);
+    std::vector<double> season(static_cast<size_t>(m));
+    for (int64_t t = 0; t < m; ++t) season[size_t(t)] = y(t) / std::max(first, kFloor);
+    for (int64_t t = m; t < n; ++t) {
+      double& s = season[size_t(t % m)];
+      const double prev = level;
+      level = p_.alpha * (y(t) / std::max(s, kFloor)) + (1 - p_.alpha) * (prev + p_.phi * trend);
+      level = std::max(level, kFloor);
+      trend = p_.beta * (level - prev) + (1 - p_.beta) * p_.phi * trend;
+      s = p_.gamma * (y(t) / level) + (1 - p_.gamma) * s;
+    }
+    return std::max(0.0, (level + p_.phi * trend) * season[size_t(n % m)]);
+  }
+  std::string name() const override { return "holt-winters"; }
+
+ private:
+  const int64_t period_;
+  const HoltWintersParams p_;
+  const SeasonalNaive naive_;
+};
+
+int64_t units_for(double load, double capacity, double headroom, double correction) {
+  if (capacity <= 0) return 0;
+  return int64_t(std::ceil(load * headroom * correction / capacity - 1e-9));
+}
+
+// Measured p99 over its target, at least 1 and at most 2: a unit carries less than calibrated.
+double correction(double measured, double target) {
+  if (measured <= 0 || target <= 0) return 1;
+  return std::clamp(measured / target, 1.0, 2.0);
+}
+
+// The count to run: up at once, down one unit after `down_after` intervals below; in bounds.
+int64_t settle(int64_t need, int64_t current, int64_t lo, int64_t hi, int64_t down_after,
+               int64_t& below) {
+  need = std::clamp(need, lo, hi);
+  if (need >= current) {
+    below = 0;
+    return std::clamp(need, lo, hi);
+  }
+  if (++below < down_after) return std::clamp(current, lo, hi);
+  below = 0;
+  return std::clamp(current - 1, lo, hi);
+}
+
+}  // namespace
+
+std::unique_ptr<Forecaster> seasonal_naive(int64_t period) {
+  return std::make_unique<SeasonalNaive>(period);
+}
+
+std::unique_ptr<Forecaster> holt_winters(int64_t period, HoltWintersParams p) {
+  return std::make_unique<HoltWinters>(period, p);
+}
+
+std::string PlanDecision::explain(const PlannerOptions& o, int64_t current_prefill,
+                                  int64_t current_decode) const {
+  return fmt::format(
+      "planner: forecast {:.2f} req/s, {:.0f} uncached input tok/s, {:.0f} output tok/s; "
+      "capacity {:.0f} prefill tok/s and {:.0f} decode tok/s a unit, headroom {:.2f}, latency "
+      "correction {:.2f} / {:.2f}; need {} prefill, {} decode; {} -> {} prefill, {} -> {} decode "
+      "({})",
+      forecast.requests_per_s, forecast.input_tokens_per_s - forecast.cached_tokens_per_s,
+      forecast.output_tokens_per_s, o.prefill_tokens_per_s, o.decode_tokens_per_s, o.headroom,
+      correction_prefill, correction_decode, need_prefill, need_decode, current_prefill, prefill,
+      current_decode, decode, action);
+}
+
+Planner::Planner(PlannerOptions options, std::unique_ptr<Forecaster> forecaster)
+    : o_(options), forecaster_(std::move(forecaster)) {}
+
+void Planner::observe(const IntervalLoad& load) {
+  uncached_.push_back(std::max(0.0, load.input_tokens_per_s - load.cached_tokens_per_s));
+  output_.push_back(load.output_tokens_per_s);
+  requests_.push_back(load.requests_per_s);
+  last_ = load;
+}
+
+PlanDecision Planner::decide(int64_t current_prefill, int64_t current_decode) {
+  PlanDecision d;
+  const double uncached = forecaster_->next(uncached_);
+  d.forecast.requests_per_s = forecaster_->next(requests_);
+  d.forecast.input_tokens_per_s = uncached;  // (the forecast is of the uncached part)
+  d.forecast.output_tokens_per_s = forecaster_->next(output_);
+  d.correction_prefill = correction(last_.ttft_p99_s, o_.ttft_p99_target_s);
+  d.correction_decode = correction(last_.tpot_p99_s, o_.tpot_p99_target_s);
+  d.need_prefill = units_for(uncached, o_.prefill_tokens_per_s, o_.headroom, d.correction_prefill);
+  d.need_decode = units_for(d.forecast.output_tokens_per_s, o_.decode_tokens_per_s, o_.headroom,
+                            d.correction_decode);
+  d.prefill = settle(d.need_prefill, current_prefill, o_.min_prefill, o_.max_prefill, o_.down_after,
+                     below_prefill_);
+  d.decode = settle(d.need_decode, current_decode, o_.min_decode, o_.max_decode, o_.down_after,
+                    below_decode_);
+  const bool up = d.prefill > current_prefill || d.decode > current_decode;
+  const bool down = d.prefill < current_prefill || d.decode < current_decode;
+  d.action = up && down ? "rebalance" : up ? "scale up" : down ? "scale down" : "hold";
+  last_decision_ = d;
+  return d;
+}
+
+std::string Planner::metrics_text() const {
+  const PlanDecision& d = last_decision_;
+  std::string out;
+  auto gauge = [&](const char* name, const char* help, double v) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, v);
+  };
+  gauge("moeserve_planner_forecast_requests_per_s", "The planner's forecast of the next interval",
+        d.forecast.requests_per_s);
+  gauge("moeserve_planner_forecast_uncached_input_tokens_per_s",
+        "Forecast prompt tokens to prefill per second", d.forecast.input_tokens_per_s);
+  gauge("moeserve_planner_forecast_output_tokens_per_s", "Forecast output tokens per second",
+        d.forecast.output_tokens_per_s);
+  gauge("moeserve_planner_target_prefill_units", "Prefill units the planner runs next",
+        double(d.prefill));
+  gauge("moeserve_planner_target_decode_units", "Decode units the planner runs next",
+        double(d.decode));
+  gauge("moeserve_planner_latency_correction_prefill", "Measured TTFT p99 over its target (>= 1)",
+        d.correction_prefill);
+  gauge("moeserve_planner_latency_correction_decode", "Measured TPOT p99 over its target (>= 1)",
+        d.correction_decode);
+  return out;
+}
+
+}  // namespace moeserve

@@ -1,0 +1,97 @@
+// Planner: how many prefill and decode units should run in the next interval (issue 45's
+// decision core; docs/planner.md). Each interval it is given what the router measured (requests,
+// input, cached and output tokens, TTFT and TPOT p99); it forecasts the next interval's load
+// with a Forecaster, turns it into unit counts from the measured capacity of one unit and the
+// SLO targets, corrects by measured against expected latency, and keeps the counts from
+// flapping (scale up at once, down one unit at a time after `down_after` intervals below). Each
+// decision says why (forecast, capacity, target, action) for the log and /metrics.
+//
+// Not thread-safe: one owner calls observe() and decide() in turn.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace moeserve {
+
+// What the router measured over one interval (rates per second).
+struct IntervalLoad {
+  double requests_per_s = 0;
+  double input_tokens_per_s = 0;   // all prompt tokens
+  double cached_tokens_per_s = 0;  // of those, served by a prefix cache (no prefill work)
+  double output_tokens_per_s = 0;
+  double ttft_p99_s = 0;  // 0: no request finished its first token this interval
+  double tpot_p99_s = 0;
+};
+
+// The next value of a series from its history (oldest first).
+class Forecaster {
+ public:
+  virtual ~Forecaster() = default;
+  virtual double next(const std::vector<double>& history) const = 0;
+  virtual std::string name() const = 0;
+};
+
+// The value one season (`period` intervals) before; before a season of history, the last value.
+std::unique_ptr<Forecaster> seasonal_naive(int64_t period);
+
+// Holt-Winters: additive damped trend, multiplicative season of `period` intervals, with the
+// smoothing parameters fitted offline (tools/traces/forecast.py prints them); one step ahead. The
+// first season initialises level and season; before two seasons of history it falls back to
+// seasonal naive.
+struct HoltWintersParams {
+  double alpha = 0.3;  // level
+  double beta = 0.05;  // trend
+  double gamma = 0.1;  // season
+  double phi = 0.98;   // trend damping
+};
+std::unique_ptr<Forecaster> holt_winters(int64_t period, HoltWintersParams p);
+
+struct PlannerOptions {
+  // One unit's capacity, measured (a calibration run of moeserve-bench or the sim): uncached
+  // prompt tokens a prefill unit prefills per second within the TTFT target, output tokens a
+  // decode unit generates per second within the TPOT target.
+  double prefill_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;
+  double headroom = 1.2;  // capacity kept above the forecast
+  double ttft_p99_target_s = 2.0;
+  double tpot_p99_target_s = 0.1;
+  int64_t min_prefill = 1, max_prefill = 16;
+  int64_t min_decode = 1, max_decode = 16;
+  int64_t down_after = 3;  // intervals below the current count before one unit goes
+};
+
+struct PlanDecision {
+  IntervalLoad forecast;
+  double correction_prefill = 1, correction_decode = 1;  // measured / target latency, >= 1
+  int64_t need_prefill = 0, need_decode = 0;             // before hysteresis and bounds
+  int64_t prefill = 0, decode = 0;                       // the counts to run
+  std::string action;                                    // "hold", "scale up", ...
+
+  // One log line: forecast, capacity, target, action.
+  std::string explain(const PlannerOptions& o, int64_t current_prefill,
+                      int64_t current_decode) const;
+};
+
+class Planner {
+ public:
+  Planner(PlannerOptions options, std::unique_ptr<Forecaster> forecaster);
+
+  void observe(const IntervalLoad& load);
+  // The counts for the next interval, given those running now.
+  PlanDecision decide(int64_t current_prefill, int64_t current_decode);
+  // Prometheus lines of the last decision.
+  std::string metrics_text() const;
+
+ private:
+  const PlannerOptions o_;
+  std::unique_ptr<Forecaster> forecaster_;
+  std::vector<double> uncached_, output_, requests_;  // per interval, oldest first
+  IntervalLoad last_;
+  int64_t below_prefill_ = 0, below_decode_ = 0;  // intervals the need stayed below the count
+  PlanDecision last_decision_;
+};
+
+}  // namespace moeserve
