@@ -6,7 +6,6 @@
 #include <pthread.h>
 #include <signal.h>
 
-
 #include <fmt/format.h>
 
 #include "commands.h"
@@ -27,6 +26,7 @@ struct RouterCmdOptions {
   RouterOptions router;
   int64_t unit_timeout_ms = 2500;
   int64_t max_model_len = 0;
+  double planner_interval_s = 0;
 };
 
 int run_router(RouterCmdOptions o) {
@@ -49,6 +49,14 @@ int run_router(RouterCmdOptions o) {
                              ? std::min(o.max_model_len, config->max_position_embeddings)
                              : config->max_position_embeddings;
   o.router.unit_timeout = std::chrono::milliseconds(o.unit_timeout_ms);
+  o.router.planning.interval = std::chrono::milliseconds(int64_t(o.planner_interval_s * 1000.0));
+  if (o.planner_interval_s > 0 && (o.router.planning.options.prefill_tokens_per_s <= 0 ||
+                                   o.router.planning.options.decode_tokens_per_s <= 0)) {
+    fmt::print(stderr,
+               "router: --planner-interval needs --planner-prefill-capacity and "
+               "--planner-decode-capacity (one unit's measured tokens per second)\n");
+    return 2;
+  }
 
   const ServiceOptions& so = front->service;
   o.router.api_key = o.front.api_key;
@@ -98,6 +106,40 @@ Subcommand add_router_command(CLI::App& parent) {
                   "prefix may be and still be chosen")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 10.0));
+  // The planner (docs/planner.md).
+  PlannerOptions& po = o->router.planning.options;
+  app->add_option("--planner-interval", o->planner_interval_s,
+                  "Seconds between the planner's decisions (0: no planner)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--planner-prefill-capacity", po.prefill_tokens_per_s,
+                  "Uncached prompt tokens one prefill unit prefills per second within the TTFT "
+                  "target (measured)");
+  app->add_option("--planner-decode-capacity", po.decode_tokens_per_s,
+                  "Output tokens one decode unit generates per second within the TPOT target "
+                  "(measured)");
+  app->add_option("--planner-headroom", po.headroom, "Capacity kept above the forecast")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 10.0));
+  app->add_option("--planner-ttft-p99", po.ttft_p99_target_s, "TTFT p99 target (seconds)")
+      ->capture_default_str();
+  app->add_option("--planner-tpot-p99", po.tpot_p99_target_s, "TPOT p99 target (seconds)")
+      ->capture_default_str();
+  app->add_option("--planner-min-prefill", po.min_prefill)->capture_default_str();
+  app->add_option("--planner-max-prefill", po.max_prefill)->capture_default_str();
+  app->add_option("--planner-min-decode", po.min_decode)->capture_default_str();
+  app->add_option("--planner-max-decode", po.max_decode)->capture_default_str();
+  app->add_option("--planner-down-after", po.down_after,
+                  "Intervals below the current count before one unit goes")
+      ->capture_default_str();
+  app->add_option("--planner-forecaster", o->router.planning.forecaster,
+                  "seasonal-naive or holt-winters")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"seasonal-naive", "holt-winters"}));
+  app->add_option("--planner-period", o->router.planning.period,
+                  "Intervals in a season (default: a day's worth)");
+  app->add_option("--planner-hook", o->router.planning.hook,
+                  "A command run with the prefill and decode unit targets as its last two "
+                  "arguments when they change (an orchestrator's scale call)");
   app->add_option("--max-model-len", o->max_model_len,
                   "Context length (default: the model's max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);

@@ -1,6 +1,9 @@
 #include "router/pd_router.h"
 
+#include <cmath>
 #include <condition_variable>
+#include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -62,7 +65,17 @@ RequestOutput error_output(const Status& st) {
 
 }  // namespace
 
-PdRouter::PdRouter(RouterOptions options) : options_(std::move(options)) {}
+PdRouter::PdRouter(RouterOptions options) : options_(std::move(options)) {
+  const RouterOptions::Planning& pl = options_.planning;
+  if (pl.interval.count() > 0) {
+    const int64_t period =
+        pl.period > 0 ? pl.period : std::max<int64_t>(1, std::chrono::hours(24) / pl.interval);
+    planner_ = std::make_unique<Planner>(pl.options, pl.forecaster == "holt-winters"
+                                                         ? holt_winters(period, pl.holt_winters)
+                                                         : seasonal_naive(period));
+    planner_thread_ = std::thread([this] { planner_loop(); });
+  }
+}
 
 PdRouter::~PdRouter() {
   std::list<Flow> flows;
@@ -72,7 +85,65 @@ PdRouter::~PdRouter() {
     for (Flow& f : flows_) f.cancelled.store(true);
     flows.splice(flows.end(), flows_);
   }
+  planner_cv_.notify_all();
+  if (planner_thread_.joinable()) planner_thread_.join();
   for (Flow& f : flows) f.thread.join();
+}
+
+IntervalLoad PdRouter::take_interval() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  const double secs = std::max(1e-3, std::chrono::duration<double>(now - interval_start_).count());
+  IntervalLoad l;
+  l.requests_per_s = double(stats_.requests - interval_requests_) / secs;
+  l.input_tokens_per_s = double(prompt_tokens_ - interval_prompt_) / secs;
+  l.cached_tokens_per_s = double(cached_tokens_ - interval_cached_) / secs;
+  l.output_tokens_per_s = double(generated_tokens_ - interval_generated_) / secs;
+  auto p99 = [](std::vector<double>& v) {
+    if (v.empty()) return 0.0;
+    const size_t k = std::min(v.size() - 1, size_t(std::ceil(0.99 * double(v.size()))) - 1);
+    std::nth_element(v.begin(), v.begin() + int64_t(k), v.end());
+    return v[k];
+  };
+  l.ttft_p99_s = p99(ttft_s_);
+  l.tpot_p99_s = p99(tpot_s_);
+  ttft_s_.clear();
+  tpot_s_.clear();
+  interval_start_ = now;
+  interval_requests_ = stats_.requests;
+  interval_prompt_ = prompt_tokens_;
+  interval_cached_ = cached_tokens_;
+  interval_generated_ = generated_tokens_;
+  return l;
+}
+
+void PdRouter::planner_loop() {
+  const RouterOptions::Planning& pl = options_.planning;
+  int64_t last_prefill = -1, last_decode = -1;  // the targets last handed to the hook
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!planner_cv_.wait_for(lock, pl.interval, [&] { return stopping_; })) {
+    int64_t prefill = 0, decode = 0;
+    const auto now = Clock::now();
+    for (const auto& [name, u] : units_) {
+      if (!alive(u, now)) continue;
+      prefill += u.info.role != UnitRole::kDecode;
+      decode += u.info.role != UnitRole::kPrefill;
+    }
+    lock.unlock();
+    planner_->observe(take_interval());
+    const PlanDecision d = planner_->decide(prefill, decode);
+    fmt::print(stderr, "router: {}\n", d.explain(pl.options, prefill, decode));
+    if (!pl.hook.empty() && (d.prefill != last_prefill || d.decode != last_decode)) {
+      const std::string cmd = fmt::format("{} {} {}", pl.hook, d.prefill, d.decode);
+      if (const int rc = std::system(cmd.c_str()); rc != 0) {
+        fmt::print(stderr, "router: the planner's hook '{}' exited with {}\n", cmd, rc);
+      }
+      last_prefill = d.prefill;
+      last_decode = d.decode;
+    }
+    lock.lock();
+    planner_metrics_ = planner_->metrics_text();
+  }
 }
 
 bool PdRouter::alive(const Unit& u, Clock::time_point now) const {
@@ -101,6 +172,26 @@ void PdRouter::reap_locked() {
 }
 
 Status PdRouter::submit(EngineRequest r, OutputCallback cb) {
+  if (planner_) {  // the planner's latencies: TTFT, and TPOT over the tokens after the first
+    cb = [this, cb = std::move(cb), start = Clock::now(),
+          first = std::optional<Clock::time_point>(),
+          tokens = int64_t(0)](const RequestOutput& o) mutable {
+      const auto now = Clock::now();
+      if (!o.tokens.empty()) {
+        if (!first) {
+          first = now;
+          std::lock_guard<std::mutex> lock(mu_);
+          ttft_s_.push_back(std::chrono::duration<double>(now - start).count());
+        }
+        tokens += int64_t(o.tokens.size());
+      }
+      if (o.finished && first && tokens > 1) {
+        std::lock_guard<std::mutex> lock(mu_);
+        tpot_s_.push_back(std::chrono::duration<double>(now - *first).count() / double(tokens - 1));
+      }
+      cb(o);
+    };
+  }
   if (r.prompt.empty()) return InvalidArgument("the prompt is empty");
   if (int64_t(r.prompt.size()) + r.max_tokens > options_.max_context) {
     return InvalidArgument(
@@ -174,6 +265,7 @@ void PdRouter::run(Flow& f) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     prompt_tokens_ += reply.output.prompt_tokens;
+    cached_tokens_ += reply.output.cached_prompt_tokens;
     generated_tokens_ += int64_t(reply.output.tokens.size());
   }
   const bool handed_off =
@@ -805,6 +897,10 @@ std::string PdRouter::metrics_text() const {
        "counter");
   line("moeserve_router_cache_aware_choices_total", "Prefill choices decided by a cached prefix",
        double(s.by_cache), "counter");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out += planner_metrics_;
+  }
   line("moeserve_router_attached_total",
        "Keyed requests resumed from a decode unit that kept them (their router had died)",
        double(s.attached), "counter");

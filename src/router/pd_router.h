@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -32,6 +33,7 @@
 #include "engine/engine.h"
 #include "router/balancers.h"
 #include "router/pd_protocol.h"
+#include "router/planner.h"
 #include "server/http_server.h"
 #include "transfer/ucx_stream.h"
 
@@ -52,6 +54,17 @@ struct RouterOptions {
   std::chrono::milliseconds rebind_wait{std::chrono::seconds(10)};
   int64_t prefix_blocks_per_unit = 1 << 16;  // block hashes remembered per prefill unit
   std::string api_key;  // sent to the units (one key for the deployment); empty: none
+  // The planner (docs/planner.md): every `interval` it reads what the router measured, decides
+  // the prefill and decode unit counts, logs why, shows them in /metrics and, when the target
+  // changes, runs `hook` with the two counts as arguments (an orchestrator's "set replicas").
+  struct Planning {
+    std::chrono::milliseconds interval{0};  // 0: no planner
+    PlannerOptions options;
+    std::string forecaster = "seasonal-naive";  // or "holt-winters"
+    int64_t period = 0;                         // intervals in a season (a day); 0: a day's worth
+    HoltWintersParams holt_winters;
+    std::string hook;  // a shell command; empty: none
+  } planning;
 };
 
 struct RouterStats {
@@ -137,6 +150,8 @@ class PdRouter final : public Engine {
                        std::vector<std::string>* avoid, Status* error);
   void release(const PrefillReply& reply);
   bool alive(const Unit& u, Clock::time_point now) const;
+  void planner_loop();
+  IntervalLoad take_interval();  // what was measured since the last call
   std::vector<uint64_t> block_hashes(const std::vector<int32_t>& prompt) const;
   void reap_locked();
 
@@ -146,9 +161,18 @@ class PdRouter final : public Engine {
   std::list<Flow> flows_;
   RouterStats stats_;
   std::shared_ptr<UcxContext> ucx_;  // for releases (made at the first)
-  int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  int64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0;
   int64_t registrations_ = 0;
   bool stopping_ = false;
+  // The planner's measurements and state (guarded by mu_ unless said otherwise).
+  std::vector<double> ttft_s_, tpot_s_;  // this interval's requests
+  Clock::time_point interval_start_ = Clock::now();
+  int64_t interval_requests_ = 0, interval_prompt_ = 0, interval_cached_ = 0,
+          interval_generated_ = 0;    // the counters at the interval's start
+  std::unique_ptr<Planner> planner_;  // used by planner_thread_ only, but metrics: guarded by mu_
+  std::string planner_metrics_;
+  std::thread planner_thread_;
+  std::condition_variable planner_cv_;
 };
 
 }  // namespace moeserve
