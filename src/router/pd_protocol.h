@@ -9,6 +9,7 @@
 //   router -> unit   POST /pd/v1/decode      PdRequest + KV source -> NDJSON RequestOutput lines
 //   router -> unit   POST /pd/v1/attach      {"key"}           -> the same lines, from the start,
 //                                                                 of the keyed request (404: none)
+//   router -> unit   POST /pd/v1/cancel      {"key"}           (the client cancelled it)
 #pragma once
 
 #include <cstdint>

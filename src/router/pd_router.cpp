@@ -669,6 +669,16 @@ PdRouter::DecodeEnd PdRouter::run_decode(Flow& f, const PrefillReply& reply,
   watch_cv.notify_all();
   watch.join();
   release_slot();
+  if (!finished && f.cancelled.load() && !f.request.idempotency_key.empty()) {
+    // A keyed request goes on at its unit when the stream drops (for a router that attaches
+    // after this one died); a cancel is not that: tell the unit.
+    httplib::Client cc(host, port);
+    cc.set_connection_timeout(1, 0);
+    cc.set_read_timeout(2, 0);
+    if (!options_.api_key.empty()) cc.set_bearer_token_auth(options_.api_key);
+    (void)cc.Post("/pd/v1/cancel", nlohmann::json{{"key", f.request.idempotency_key}}.dump(),
+                  "application/json");
+  }
   if (finished || f.cancelled.load()) return DecodeEnd::kDone;
   if (!line_error.ok()) {
     *error = line_error;

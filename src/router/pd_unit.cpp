@@ -202,6 +202,26 @@ void PdUnit::sweep_kept() {
   for (const std::string& id : cancel) engine_.cancel(id);
 }
 
+Reply PdUnit::cancel_kept(std::string_view body) {
+  auto j = parse_json(body, "cancel request");
+  if (!j.ok()) return error_reply(j.status());
+  auto key = j->find("key");
+  if (!j->is_object() || key == j->end() || !key->is_string()) {
+    return error_reply(InvalidArgument("cancel request: needs 'key' (a string)"));
+  }
+  std::shared_ptr<KeptStream> k;
+  {
+    std::lock_guard<std::mutex> lock(kept_mu_);
+    auto it = kept_.find(key->get<std::string>());
+    if (it != kept_.end()) {
+      k = it->second;
+      kept_.erase(it);
+    }
+  }
+  if (k) engine_.cancel(k->engine_id);
+  return Reply{200, "application/json", json{{"cancelled", k != nullptr}}.dump(), nullptr};
+}
+
 Reply PdUnit::attach(std::string_view body) {
   auto j = parse_json(body, "attach request");
   if (!j.ok()) return error_reply(j.status());
@@ -233,6 +253,8 @@ std::vector<HttpRoute> PdUnit::routes() {
   if (options_.role != UnitRole::kPrefill) {
     r.push_back({"POST", "/pd/v1/decode", [this](std::string_view b) { return decode(b); }});
     r.push_back({"POST", "/pd/v1/attach", [this](std::string_view b) { return attach(b); },
+                 /*while_draining=*/true});
+    r.push_back({"POST", "/pd/v1/cancel", [this](std::string_view b) { return cancel_kept(b); },
                  /*while_draining=*/true});
   }
   r.push_back({"POST", "/pd/v1/drain",

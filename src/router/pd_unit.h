@@ -12,7 +12,8 @@
 //            Idempotency-Key, from its start, then as they come (a router whose predecessor died
 //            resumes a client's stream: docs/fault-tolerance.md). A keyed request goes on when its
 //            router's stream drops, for `detached_grace`; its outputs are kept until
-//            `kept_retention` after it ends.
+//            `kept_retention` after it ends. POST /pd/v1/cancel {"key"}: the router cancelled it
+//            (its client went away): it ends now.
 //   POST /pd/v1/drain: the router asks the unit to leave (drain_requested()).
 //
 // Registration runs on a thread of its own: with every router given (several routers front one
@@ -72,6 +73,7 @@ class PdUnit {
   Reply prefill(std::string_view body);
   Reply decode(std::string_view body);
   Reply attach(std::string_view body);
+  Reply cancel_kept(std::string_view body);  // POST /pd/v1/cancel {"key"}: the router cancelled
   // Stops taking work (heartbeats say draining) and deregisters; idempotent.
   void drain();
   // POST /pd/v1/drain (the router's /admin/drain) was received: the process should leave as on

@@ -208,10 +208,31 @@ PY
 [[ $(attached) -ge 6 ]] || fail "router B generated the retried request again ($(attached) attached)"
 wait "$router" 2>/dev/null || true
 # A stream whose client never comes back after its router died: the decode unit goes on for the
-# grace (--resume-grace 3 here), then cancels it.
+# grace (--resume-grace 3 here), then cancels it. (A keyed stream whose client leaves while its
+# router lives is cancelled at once: the router tells the unit.)
 start_router
 wait_health "$R" 8000
 wait_units 3
+running() {  # the decode units' running requests
+  local n=0
+  for h in d1 d2; do
+    n=$((n + $(in_r curl -sf "http://${ip[$h]}:8002/metrics" | awk '/^moeserve_num_requests_running / {print int($2)}')))
+  done
+  echo $n
+}
+in_r python3 - "$router_url" <<'PY' || fail "a keyed stream its client left"
+import sys, time
+import openai
+a = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="none", max_retries=0, timeout=60)
+s = a.completions.create(model="tiny-py", prompt="y = 2\n" * 10, max_tokens=3000, stream=True,
+                         temperature=0, extra_headers={"Idempotency-Key": f"left-{time.time_ns()}"})
+for i, _ in enumerate(s):
+    if i == 5:
+        s.close()  # (the client goes away; the router lives)
+        break
+PY
+for _ in $(seq 15); do [[ $(running) -eq 0 ]] && break; sleep 0.1; done
+[[ $(running) -eq 0 ]] || fail "a keyed stream its client left still runs at the decode unit"
 in_r python3 - "$router_url" "$router" <<'PY' || fail "a stream nobody resumed"
 import os, signal, sys, time
 import openai
@@ -223,13 +244,6 @@ for i, _ in enumerate(s):
         os.kill(int(sys.argv[2]), signal.SIGKILL)
         break
 PY
-running() {  # the decode units' running requests
-  local n=0
-  for h in d1 d2; do
-    n=$((n + $(in_r curl -sf "http://${ip[$h]}:8002/metrics" | awk '/^moeserve_num_requests_running / {print int($2)}')))
-  done
-  echo $n
-}
 [[ $(running) -ge 1 ]] || fail "the decode unit did not go on with the stream of the dead router"
 sleep 4.5
 [[ $(running) -eq 0 ]] || fail "the decode unit still runs a stream nobody resumed after the grace"
