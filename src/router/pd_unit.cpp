@@ -202,39 +202,33 @@ void PdUnit::sweep_kept() {
   for (const std::string& id : cancel) engine_.cancel(id);
 }
 
-Reply PdUnit::cancel_kept(std::string_view body) {
-  auto j = parse_json(body, "cancel request");
-  if (!j.ok()) return error_reply(j.status());
+Result<std::shared_ptr<KeptStream>> PdUnit::find_kept(std::string_view body, const char* what,
+                                                      bool remove) {
+  auto j = parse_json(body, what);
+  if (!j.ok()) return j.status();
   auto key = j->find("key");
   if (!j->is_object() || key == j->end() || !key->is_string()) {
-    return error_reply(InvalidArgument("cancel request: needs 'key' (a string)"));
+    return InvalidArgument(fmt::format("{}: needs 'key' (a string)", what));
   }
-  std::shared_ptr<KeptStream> k;
-  {
-    std::lock_guard<std::mutex> lock(kept_mu_);
-    auto it = kept_.find(key->get<std::string>());
-    if (it != kept_.end()) {
-      k = it->second;
-      kept_.erase(it);
-    }
-  }
-  if (k) engine_.cancel(k->engine_id);
-  return Reply{200, "application/json", json{{"cancelled", k != nullptr}}.dump(), nullptr};
+  std::lock_guard<std::mutex> lock(kept_mu_);
+  auto it = kept_.find(key->get<std::string>());
+  if (it == kept_.end()) return std::shared_ptr<KeptStream>();
+  std::shared_ptr<KeptStream> k = it->second;
+  if (remove) kept_.erase(it);
+  return k;
+}
+
+Reply PdUnit::cancel_kept(std::string_view body) {
+  auto k = find_kept(body, "cancel request", /*remove=*/true);
+  if (!k.ok()) return error_reply(k.status());
+  if (*k) engine_.cancel((*k)->engine_id);
+  return Reply{200, "application/json", json{{"cancelled", *k != nullptr}}.dump(), nullptr};
 }
 
 Reply PdUnit::attach(std::string_view body) {
-  auto j = parse_json(body, "attach request");
-  if (!j.ok()) return error_reply(j.status());
-  auto key = j->find("key");
-  if (!j->is_object() || key == j->end() || !key->is_string()) {
-    return error_reply(InvalidArgument("attach request: needs 'key' (a string)"));
-  }
-  std::shared_ptr<KeptStream> k;
-  {
-    std::lock_guard<std::mutex> lock(kept_mu_);
-    auto it = kept_.find(key->get<std::string>());
-    if (it != kept_.end()) k = it->second;
-  }
+  auto found = find_kept(body, "attach request", /*remove=*/false);
+  if (!found.ok()) return error_reply(found.status());
+  std::shared_ptr<KeptStream> k = std::move(*found);
   if (!k) {
     return Reply{404, "application/json",
                  json{{"error", {{"message", "no request with that key here"}}}}.dump(), nullptr};

@@ -74,6 +74,9 @@ class PdUnit {
   Reply decode(std::string_view body);
   Reply attach(std::string_view body);
   Reply cancel_kept(std::string_view body);  // POST /pd/v1/cancel {"key"}: the router cancelled
+  // The kept stream a {"key"} body names (null: none here), taken out of kept_ when `remove`.
+  Result<std::shared_ptr<KeptStream>> find_kept(std::string_view body, const char* what,
+                                                bool remove);
   // Stops taking work (heartbeats say draining) and deregisters; idempotent.
   void drain();
   // POST /pd/v1/drain (the router's /admin/drain) was received: the process should leave as on

@@ -23,7 +23,6 @@ import argparse
 import csv
 
 import numpy as np
-from statsmodels.tsa.holtwinters import ExponentialSmoothing
 
 
 def bins(path, bin_s):
@@ -49,6 +48,8 @@ def scores(forecast, actual):
 
 
 def main():
+    from statsmodels.tsa.holtwinters import ExponentialSmoothing  # (only here: bins() is shared)
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", required=True)
     ap.add_argument("--bin-s", type=int, default=900)

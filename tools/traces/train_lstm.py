@@ -13,25 +13,16 @@ held-out days; prints MAPE and the under-forecast share per series as forecast.p
 --out writes the weights as JSON (for a planner that runs it). Needs PyTorch (CPU) and numpy.
 """
 import argparse
-import csv
 import json
 import math
+import os
+import sys
 
 import numpy as np
 import torch
 
-
-def bins(path, bin_s):
-    rows = list(csv.DictReader(open(path)))
-    days = max(int(r["day"]) for r in rows) + 1
-    n = int(days * 86400 // bin_s)
-    out = {"requests": np.zeros(n), "input tokens": np.zeros(n), "output tokens": np.zeros(n)}
-    for r in rows:
-        i = min(n - 1, int(float(r["time_s"]) // bin_s))
-        out["requests"][i] += 1
-        out["input tokens"][i] += int(r["context_tokens"])
-        out["output tokens"][i] += int(r["generated_tokens"])
-    return days, out
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from forecast import bins  # noqa: E402 (the same intervals as forecast.py's)
 
 
 class Net(torch.nn.Module):
