@@ -27,6 +27,9 @@ struct RouterCmdOptions {
   int64_t unit_timeout_ms = 2500;
   int64_t max_model_len = 0;
   double planner_interval_s = 0;
+  std::string planner_policy = "forecast";
+  std::string planner_history;               // a CSV file of past intervals
+  std::vector<double> planner_holt_winters;  // alpha, beta, gamma, phi
 };
 
 int run_router(RouterCmdOptions o) {
@@ -56,6 +59,21 @@ int run_router(RouterCmdOptions o) {
                "router: --planner-interval needs --planner-prefill-capacity and "
                "--planner-decode-capacity (one unit's measured tokens per second)\n");
     return 2;
+  }
+  PlannerOptions& po = o.router.planning.options;
+  po.policy = o.planner_policy == "reactive" ? PlannerOptions::Policy::kReactive
+                                             : PlannerOptions::Policy::kForecast;
+  if (!o.planner_history.empty()) {
+    auto history = read_interval_history(o.planner_history);
+    if (!history.ok()) {
+      fmt::print(stderr, "router: {}\n", history.status().message());
+      return 2;
+    }
+    o.router.planning.history = std::move(*history);
+  }
+  if (!o.planner_holt_winters.empty()) {
+    const std::vector<double>& v = o.planner_holt_winters;
+    o.router.planning.holt_winters = {v[0], v[1], v[2], v[3]};
   }
 
   const ServiceOptions& so = front->service;
@@ -135,6 +153,29 @@ Subcommand add_router_command(CLI::App& parent) {
                   "seasonal-naive or holt-winters")
       ->capture_default_str()
       ->check(CLI::IsMember({"seasonal-naive", "holt-winters"}));
+  app->add_option("--planner-policy", o->planner_policy,
+                  "forecast (units for the forecast of the next interval) or reactive (a "
+                  "threshold policy on the last interval's utilization, as a baseline)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"forecast", "reactive"}));
+  app->add_option("--planner-up-utilization", po.up_utilization,
+                  "reactive: scale up above this utilization of the running units")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--planner-down-utilization", po.down_utilization,
+                  "reactive: one unit down below this utilization")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--planner-history", o->planner_history,
+                  "CSV of past intervals to forecast from (header requests_per_s,"
+                  "input_tokens_per_s,cached_tokens_per_s,output_tokens_per_s; oldest first)")
+      ->check(CLI::ExistingFile);
+  app->add_option("--planner-holt-winters", o->planner_holt_winters,
+                  "Holt-Winters smoothing: alpha,beta,gamma,phi (fitted offline: "
+                  "tools/traces/forecast.py --params)")
+      ->delimiter(',')
+      ->expected(4)
+      ->check(CLI::Range(0.0, 1.0));
   app->add_option("--planner-period", o->router.planning.period,
                   "Intervals in a season (default: a day's worth)");
   app->add_option("--planner-hook", o->router.planning.hook,

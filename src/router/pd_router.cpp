@@ -73,6 +73,7 @@ PdRouter::PdRouter(RouterOptions options) : options_(std::move(options)) {
     planner_ = std::make_unique<Planner>(pl.options, pl.forecaster == "holt-winters"
                                                          ? holt_winters(period, pl.holt_winters)
                                                          : seasonal_naive(period));
+    for (const IntervalLoad& l : pl.history) planner_->observe(l);
     planner_thread_ = std::thread([this] { planner_loop(); });
   }
 }
@@ -120,20 +121,26 @@ IntervalLoad PdRouter::take_interval() {
 void PdRouter::planner_loop() {
   const RouterOptions::Planning& pl = options_.planning;
   int64_t last_prefill = -1, last_decode = -1;  // the targets last handed to the hook
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!planner_cv_.wait_for(lock, pl.interval, [&] { return stopping_; })) {
+  // One decision; the first at once, from the history alone (a fleet is brought up before the
+  // first interval is measured).
+  auto decide = [&](bool observe) {
     int64_t prefill = 0, decode = 0;
-    const auto now = Clock::now();
-    for (const auto& [name, u] : units_) {
-      if (!alive(u, now)) continue;
-      prefill += u.info.role != UnitRole::kDecode;
-      decode += u.info.role != UnitRole::kPrefill;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto now = Clock::now();
+      for (const auto& [name, u] : units_) {
+        if (!alive(u, now)) continue;
+        prefill += u.info.role != UnitRole::kDecode;
+        decode += u.info.role != UnitRole::kPrefill;
+      }
     }
-    lock.unlock();
-    planner_->observe(take_interval());
+    if (observe) planner_->observe(take_interval());
     const PlanDecision d = planner_->decide(prefill, decode);
     fmt::print(stderr, "router: {}\n", d.explain(pl.options, prefill, decode));
-    if (!pl.hook.empty() && (d.prefill != last_prefill || d.decode != last_decode)) {
+    // Run when the targets change, and when the units alive are not what they should be (one
+    // died, or one started has not registered yet: the hook must be idempotent).
+    if (!pl.hook.empty() && (d.prefill != last_prefill || d.decode != last_decode ||
+                             d.prefill != prefill || d.decode != decode)) {
       const std::string cmd = fmt::format("{} {} {}", pl.hook, d.prefill, d.decode);
       if (const int rc = std::system(cmd.c_str()); rc != 0) {
         fmt::print(stderr, "router: the planner's hook '{}' exited with {}\n", cmd, rc);
@@ -141,8 +148,16 @@ void PdRouter::planner_loop() {
       last_prefill = d.prefill;
       last_decode = d.decode;
     }
-    lock.lock();
+    std::lock_guard<std::mutex> lock(mu_);
     planner_metrics_ = planner_->metrics_text();
+  };
+  decide(/*observe=*/false);
+  take_interval();  // (the first interval starts now)
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!planner_cv_.wait_for(lock, pl.interval, [&] { return stopping_; })) {
+    lock.unlock();
+    decide(/*observe=*/true);
+    lock.lock();
   }
 }
 
@@ -485,7 +500,7 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
           std::chrono::duration_cast<std::chrono::seconds>(options_.prefill_timeout).count(), 0);
       c.set_write_timeout(10, 0);
       if (!options_.api_key.empty()) c.set_bearer_token_auth(options_.api_key);
-      res = c.Post("/pd/v1/prefill", to_json(PdRequest{f.request, "", ""}).dump(),
+      res = c.Post("/pd/v1/prefill", to_json(PdRequest{f.request, "", "", std::nullopt}).dump(),
                    "application/json");
     }
     {

@@ -56,14 +56,16 @@ struct RouterOptions {
   std::string api_key;  // sent to the units (one key for the deployment); empty: none
   // The planner (docs/planner.md): every `interval` it reads what the router measured, decides
   // the prefill and decode unit counts, logs why, shows them in /metrics and, when the target
-  // changes, runs `hook` with the two counts as arguments (an orchestrator's "set replicas").
+  // changes or the units alive differ from it (one died, or has not registered yet), runs `hook`
+  // with the two counts as arguments (an orchestrator's "set replicas": idempotent).
   struct Planning {
     std::chrono::milliseconds interval{0};  // 0: no planner
     PlannerOptions options;
     std::string forecaster = "seasonal-naive";  // or "holt-winters"
     int64_t period = 0;                         // intervals in a season (a day); 0: a day's worth
     HoltWintersParams holt_winters;
-    std::string hook;  // a shell command; empty: none
+    std::string hook;                   // a shell command; empty: none
+    std::vector<IntervalLoad> history;  // past intervals, oldest first (read_interval_history)
   } planning;
 };
 

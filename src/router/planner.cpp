@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <numeric>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -98,14 +100,18 @@ std::unique_ptr<Forecaster> holt_winters(int64_t period, HoltWintersParams p) {
 std::string PlanDecision::explain(const PlannerOptions& o, int64_t current_prefill,
                                   int64_t current_decode) const {
   return fmt::format(
-      "planner: forecast {:.2f} req/s, {:.0f} uncached input tok/s, {:.0f} output tok/s; "
+      "planner: measured {:.2f} req/s, {:.0f} uncached input tok/s, {:.0f} output tok/s; "
+      "{} {:.2f} req/s, {:.0f} uncached input tok/s, {:.0f} output tok/s; "
       "capacity {:.0f} prefill tok/s and {:.0f} decode tok/s a unit, headroom {:.2f}, latency "
       "correction {:.2f} / {:.2f}; need {} prefill, {} decode; {} -> {} prefill, {} -> {} decode "
       "({})",
-      forecast.requests_per_s, forecast.input_tokens_per_s - forecast.cached_tokens_per_s,
-      forecast.output_tokens_per_s, o.prefill_tokens_per_s, o.decode_tokens_per_s, o.headroom,
-      correction_prefill, correction_decode, need_prefill, need_decode, current_prefill, prefill,
-      current_decode, decode, action);
+      measured.requests_per_s, measured.input_tokens_per_s - measured.cached_tokens_per_s,
+      measured.output_tokens_per_s,
+      o.policy == PlannerOptions::Policy::kReactive ? "last interval (reactive)" : "forecast",
+      forecast.requests_per_s, forecast.input_tokens_per_s, forecast.output_tokens_per_s,
+      o.prefill_tokens_per_s, o.decode_tokens_per_s, o.headroom, correction_prefill,
+      correction_decode, need_prefill, need_decode, current_prefill, prefill, current_decode,
+      decode, action);
 }
 
 Planner::Planner(PlannerOptions options, std::unique_ptr<Forecaster> forecaster)
@@ -120,15 +126,37 @@ void Planner::observe(const IntervalLoad& load) {
 
 PlanDecision Planner::decide(int64_t current_prefill, int64_t current_decode) {
   PlanDecision d;
-  const double uncached = forecaster_->next(uncached_);
-  d.forecast.requests_per_s = forecaster_->next(requests_);
-  d.forecast.input_tokens_per_s = uncached;  // (the forecast is of the uncached part)
-  d.forecast.output_tokens_per_s = forecaster_->next(output_);
+  d.measured = last_;
   d.correction_prefill = correction(last_.ttft_p99_s, o_.ttft_p99_target_s);
   d.correction_decode = correction(last_.tpot_p99_s, o_.tpot_p99_target_s);
-  d.need_prefill = units_for(uncached, o_.prefill_tokens_per_s, o_.headroom, d.correction_prefill);
+  if (o_.policy == PlannerOptions::Policy::kReactive) {
+    // What the last interval brought, not a forecast.
+    d.forecast = last_;
+    d.forecast.input_tokens_per_s = uncached_.empty() ? 0 : uncached_.back();
+    d.forecast.cached_tokens_per_s = 0;
+  } else {
+    d.forecast.requests_per_s = forecaster_->next(requests_);
+    d.forecast.input_tokens_per_s = forecaster_->next(uncached_);  // (the uncached part)
+    d.forecast.output_tokens_per_s = forecaster_->next(output_);
+  }
+  d.need_prefill = units_for(d.forecast.input_tokens_per_s, o_.prefill_tokens_per_s, o_.headroom,
+                             d.correction_prefill);
   d.need_decode = units_for(d.forecast.output_tokens_per_s, o_.decode_tokens_per_s, o_.headroom,
                             d.correction_decode);
+  if (o_.policy == PlannerOptions::Policy::kReactive) {
+    // Thresholds on the running units' utilization: above `up`, what the load needs; below
+    // `down`, one fewer (settle() waits `down_after` intervals); between, hold.
+    auto threshold = [&](double load, double capacity, int64_t current, int64_t need) {
+      const double used = current > 0 ? load / (double(current) * capacity) : 1.0;
+      if (used > o_.up_utilization) return std::max(need, current + 1);
+      if (used < o_.down_utilization) return current - 1;
+      return current;
+    };
+    d.need_prefill = threshold(d.forecast.input_tokens_per_s, o_.prefill_tokens_per_s,
+                               current_prefill, d.need_prefill);
+    d.need_decode = threshold(d.forecast.output_tokens_per_s, o_.decode_tokens_per_s,
+                              current_decode, d.need_decode);
+  }
   d.prefill = settle(d.need_prefill, current_prefill, o_.min_prefill, o_.max_prefill, o_.down_after,
                      below_prefill_);
   d.decode = settle(d.need_decode, current_decode, o_.min_decode, o_.max_decode, o_.down_after,
@@ -138,6 +166,40 @@ PlanDecision Planner::decide(int64_t current_prefill, int64_t current_decode) {
   d.action = up && down ? "rebalance" : up ? "scale up" : down ? "scale down" : "hold";
   last_decision_ = d;
   return d;
+}
+
+Result<std::vector<IntervalLoad>> read_interval_history(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound(fmt::format("planner history '{}': cannot open", path));
+  constexpr const char* kHeader =
+      "requests_per_s,input_tokens_per_s,cached_tokens_per_s,output_tokens_per_s";
+  std::string line;
+  if (!std::getline(in, line) || line != kHeader) {
+    return InvalidArgument(
+        fmt::format("planner history '{}': the first line must be '{}'", path, kHeader));
+  }
+  std::vector<IntervalLoad> out;
+  for (int64_t n = 2; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    std::istringstream row(line);
+    double v[4];
+    char comma = 0;
+    bool ok = bool(row >> v[0]);
+    for (int i = 1; i < 4 && ok; ++i) ok = (row >> comma >> v[i]) && comma == ',';
+    row >> std::ws;
+    if (!ok || !row.eof() || *std::min_element(v, v + 4) < 0 ||
+        !std::isfinite(v[0] + v[1] + v[2] + v[3])) {
+      return InvalidArgument(fmt::format(
+          "planner history '{}' line {}: want four non-negative numbers, got '{}'", path, n, line));
+    }
+    IntervalLoad l;
+    l.requests_per_s = v[0];
+    l.input_tokens_per_s = v[1];
+    l.cached_tokens_per_s = v[2];
+    l.output_tokens_per_s = v[3];
+    out.push_back(l);
+  }
+  return out;
 }
 
 std::string Planner::metrics_text() const {

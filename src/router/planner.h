@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
+
 namespace moeserve {
 
 // What the router measured over one interval (rates per second).
@@ -50,6 +52,12 @@ struct HoltWintersParams {
 std::unique_ptr<Forecaster> holt_winters(int64_t period, HoltWintersParams p);
 
 struct PlannerOptions {
+  // kForecast: units for the forecast of the next interval (the planner proper). kReactive: the
+  // threshold policy of reactive autoscalers (a baseline): from the last interval's measured load,
+  // above `up_utilization` of the running units' capacity scale to what that load needs, below
+  // `down_utilization` one unit down (after `down_after` intervals), between the two hold.
+  enum class Policy { kForecast, kReactive } policy = Policy::kForecast;
+  double up_utilization = 0.8, down_utilization = 0.5;
   // One unit's capacity, measured (a calibration run of moeserve-bench or the sim): uncached
   // prompt tokens a prefill unit prefills per second within the TTFT target, output tokens a
   // decode unit generates per second within the TPOT target.
@@ -64,6 +72,7 @@ struct PlannerOptions {
 };
 
 struct PlanDecision {
+  IntervalLoad measured;  // the last interval observed
   IntervalLoad forecast;
   double correction_prefill = 1, correction_decode = 1;  // measured / target latency, >= 1
   int64_t need_prefill = 0, need_decode = 0;             // before hysteresis and bounds
@@ -74,6 +83,12 @@ struct PlanDecision {
   std::string explain(const PlannerOptions& o, int64_t current_prefill,
                       int64_t current_decode) const;
 };
+
+// Past intervals a planner starts from (its store of history: a restarted planner forecasts from
+// the first interval): a CSV file with the header
+// `requests_per_s,input_tokens_per_s,cached_tokens_per_s,output_tokens_per_s` and one row per
+// interval, oldest first. Errors name the file and the line.
+Result<std::vector<IntervalLoad>> read_interval_history(const std::string& path);
 
 class Planner {
  public:

@@ -3,6 +3,9 @@
 #include "router/planner.h"
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -116,6 +119,79 @@ TEST(Planner, ScalesDownSlowlyAndNeverFlaps) {
     p.observe(i % 2 ? high : low);
     EXPECT_EQ(p.decide(1, 6).decode, 6) << i;
   }
+}
+
+TEST(Planner, ReactiveActsOnThresholdsOfTheLastInterval) {
+  PlannerOptions o = options();
+  o.policy = PlannerOptions::Policy::kReactive;  // up above 0.8, one down below 0.5
+  Planner p(o, seasonal_naive(1));
+  IntervalLoad l;
+  l.input_tokens_per_s = 100;
+  l.output_tokens_per_s = 700;  // 4 units at 200: 0.875 of them -> what 700 needs: 5
+  p.observe(l);
+  PlanDecision d = p.decide(1, 4);
+  EXPECT_EQ(d.decode, 5);
+  EXPECT_EQ(d.prefill, 1);  // 0.1 of one prefill unit: at the minimum
+  EXPECT_NE(d.explain(o, 1, 4).find("last interval (reactive) "), std::string::npos);
+  l.output_tokens_per_s = 600;  // 0.6 of 5 units: hold (the forecast policy: 4)
+  for (int i = 0; i < 5; ++i) {
+    p.observe(l);
+    EXPECT_EQ(p.decide(1, 5).decode, 5) << i;
+  }
+  l.output_tokens_per_s = 820;  // 0.82 of 5 units: up, to ceil(820 x 1.2 / 200) = 5 -> 6
+  p.observe(l);
+  EXPECT_EQ(p.decide(1, 5).decode, 6);
+  l.output_tokens_per_s = 400;  // 0.33 of 6: one down after 3 intervals
+  std::vector<int64_t> seen;
+  int64_t decode = 6;
+  for (int i = 0; i < 6; ++i) {
+    p.observe(l);
+    decode = p.decide(1, decode).decode;
+    seen.push_back(decode);
+  }
+  // 6 6 5, then 400 is 0.4 of 5: 5 5 4.
+  EXPECT_EQ(seen, (std::vector<int64_t>{6, 6, 5, 5, 5, 4}));
+}
+
+TEST(Planner, ReadsItsHistoryAndNamesTheFileOfABadOne) {
+  const std::string path = ::testing::TempDir() + "planner_history.csv";
+  {
+    std::ofstream f(path);
+    f << "requests_per_s,input_tokens_per_s,cached_tokens_per_s,output_tokens_per_s\n"
+      << "1.5,300,100,80\n2,400.5,0,90\n";
+  }
+  auto h = read_interval_history(path);
+  ASSERT_TRUE(h.ok()) << h.status().message();
+  ASSERT_EQ(h->size(), 2u);
+  EXPECT_DOUBLE_EQ((*h)[0].requests_per_s, 1.5);
+  EXPECT_DOUBLE_EQ((*h)[0].cached_tokens_per_s, 100);
+  EXPECT_DOUBLE_EQ((*h)[1].input_tokens_per_s, 400.5);
+  EXPECT_DOUBLE_EQ((*h)[1].output_tokens_per_s, 90);
+  // A planner that starts from it forecasts at once (period 2: the value two intervals before).
+  Planner p(options(), seasonal_naive(2));
+  for (const IntervalLoad& l : *h) p.observe(l);
+  IntervalLoad now;
+  p.observe(now);
+  EXPECT_DOUBLE_EQ(p.decide(1, 1).forecast.output_tokens_per_s, 90);
+  for (const char* bad : {"1,2,3\n", "1,2,3,x\n", "1,2,-3,4\n", "1,2,3,4,5\n"}) {
+    {
+      std::ofstream f(path);
+      f << "requests_per_s,input_tokens_per_s,cached_tokens_per_s,output_tokens_per_s\n"
+        << "1,2,3,4\n"
+        << bad;
+    }
+    auto r = read_interval_history(path);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(path + "' line 3"), std::string::npos)
+        << r.status().message();
+  }
+  {
+    std::ofstream f(path);
+    f << "a,b\n";
+  }
+  EXPECT_FALSE(read_interval_history(path).ok());
+  std::remove(path.c_str());
+  EXPECT_NE(read_interval_history(path).status().message().find("cannot open"), std::string::npos);
 }
 
 }  // namespace

@@ -2,7 +2,10 @@
 """Forecasters of a trace's load, chosen by measured accuracy (issue 45 item 2;
 bench/traces/README.md).
 
-Usage: forecast.py --trace trace.csv [--bin-s 900] [--held-out-days 2]
+Usage: forecast.py --trace trace.csv [--bin-s 900] [--held-out-days 2] [--day-seconds 86400]
+       forecast.py --trace train.csv --params   (the fitted Holt-Winters smoothing of the
+                                                 output tokens: alpha,beta,gamma,phi, for the
+                                                 planner's --planner-holt-winters)
 
 Bins the trace (tools/traces/make_trace.py) into intervals of --bin-s seconds and forecasts,
 for each interval of the held-out days (the last --held-out-days), its requests, input tokens
@@ -25,10 +28,10 @@ import csv
 import numpy as np
 
 
-def bins(path, bin_s):
+def bins(path, bin_s, day_s=86400.0):
     rows = list(csv.DictReader(open(path)))
     days = max(int(r["day"]) for r in rows) + 1
-    n = int(days * 86400 // bin_s)
+    n = int(round(days * day_s / bin_s))
     req = np.zeros(n)
     inp = np.zeros(n)
     out = np.zeros(n)
@@ -52,11 +55,20 @@ def main():
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", required=True)
-    ap.add_argument("--bin-s", type=int, default=900)
+    ap.add_argument("--bin-s", type=float, default=900)
     ap.add_argument("--held-out-days", type=int, default=2)
+    ap.add_argument("--day-seconds", type=float, default=86400.0)
+    ap.add_argument("--params", action="store_true")
     a = ap.parse_args()
-    days, series = bins(a.trace, a.bin_s)
-    per_day = 86400 // a.bin_s
+    days, series = bins(a.trace, a.bin_s, a.day_seconds)
+    per_day = int(round(a.day_seconds / a.bin_s))
+    if a.params:
+        y = np.maximum(series["output tokens"], 1.0)
+        p = ExponentialSmoothing(y, trend="add", damped_trend=True, seasonal="mul",
+                                 seasonal_periods=per_day).fit().params
+        print(",".join(f"{p[k]:.4f}" for k in ("smoothing_level", "smoothing_trend",
+                                               "smoothing_seasonal", "damping_trend")))
+        return
     split = (days - a.held_out_days) * per_day
     print(f"{days} days, {per_day} intervals of {a.bin_s} s a day; training days 0-"
           f"{days - a.held_out_days - 1}, held out {days - a.held_out_days}-{days - 1}\n")

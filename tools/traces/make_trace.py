@@ -4,6 +4,10 @@ traces; bench/traces/README.md).
 
 Usage: make_trace.py --days 7 --out trace.csv [--mean-rps 2.0] [--seed 1]
        [--length-scale 0.125] [--generated-scale 1] [--max-context 4096] [--max-generated 512]
+       [--day-seconds 86400]
+
+--day-seconds compresses the day (the replay bench's "24 hours of 30 s": 720): the day's shape
+and the rate in requests per second are kept, the hours are shorter.
 
 The shape over a day is DeepSeek's published one (examples/sim/deepseek-v3-h800-day.json:
 `hourly_weights`, its hourly theoretical income, hour 0 = 12:00), as a rate that moves smoothly
@@ -21,6 +25,7 @@ Writes CSV: time_s (from the start of day 0, 00:00), day, context_tokens, genera
 source (code or conv). Deterministic for a seed. Standard library only.
 """
 import argparse
+import bisect
 import csv
 import datetime
 import gzip
@@ -100,12 +105,23 @@ def main():
     ap.add_argument("--weekend-factor", type=float, default=0.8)
     ap.add_argument("--daily-drift", type=float, default=0.05, help="sd of a day's scale")
     ap.add_argument("--streams", type=int, default=16, help="independent walks summed")
+    ap.add_argument("--day-seconds", type=float, default=86400.0, help="a day's length")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     weights = day_weights()
     sources = {name: load_azure(name) for name in ("code", "conv")}
     # Each Azure trace's mean rate, for turning its gaps into the target's.
     azure_rate = {n: len(r) / (r[-1][0] - r[0][0]) for n, r in sources.items()}
+    times = {n: [r[0] for r in rows] for n, rows in sources.items()}
+
+    def start(name):
+        """A random moment of the Azure trace, uniform in time, and the first request after it.
+        (The walk goes on in the trace's time, so a walk of a few requests neither starts in a
+        burst as often as bursts hold rows nor skips the lull it lands in.)"""
+        ts = times[name]
+        u = rng.uniform(ts[0], ts[-2])
+        return u, bisect.bisect_left(ts, u)
+
     events = []
     for day in range(a.days):
         scale = (a.weekend_factor if day % 7 in (5, 6) else 1.0) * math.exp(
@@ -113,25 +129,29 @@ def main():
         # The load as the sum of --streams independent walks (services, customers), each at its
         # share of the rate: bursty at the scale of seconds, as the Azure traces are, and smoother
         # in aggregate the more streams there are.
+        day_s, hour_s = a.day_seconds, a.day_seconds / 24.0
         for stream in range(a.streams):
             t = 0.0
-            while t < 86400.0:
-                hour = int(t // 3600)
+            while t < day_s:
+                hour = int(t // hour_s)
                 name = "code" if (day * 24 + hour + stream) % 2 == 0 else "conv"
                 rows = sources[name]
-                i = rng.randrange(len(rows) - 1)  # a random place in the Azure trace
-                while t < 86400.0 and int(t // 3600) == hour:
-                    target = a.mean_rps * scale * rate_at(weights, t) / a.streams
-                    t += (rows[i + 1][0] - rows[i][0]) * azure_rate[name] / target
-                    if t >= 86400.0:
+                u, i = start(name)
+                while t < day_s and int(t // hour_s) == hour:
+                    target = a.mean_rps * scale * rate_at(weights, t * 86400.0 / day_s) / a.streams
+                    t_next = t + (rows[i][0] - u) * azure_rate[name] / target
+                    if t_next >= min(day_s, (hour + 1) * hour_s):
+                        # The hour ends in this gap: the next hour walks from a moment of its own.
+                        t = (hour + 1) * hour_s
                         break
-                    _, ctx, gen = rows[i + 1]
+                    t = t_next
+                    u, ctx, gen = rows[i]
                     ctx = max(1, min(a.max_context, round(ctx * a.length_scale)))
                     gen = max(1, min(a.max_generated, round(gen * a.generated_scale)))
-                    events.append((day * 86400.0 + t, day, ctx, gen, name))
+                    events.append((day * day_s + t, day, ctx, gen, name))
                     i += 1
-                    if i + 1 >= len(rows):
-                        i = rng.randrange(len(rows) - 1)
+                    if i >= len(rows):
+                        u, i = start(name)
     events.sort()
     n = len(events)
     with open(a.out, "w", newline="") as f:
@@ -139,7 +159,7 @@ def main():
         w.writerow(["time_s", "day", "context_tokens", "generated_tokens", "source"])
         for t, day, ctx, gen, name in events:
             w.writerow([f"{t:.3f}", day, ctx, gen, name])
-    print(f"{a.out}: {n} requests over {a.days} days (mean {n / (a.days * 86400.0):.3f} req/s)")
+    print(f"{a.out}: {n} requests over {a.days} days (mean {n / (a.days * a.day_seconds):.3f} req/s)")
 
 
 if __name__ == "__main__":
