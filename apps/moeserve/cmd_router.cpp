@@ -29,6 +29,7 @@ struct RouterCmdOptions {
   double planner_interval_s = 0;
   std::string planner_policy = "forecast";
   std::string planner_history;               // a CSV file of past intervals
+  std::string planner_lstm;                  // the LSTM's weights (train_lstm.py --out)
   std::vector<double> planner_holt_winters;  // alpha, beta, gamma, phi
 };
 
@@ -70,6 +71,18 @@ int run_router(RouterCmdOptions o) {
       return 2;
     }
     o.router.planning.history = std::move(*history);
+  }
+  if (o.router.planning.forecaster == "lstm") {
+    if (o.planner_lstm.empty()) {
+      fmt::print(stderr, "router: --planner-forecaster lstm needs --planner-lstm WEIGHTS\n");
+      return 2;
+    }
+    auto weights = read_lstm_weights(o.planner_lstm);
+    if (!weights.ok()) {
+      fmt::print(stderr, "router: {}\n", weights.status().message());
+      return 2;
+    }
+    o.router.planning.lstm = std::move(*weights);
   }
   if (!o.planner_holt_winters.empty()) {
     const std::vector<double>& v = o.planner_holt_winters;
@@ -150,9 +163,13 @@ Subcommand add_router_command(CLI::App& parent) {
                   "Intervals below the current count before one unit goes")
       ->capture_default_str();
   app->add_option("--planner-forecaster", o->router.planning.forecaster,
-                  "seasonal-naive or holt-winters")
+                  "seasonal-naive, holt-winters or lstm (chosen by measured accuracy: "
+                  "bench/traces/README.md)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"seasonal-naive", "holt-winters"}));
+      ->check(CLI::IsMember({"seasonal-naive", "holt-winters", "lstm"}));
+  app->add_option("--planner-lstm", o->planner_lstm,
+                  "The LSTM forecaster's weights (tools/traces/train_lstm.py --out)")
+      ->check(CLI::ExistingFile);
   app->add_option("--planner-policy", o->planner_policy,
                   "forecast (units for the forecast of the next interval) or reactive (a "
                   "threshold policy on the last interval's utilization, as a baseline)")

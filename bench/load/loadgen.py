@@ -163,7 +163,7 @@ async def _body_chunks(reader, headers):
 
 
 async def stream_chat(url, headers, body, timeout):
-    """POSTs a streaming chat request. Returns (ttft_s, e2e_s, text, usage, finish_reason)."""
+    """POSTs a streaming chat (or completions: `text` deltas) request. Returns (ttft_s, e2e_s, text, usage, finish_reason)."""
     u = urllib.parse.urlsplit(url)
     payload = json.dumps(body).encode()
     head = [f"POST {u.path or '/'} HTTP/1.1", f"Host: {u.netloc}",
@@ -210,11 +210,11 @@ async def stream_chat(url, headers, body, timeout):
                     for ch in chunk.get("choices") or []:
                         delta = ch.get("delta") or {}
                         piece = (delta.get("content") or "") + (
-                            delta.get("reasoning_content") or "")
+                            delta.get("reasoning_content") or "") + (ch.get("text") or "")
                         if piece:
                             if ttft is None:
                                 ttft = time.perf_counter() - t0
-                            text_parts.append(delta.get("content") or "")
+                            text_parts.append((delta.get("content") or "") + (ch.get("text") or ""))
                         if ch.get("finish_reason"):
                             finish = ch["finish_reason"]
         e2e = time.perf_counter() - t0

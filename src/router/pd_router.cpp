@@ -70,9 +70,14 @@ PdRouter::PdRouter(RouterOptions options) : options_(std::move(options)) {
   if (pl.interval.count() > 0) {
     const int64_t period =
         pl.period > 0 ? pl.period : std::max<int64_t>(1, std::chrono::hours(24) / pl.interval);
-    planner_ = std::make_unique<Planner>(pl.options, pl.forecaster == "holt-winters"
-                                                         ? holt_winters(period, pl.holt_winters)
-                                                         : seasonal_naive(period));
+    if (pl.forecaster == "lstm") {
+      planner_ = std::make_unique<Planner>(pl.options, lstm(pl.lstm.requests), lstm(pl.lstm.input),
+                                           lstm(pl.lstm.output));
+    } else {
+      planner_ = std::make_unique<Planner>(pl.options, pl.forecaster == "holt-winters"
+                                                           ? holt_winters(period, pl.holt_winters)
+                                                           : seasonal_naive(period));
+    }
     for (const IntervalLoad& l : pl.history) planner_->observe(l);
     planner_thread_ = std::thread([this] { planner_loop(); });
   }

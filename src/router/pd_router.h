@@ -61,9 +61,10 @@ struct RouterOptions {
   struct Planning {
     std::chrono::milliseconds interval{0};  // 0: no planner
     PlannerOptions options;
-    std::string forecaster = "seasonal-naive";  // or "holt-winters"
+    std::string forecaster = "seasonal-naive";  // or "holt-winters", "lstm"
     int64_t period = 0;                         // intervals in a season (a day); 0: a day's worth
     HoltWintersParams holt_winters;
+    LstmSeries lstm;                    // forecaster "lstm": its weights (read_lstm_weights)
     std::string hook;                   // a shell command; empty: none
     std::vector<IntervalLoad> history;  // past intervals, oldest first (read_interval_history)
   } planning;

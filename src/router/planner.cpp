@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace moeserve {
 
@@ -63,6 +64,43 @@ class HoltWinters final : public Forecaster {
   const SeasonalNaive naive_;
 };
 
+class Lstm final : public Forecaster {
+ public:
+  explicit Lstm(LstmWeights w) : w_(std::move(w)) {}
+
+  double next(const std::vector<double>& h) const override {
+    const int64_t n = int64_t(h.size()), day = w_.per_day, H = w_.hidden;
+    if (n < day) return h.empty() ? 0 : h.back();
+    std::vector<float> state(static_cast<size_t>(H), 0.f), cell(static_cast<size_t>(H), 0.f);
+    std::vector<float> gates(static_cast<size_t>(4 * H));
+    for (int64_t t = n - day; t < n; ++t) {
+      const double phase = 2 * M_PI * double(t % day) / double(day);
+      const float x[3] = {float(std::log1p(h[size_t(t)] / w_.scale)), float(std::sin(phase)),
+                          float(std::cos(phase))};
+      for (int64_t g = 0; g < 4 * H; ++g) {
+        float v = w_.bias[size_t(g)];
+        for (int k = 0; k < 3; ++k) v += w_.w_ih[size_t(g * 3 + k)] * x[k];
+        for (int64_t k = 0; k < H; ++k) v += w_.w_hh[size_t(g * H + k)] * state[size_t(k)];
+        gates[size_t(g)] = v;
+      }
+      auto sigmoid = [](float v) { return 1.f / (1.f + std::exp(-v)); };
+      for (int64_t k = 0; k < H; ++k) {
+        const float i = sigmoid(gates[size_t(k)]), f = sigmoid(gates[size_t(H + k)]),
+                    g = std::tanh(gates[size_t(2 * H + k)]), o = sigmoid(gates[size_t(3 * H + k)]);
+        cell[size_t(k)] = f * cell[size_t(k)] + i * g;
+        state[size_t(k)] = o * std::tanh(cell[size_t(k)]);
+      }
+    }
+    double out = w_.head_bias;
+    for (int64_t k = 0; k < H; ++k) out += double(w_.head[size_t(k)]) * state[size_t(k)];
+    return std::max(0.0, std::expm1(out) * w_.scale);
+  }
+  std::string name() const override { return "lstm"; }
+
+ private:
+  const LstmWeights w_;
+};
+
 int64_t units_for(double load, double capacity, double headroom, double correction) {
   if (capacity <= 0) return 0;
   return int64_t(std::ceil(load * headroom * correction / capacity - 1e-9));
@@ -74,17 +112,21 @@ double correction(double measured, double target) {
   return std::clamp(measured / target, 1.0, 2.0);
 }
 
-// The count to run: up at once, down one unit after `down_after` intervals below; in bounds.
+// The count to run: up at once; down only after `down_after` intervals in a row below the count,
+// then to the largest need of those intervals (a stabilization window, as Kubernetes' HPA scales
+// down: no flapping, and a fleet far too big for the night comes down in one step); in bounds.
 int64_t settle(int64_t need, int64_t current, int64_t lo, int64_t hi, int64_t down_after,
-               int64_t& below) {
+               Planner::Below& below) {
   need = std::clamp(need, lo, hi);
   if (need >= current) {
-    below = 0;
-    return std::clamp(need, lo, hi);
+    below = {};
+    return need;
   }
-  if (++below < down_after) return std::clamp(current, lo, hi);
-  below = 0;
-  return std::clamp(current - 1, lo, hi);
+  below.highest = below.intervals == 0 ? need : std::max(below.highest, need);
+  if (++below.intervals < down_after) return std::clamp(current, lo, hi);
+  const int64_t to = below.highest;
+  below = {};
+  return to;
 }
 
 }  // namespace
@@ -95,6 +137,86 @@ std::unique_ptr<Forecaster> seasonal_naive(int64_t period) {
 
 std::unique_ptr<Forecaster> holt_winters(int64_t period, HoltWintersParams p) {
   return std::make_unique<HoltWinters>(period, p);
+}
+
+std::unique_ptr<Forecaster> lstm(LstmWeights w) {
+  return std::make_unique<Lstm>(std::move(w));
+}
+
+namespace {
+
+// A tensor of the state_dict, flattened, with the shape checked.
+Result<std::vector<float>> tensor(const nlohmann::json& state, const std::string& key, int64_t rows,
+                                  int64_t cols) {
+  auto it = state.find(key);
+  if (it == state.end()) return InvalidArgument(fmt::format("no tensor '{}'", key));
+  std::vector<float> out;
+  const nlohmann::json& t = *it;
+  auto bad = [&] {
+    return InvalidArgument(fmt::format("tensor '{}' is not {}x{}", key, rows, cols));
+  };
+  if (cols == 0) {  // a vector
+    if (!t.is_array() || int64_t(t.size()) != rows) return bad();
+    for (const auto& v : t) out.push_back(v.get<float>());
+    return out;
+  }
+  if (!t.is_array() || int64_t(t.size()) != rows) return bad();
+  for (const auto& row : t) {
+    if (!row.is_array() || int64_t(row.size()) != cols) return bad();
+    for (const auto& v : row) out.push_back(v.get<float>());
+  }
+  return out;
+}
+
+Result<LstmWeights> lstm_series(const nlohmann::json& j) {
+  LstmWeights w;
+  w.scale = j.at("scale").get<double>();
+  w.per_day = j.at("per_day").get<int64_t>();
+  const nlohmann::json& st = j.at("state");
+  const auto& head = st.at("head.weight");
+  if (!head.is_array() || head.size() != 1 || !head[0].is_array() || head[0].empty()) {
+    return InvalidArgument("tensor 'head.weight' is not 1xH");
+  }
+  const int64_t H = int64_t(head[0].size());
+  w.hidden = H;
+  if (w.per_day <= 0 || !(w.scale > 0)) return InvalidArgument("per_day and scale must be > 0");
+  ASSIGN_OR_RETURN(w.w_ih, tensor(st, "lstm.weight_ih_l0", 4 * H, 3));
+  ASSIGN_OR_RETURN(w.w_hh, tensor(st, "lstm.weight_hh_l0", 4 * H, H));
+  ASSIGN_OR_RETURN(std::vector<float> b_ih, tensor(st, "lstm.bias_ih_l0", 4 * H, 0));
+  ASSIGN_OR_RETURN(std::vector<float> b_hh, tensor(st, "lstm.bias_hh_l0", 4 * H, 0));
+  ASSIGN_OR_RETURN(w.head, tensor(st, "head.weight", 1, H));
+  ASSIGN_OR_RETURN(std::vector<float> hb, tensor(st, "head.bias", 1, 0));
+  w.bias.resize(size_t(4 * H));
+  for (size_t i = 0; i < w.bias.size(); ++i) w.bias[i] = b_ih[i] + b_hh[i];
+  w.head_bias = hb[0];
+  return w;
+}
+
+}  // namespace
+
+Result<LstmSeries> read_lstm_weights(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound(fmt::format("LSTM weights '{}': cannot open", path));
+  LstmSeries out;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (auto [name, w] :
+         {std::pair{"requests", &out.requests}, std::pair{"input tokens", &out.input},
+          std::pair{"output tokens", &out.output}}) {
+      if (!j.contains(name)) {
+        return InvalidArgument(fmt::format("LSTM weights '{}': no series '{}'", path, name));
+      }
+      Result<LstmWeights> r = lstm_series(j.at(name));
+      if (!r.ok()) {
+        return InvalidArgument(
+            fmt::format("LSTM weights '{}', series '{}': {}", path, name, r.status().message()));
+      }
+      *w = std::move(*r);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(fmt::format("LSTM weights '{}': {}", path, e.what()));
+  }
+  return out;
 }
 
 std::string PlanDecision::explain(const PlannerOptions& o, int64_t current_prefill,
@@ -115,7 +237,17 @@ std::string PlanDecision::explain(const PlannerOptions& o, int64_t current_prefi
 }
 
 Planner::Planner(PlannerOptions options, std::unique_ptr<Forecaster> forecaster)
-    : o_(options), forecaster_(std::move(forecaster)) {}
+    : o_(options),
+      f_requests_(std::move(forecaster)),
+      f_uncached_(f_requests_),
+      f_output_(f_requests_) {}
+
+Planner::Planner(PlannerOptions options, std::unique_ptr<Forecaster> requests,
+                 std::unique_ptr<Forecaster> uncached, std::unique_ptr<Forecaster> output)
+    : o_(options),
+      f_requests_(std::move(requests)),
+      f_uncached_(std::move(uncached)),
+      f_output_(std::move(output)) {}
 
 void Planner::observe(const IntervalLoad& load) {
   uncached_.push_back(std::max(0.0, load.input_tokens_per_s - load.cached_tokens_per_s));
@@ -135,9 +267,9 @@ PlanDecision Planner::decide(int64_t current_prefill, int64_t current_decode) {
     d.forecast.input_tokens_per_s = uncached_.empty() ? 0 : uncached_.back();
     d.forecast.cached_tokens_per_s = 0;
   } else {
-    d.forecast.requests_per_s = forecaster_->next(requests_);
-    d.forecast.input_tokens_per_s = forecaster_->next(uncached_);  // (the uncached part)
-    d.forecast.output_tokens_per_s = forecaster_->next(output_);
+    d.forecast.requests_per_s = f_requests_->next(requests_);
+    d.forecast.input_tokens_per_s = f_uncached_->next(uncached_);  // (the uncached part)
+    d.forecast.output_tokens_per_s = f_output_->next(output_);
   }
   d.need_prefill = units_for(d.forecast.input_tokens_per_s, o_.prefill_tokens_per_s, o_.headroom,
                              d.correction_prefill);

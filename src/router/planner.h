@@ -3,7 +3,8 @@
 // input, cached and output tokens, TTFT and TPOT p99); it forecasts the next interval's load
 // with a Forecaster, turns it into unit counts from the measured capacity of one unit and the
 // SLO targets, corrects by measured against expected latency, and keeps the counts from
-// flapping (scale up at once, down one unit at a time after `down_after` intervals below). Each
+// flapping (scale up at once; down after `down_after` intervals in a row below, to the largest
+// need among them). Each
 // decision says why (forecast, capacity, target, action) for the log and /metrics.
 //
 // Not thread-safe: one owner calls observe() and decide() in turn.
@@ -51,11 +52,34 @@ struct HoltWintersParams {
 };
 std::unique_ptr<Forecaster> holt_winters(int64_t period, HoltWintersParams p);
 
+// An LSTM as DeepSeek forecasts its fleet's load with, trained offline by
+// tools/traces/train_lstm.py (one per series): from the last day of intervals, each as
+// (log1p(value / scale), sin and cos of its time of day), one layer of `hidden` units and a linear
+// head give log1p(next / scale). Interval 0 of the history is 00:00. Before a day of history it
+// falls back to the last value.
+struct LstmWeights {
+  int64_t hidden = 0;
+  int64_t per_day = 0;  // intervals in a day
+  double scale = 1;     // the training days' mean
+  // PyTorch's layout and gate order (input, forget, cell, output): [4 hidden][3], [4 hidden]
+  // [hidden], the two biases summed [4 hidden]; the head [hidden] and its bias.
+  std::vector<float> w_ih, w_hh, bias, head;
+  float head_bias = 0;
+};
+std::unique_ptr<Forecaster> lstm(LstmWeights w);
+
+// The weights train_lstm.py --out writes: a JSON object of series ("requests", "input tokens",
+// "output tokens"), each {scale, per_day, state: PyTorch's state_dict}. Errors name the file.
+struct LstmSeries {
+  LstmWeights requests, input, output;
+};
+Result<LstmSeries> read_lstm_weights(const std::string& path);
+
 struct PlannerOptions {
   // kForecast: units for the forecast of the next interval (the planner proper). kReactive: the
   // threshold policy of reactive autoscalers (a baseline): from the last interval's measured load,
   // above `up_utilization` of the running units' capacity scale to what that load needs, below
-  // `down_utilization` one unit down (after `down_after` intervals), between the two hold.
+  // `down_utilization` one unit down (after `down_after` intervals in a row), between the two hold.
   enum class Policy { kForecast, kReactive } policy = Policy::kForecast;
   double up_utilization = 0.8, down_utilization = 0.5;
   // One unit's capacity, measured (a calibration run of moeserve-bench or the sim): uncached
@@ -68,7 +92,7 @@ struct PlannerOptions {
   double tpot_p99_target_s = 0.1;
   int64_t min_prefill = 1, max_prefill = 16;
   int64_t min_decode = 1, max_decode = 16;
-  int64_t down_after = 3;  // intervals below the current count before one unit goes
+  int64_t down_after = 3;  // intervals in a row below the count before it goes down
 };
 
 struct PlanDecision {
@@ -92,7 +116,11 @@ Result<std::vector<IntervalLoad>> read_interval_history(const std::string& path)
 
 class Planner {
  public:
+  // One forecaster for every series, or one per series (requests, uncached input tokens, output
+  // tokens: the LSTM's weights are per series).
   Planner(PlannerOptions options, std::unique_ptr<Forecaster> forecaster);
+  Planner(PlannerOptions options, std::unique_ptr<Forecaster> requests,
+          std::unique_ptr<Forecaster> uncached, std::unique_ptr<Forecaster> output);
 
   void observe(const IntervalLoad& load);
   // The counts for the next interval, given those running now.
@@ -100,12 +128,17 @@ class Planner {
   // Prometheus lines of the last decision.
   std::string metrics_text() const;
 
+  // Intervals in a row the need stayed below the count, and the largest need among them.
+  struct Below {
+    int64_t intervals = 0, highest = 0;
+  };
+
  private:
   const PlannerOptions o_;
-  std::unique_ptr<Forecaster> forecaster_;
+  std::shared_ptr<Forecaster> f_requests_, f_uncached_, f_output_;
   std::vector<double> uncached_, output_, requests_;  // per interval, oldest first
   IntervalLoad last_;
-  int64_t below_prefill_ = 0, below_decode_ = 0;  // intervals the need stayed below the count
+  Below below_prefill_, below_decode_;
   PlanDecision last_decision_;
 };
 

@@ -26,6 +26,26 @@ grep -q "<svg" "$tmp/day.svg" || fail "--plot wrote no SVG"
 "$bin" sim "$ex" --sweep deployment.decode.batch_per_device=32:160:32 > "$tmp/sweep.txt" || fail "--sweep exited $?"
 [ "$(grep -c '^ *[0-9]' "$tmp/sweep.txt")" -eq 5 ] || fail "--sweep should print 5 rows"
 
+# The router's planner over DeepSeek's day (docs/planner.md): one hour ahead after 14 days of
+# history, it runs more nodes than the oracle (each hour exactly what it needs) and fewer than
+# static peak provisioning, and is never short at the headroom it keeps.
+"$bin" sim "$ex" --planner > "$tmp/planner.txt" || fail "--planner exited $?"
+python3 - "$tmp/planner.txt" <<'PY' || fail "--planner figures"
+import re, sys
+t = open(sys.argv[1]).read().split("planner over the day")[1]
+rows = re.findall(r"^\d\d:00 +\d+ +\d+ +(\d+) +(\d+) +(\d+) +(\d+)", t, re.M)
+assert len(rows) == 24, len(rows)
+for p, d, n, oracle in rows:
+    assert int(p) + int(d) == int(n)
+planner = float(re.search(r"planner: average ([\d.]+) nodes", t).group(1))
+assert planner == sum(int(r[2]) for r in rows) / 24
+oracle = float(re.search(r"oracle \(each hour what it needs\) ([\d.]+) nodes", t).group(1))
+static = float(re.search(r"static peak (\d+) nodes", t).group(1))
+assert oracle < planner < static, (oracle, planner, static)
+assert "0 of 24 hours short" in t
+assert "published schedule 226.75 nodes" in t
+PY
+
 "$bin" sim /nonexistent.json > /dev/null 2>&1; [ $? -eq 1 ] || fail "missing file should exit 1"
 "$bin" sim "$ex" --sweep nonsense > /dev/null 2>&1; [ $? -eq 2 ] || fail "bad --sweep should exit 2"
 "$bin" sim > /dev/null 2>&1; [ $? -ne 0 ] || fail "no scenario should fail"

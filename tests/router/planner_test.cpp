@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace moeserve {
 namespace {
@@ -93,7 +94,7 @@ TEST(Planner, ALatencyAboveItsTargetAddsUnits) {
   EXPECT_DOUBLE_EQ(d.correction_prefill, 1.0);  // no TTFT measured
 }
 
-TEST(Planner, ScalesDownSlowlyAndNeverFlaps) {
+TEST(Planner, ScalesDownAfterAStabilizationWindowAndNeverFlaps) {
   Planner p(options(), seasonal_naive(1));
   IntervalLoad high, low;
   high.output_tokens_per_s = 1000;  // 6 decode units
@@ -102,13 +103,25 @@ TEST(Planner, ScalesDownSlowlyAndNeverFlaps) {
   int64_t decode = p.decide(1, 1).decode;
   ASSERT_EQ(decode, 6);
   std::vector<int64_t> seen;
-  for (int i = 0; i < 9; ++i) {
+  for (int i = 0; i < 5; ++i) {
     p.observe(low);
     decode = p.decide(1, decode).decode;
     seen.push_back(decode);
   }
-  // One unit after every 3 intervals below.
-  EXPECT_EQ(seen, (std::vector<int64_t>{6, 6, 5, 5, 5, 4, 4, 4, 3}));
+  // After 3 intervals in a row below, down to what they needed, at once.
+  EXPECT_EQ(seen, (std::vector<int64_t>{6, 6, 1, 1, 1}));
+  // Needs of 4, 2 and 3 units below 6: down to the largest, 4.
+  p.observe(high);
+  ASSERT_EQ(p.decide(1, 1).decode, 6);
+  seen.clear();
+  for (double out : {600.0, 300.0, 450.0}) {  // x 1.2 / 200: 3.6, 1.8, 2.7 -> 4, 2, 3
+    IntervalLoad l;
+    l.output_tokens_per_s = out;
+    p.observe(l);
+    seen.push_back(p.decide(1, 6).decode);
+  }
+  EXPECT_EQ(seen, (std::vector<int64_t>{6, 6, 4}));
+  decode = 4;
   // Load back: up at once, and the count below resets.
   p.observe(high);
   EXPECT_EQ(p.decide(1, decode).decode, 6);
@@ -192,6 +205,70 @@ TEST(Planner, ReadsItsHistoryAndNamesTheFileOfABadOne) {
   EXPECT_FALSE(read_interval_history(path).ok());
   std::remove(path.c_str());
   EXPECT_NE(read_interval_history(path).status().message().find("cannot open"), std::string::npos);
+}
+
+// The C++ LSTM against PyTorch: tests/data/planner/lstm_fixture.json holds weights trained by
+// tools/traces/train_lstm.py, a series and PyTorch's forecasts of its first four held-out intervals
+// (tests/data/planner/make_lstm_fixture.sh).
+TEST(Planner, LstmForecastsAsPyTorchDoes) {
+  const std::string path = "tests/data/planner/lstm_fixture.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const std::string weights = ::testing::TempDir() + "lstm_weights.json";
+  std::ofstream(weights) << j.at("weights").dump();
+  auto w = read_lstm_weights(weights);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ(w->requests.hidden, 8);
+  EXPECT_EQ(w->requests.per_day, 24);
+  const int64_t split = j.at("split").get<int64_t>();
+  for (auto [name, lw] : {std::pair{"requests", &w->requests}, std::pair{"input tokens", &w->input},
+                          std::pair{"output tokens", &w->output}}) {
+    auto f = lstm(*lw);
+    const auto series = j.at("series").at(name).at("series").get<std::vector<double>>();
+    const auto want = j.at("series").at(name).at("forecasts").get<std::vector<double>>();
+    ASSERT_EQ(want.size(), 4u);
+    for (int64_t k = 0; k < 4; ++k) {
+      std::vector<double> h(series.begin(), series.begin() + split + k);
+      EXPECT_NEAR(f->next(h), want[size_t(k)], 1e-4 * want[size_t(k)]) << name << " " << k;
+    }
+    // Less than a day of history: the last value.
+    EXPECT_EQ(f->next({3.0, 5.0}), 5.0);
+  }
+  // A planner with one LSTM per series forecasts each with its own.
+  Planner p(options(), lstm(w->requests), lstm(w->input), lstm(w->output));
+  const auto out = j.at("series").at("output tokens").at("series").get<std::vector<double>>();
+  const auto req = j.at("series").at("requests").at("series").get<std::vector<double>>();
+  const auto inp = j.at("series").at("input tokens").at("series").get<std::vector<double>>();
+  for (int64_t t = 0; t < split; ++t) {
+    IntervalLoad l;
+    l.requests_per_s = req[size_t(t)];
+    l.input_tokens_per_s = inp[size_t(t)];
+    l.output_tokens_per_s = out[size_t(t)];
+    p.observe(l);
+  }
+  const PlanDecision d = p.decide(1, 1);
+  const auto want_out = j.at("series").at("output tokens").at("forecasts")[0].get<double>();
+  const auto want_req = j.at("series").at("requests").at("forecasts")[0].get<double>();
+  EXPECT_NEAR(d.forecast.output_tokens_per_s, want_out, 1e-4 * want_out);
+  EXPECT_NEAR(d.forecast.requests_per_s, want_req, 1e-4 * want_req);
+  // Bad weights name the file and what is wrong.
+  nlohmann::json bad = j.at("weights");
+  bad["output tokens"]["state"]["lstm.weight_hh_l0"][0].erase(0);
+  std::ofstream(weights) << bad.dump();
+  auto r = read_lstm_weights(weights);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(weights), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("lstm.weight_hh_l0"), std::string::npos)
+      << r.status().message();
+  bad = j.at("weights");
+  bad.erase("requests");
+  std::ofstream(weights) << bad.dump();
+  EXPECT_NE(read_lstm_weights(weights).status().message().find("no series 'requests'"),
+            std::string::npos);
+  std::ofstream(weights) << "{";
+  EXPECT_FALSE(read_lstm_weights(weights).ok());
+  std::remove(weights.c_str());
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 item 2; bench/traces/README.md), trained offline and measured beside tools/traces/forecast.py's.
 
 Usage: train_lstm.py --trace trace.csv [--bin-s 900] [--held-out-days 2] [--epochs 300]
-       [--seed 1] [--out lstm.json]
+       [--seed 1] [--out lstm.json] [--hidden 32] [--day-seconds 86400]
+       [--fixture FILE]   (the weights, the series and PyTorch's forecasts of the first held-out
+                           intervals: tests/router/data/lstm_fixture.json, that the planner's
+                           C++ LSTM must reproduce)
 
 Per series (requests, input tokens, output tokens), the same one-interval-ahead task as
 forecast.py: from the last day of intervals (each with the hour of day as sin/cos) predict the
@@ -48,7 +51,10 @@ def windows(z, per_day, start, end):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", required=True)
-    ap.add_argument("--bin-s", type=int, default=900)
+    ap.add_argument("--bin-s", type=float, default=900)
+    ap.add_argument("--day-seconds", type=float, default=86400.0)
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--fixture", default="")
     ap.add_argument("--held-out-days", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
@@ -56,16 +62,17 @@ def main():
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(2)
-    days, series = bins(a.trace, a.bin_s)
-    per_day = 86400 // a.bin_s
+    days, series = bins(a.trace, a.bin_s, a.day_seconds)
+    per_day = int(round(a.day_seconds / a.bin_s))
     split = (days - a.held_out_days) * per_day
     saved = {}
+    fixture = {}
     for name, y in series.items():
         scale = float(np.mean(y[:split])) or 1.0
         z = y / scale
         x_train, y_train = windows(z, per_day, per_day, split)
         x_test, _ = windows(z, per_day, split, len(z))
-        net = Net()
+        net = Net(a.hidden)
         opt = torch.optim.Adam(net.parameters(), lr=3e-3)
         for _ in range(a.epochs):
             opt.zero_grad()
@@ -81,8 +88,12 @@ def main():
         print(f"| {name} | LSTM | {mape:.3f} | {under:.2f} |", flush=True)
         saved[name] = {"scale": scale, "per_day": per_day,
                        "state": {k: v.tolist() for k, v in net.state_dict().items()}}
+        fixture[name] = {"series": y[:split + 4].tolist(),
+                         "forecasts": [float(v) for v in f[:4]]}  # of intervals split..split+3
     if a.out:
         json.dump(saved, open(a.out, "w"))
+    if a.fixture:
+        json.dump({"weights": saved, "split": split, "series": fixture}, open(a.fixture, "w"))
 
 
 if __name__ == "__main__":
