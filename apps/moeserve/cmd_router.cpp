@@ -151,6 +151,15 @@ Subcommand add_router_command(CLI::App& parent) {
   app->add_option("--planner-headroom", po.headroom, "Capacity kept above the forecast")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 10.0));
+  app->add_option("--planner-error-quantile", po.error_quantile,
+                  "Keep at least this quantile of (what came / what was forecast) over the last "
+                  "--planner-error-window intervals as headroom (0: --planner-headroom alone)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--planner-error-window", po.error_window,
+                  "Intervals of forecast misses --planner-error-quantile reads")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(100000)));
   app->add_option("--planner-ttft-p99", po.ttft_p99_target_s, "TTFT p99 target (seconds)")
       ->capture_default_str();
   app->add_option("--planner-tpot-p99", po.tpot_p99_target_s, "TPOT p99 target (seconds)")

@@ -130,7 +130,7 @@ class Bench:
         os.makedirs(self.dir, exist_ok=True)
         self.procs = []
         self.unit_flags = (f"--threads 1 --kv-cache-gb 0.2 --max-model-len {a.max_len} "
-                           "--max-num-seqs 32")
+                           f"--max-num-seqs {a.max_num_seqs}")
 
     # --- processes -----------------------------------------------------------------------
 
@@ -139,7 +139,8 @@ class Bench:
         url = f"http://127.0.0.1:{port}"
         log = open(os.path.join(self.dir, f"router-{tag}.log"), "w")
         p = subprocess.Popen([self.bin, "router", "--model", self.model, "--host", "127.0.0.1",
-                              "--port", str(port), "--max-model-len", str(self.a.max_len)] +
+                              "--port", str(port), "--max-model-len", str(self.a.max_len),
+                              "--unit-timeout-ms", str(self.a.unit_timeout_ms)] +
                              extra(url), stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(p)
         wait_for(lambda: get_json(url + "/health") is not None, 60, "the router")
@@ -226,6 +227,7 @@ class Bench:
         asyncio.run(self.closed_loop(url, 2, 2, 64, 16))  # (warm)
         steps = []
         decode_cap = prefill_cap = 0.0
+        tpot_alone = None
         for c in (1, 2, 4, 6, 8, 12):
             recs, wall = asyncio.run(self.closed_loop(url, c, s, 64, 128))
             ok = [r for r in recs if r["ok"]]
@@ -233,10 +235,14 @@ class Bench:
             p99 = percentile([r["tpot"] for r in ok if r["tpot"]], 99)
             steps.append({"role": "decode", "concurrency": c, "output_tok_s": round(tps, 1),
                           "tpot_p99_s": p99, "failed": len(recs) - len(ok)})
+            if c == 1:
+                tpot_alone = percentile([r["tpot"] for r in ok if r["tpot"]], 50)
             if p99 is not None and p99 <= self.a.tpot and len(ok) == len(recs):
                 decode_cap = max(decode_cap, tps)
         for c in (1, 2, 4, 8, 12):
-            recs, wall = asyncio.run(self.closed_loop(url, c, s, 512, 1))
+            # Two tokens: the prompt is prefilled and handed off (a decode unit pulls its KV from
+            # the prefill unit, which costs the prefill unit too), as every request of the trace.
+            recs, wall = asyncio.run(self.closed_loop(url, c, s, 512, 2))
             ok = [r for r in recs if r["ok"]]
             tps = sum(r["input"] for r in ok) / wall
             p99 = percentile([r["ttft"] for r in ok], 99)
@@ -248,7 +254,7 @@ class Bench:
         if decode_cap <= 0 or prefill_cap <= 0:
             raise RuntimeError(f"no concurrency met the targets: {steps}")
         return {"decode_tok_s": round(decode_cap, 1), "prefill_tok_s": round(prefill_cap, 1),
-                "steps": steps}
+                "tpot_alone_s": tpot_alone, "steps": steps}
 
     def make_trace(self, mean_rps):
         a = self.a
@@ -270,16 +276,24 @@ class Bench:
             w.writerows(train)
         return tpath, train, held
 
-    def intervals(self, reqs, n, t_of, start=0.0):
-        """Per interval of --interval s: requests, input and output tokens per second."""
+    def intervals(self, reqs, n, tpot):
+        """Per interval of --interval s: requests, input and output tokens per second, as the
+        router measures them: a request and its prompt when it comes, its output tokens spread
+        over its generation at `tpot` s a token."""
         iv = self.a.interval
         out = [[0.0, 0.0, 0.0] for _ in range(n)]
-        for r in reqs:
-            i = int((t_of(r) - start) // iv)
+        for t, ctx, gen in reqs:
+            i = int(t // iv)
             if 0 <= i < n:
                 out[i][0] += 1
-                out[i][1] += r[1]
-                out[i][2] += r[2]
+                out[i][1] += ctx
+            end = t + gen * tpot
+            j = i
+            while j < n and j * iv < end:
+                lo, hi = max(t, j * iv), min(end, (j + 1) * iv)
+                if hi > lo and j >= 0:
+                    out[j][2] += gen * (hi - lo) / (end - t)
+                j += 1
         return [[v / iv for v in row] for row in out]
 
     def run_policy(self, tag, router_flags, static_counts, held, cal, kill_at=None):
@@ -292,6 +306,9 @@ class Bench:
         wait_for(lambda: len(active_units(url)) >= 2 and
                  {u["role"] for u in active_units(url)} >= {"prefill", "decode"}, 90,
                  f"{tag}'s first units")
+        # A few requests first (a fleet's first requests page its weights in; a static fleet
+        # has been up all along).
+        asyncio.run(self.closed_loop(url, 4, 2, 64, 8))
         samples = []
         events = {}
 
@@ -313,6 +330,8 @@ class Bench:
 
         t0, records = asyncio.run(self.replay(url, held, tick))
         log = open(os.path.join(self.dir, f"router-{tag}.log")).read()
+        json.dump({"t0": t0, "records": records, "samples": samples, "events": events},
+                  open(os.path.join(self.dir, f"records-{tag}.json"), "w"))
         self.stop(url, rp)
         for r in records:
             r["start"] -= t0
@@ -427,10 +446,15 @@ def main():
     ap.add_argument("--quick", action="store_true", help="24 x 10 s (default 24 x 30 s)")
     ap.add_argument("--model", default=os.path.join(ROOT, "build", "models", "tiny-py"))
     ap.add_argument("--keep", default="", help="a directory for the logs (kept)")
-    ap.add_argument("--quota", type=float, default=0.1, help="cores per unit (0: none)")
-    ap.add_argument("--ttft", type=float, default=1.0, help="TTFT target (s)")
-    ap.add_argument("--tpot", type=float, default=0.03, help="TPOT target (s)")
-    ap.add_argument("--peak-decode", type=float, default=4.5,
+    ap.add_argument("--quota", type=float, default=0.2, help="cores per unit (0: none)")
+    ap.add_argument("--max-num-seqs", type=int, default=4,
+                    help="sequences a unit runs at once (its slots: a unit's KV memory)")
+    ap.add_argument("--unit-timeout-ms", type=int, default=10000,
+                    help="the router's heartbeat timeout (a unit at its quota under load "
+                         "heartbeats late; a killed unit is noticed by its broken streams)")
+    ap.add_argument("--ttft", type=float, default=2.0, help="TTFT target (s)")
+    ap.add_argument("--tpot", type=float, default=0.05, help="TPOT target (s)")
+    ap.add_argument("--peak-decode", type=float, default=3.0,
                     help="decode units the day's mean peak needs (sets the trace's rate)")
     ap.add_argument("--training-days", type=int, default=0, help="default 7 (quick) or 14")
     ap.add_argument("--max-len", type=int, default=2048)
@@ -473,9 +497,10 @@ def run(a, b):
     log(f"trace: {a.training_days} training days and one held-out day of {a.day_s:.0f} s, "
         f"{mean_rps:.2f} req/s on average; {len(held)} requests to replay")
     per_day = int(round(a.day_s / a.interval))
+    tpot = cal["tpot_alone_s"]
     hist = b.intervals([(float(r["time_s"]), int(r["context_tokens"]),
                          int(r["generated_tokens"])) for r in train],
-                       a.training_days * per_day, lambda r: r[0])
+                       a.training_days * per_day, tpot)
     hpath = os.path.join(b.dir, "history.csv")
     with open(hpath, "w") as f:
         f.write("requests_per_s,input_tokens_per_s,cached_tokens_per_s,output_tokens_per_s\n")
@@ -490,7 +515,7 @@ def run(a, b):
     except (subprocess.CalledProcessError, FileNotFoundError) as e:
         log(f"no fitted Holt-Winters (statsmodels?): its defaults: {getattr(e, 'stderr', e)}")
     # Static: the held-out day's peak interval with the headroom.
-    day = b.intervals(held, per_day, lambda r: r[0])
+    day = b.intervals(held, per_day, tpot)
     static = (max(1, math.ceil(max(r[1] for r in day) * HEADROOM / cal["prefill_tok_s"])),
               max(1, math.ceil(max(r[2] for r in day) * HEADROOM / cal["decode_tok_s"])))
     log(f"static peak provisioning: {static[0]} prefill, {static[1]} decode units")
@@ -516,7 +541,8 @@ def run(a, b):
     log(f"reactive: {json.dumps(res)}")
     kill_at = a.day_s * 0.55
     res, _ = b.run_policy("planner", lambda url: planner_common(url) + hw + [
-        "--planner-forecaster", "holt-winters", "--planner-hook", b.hook("planner", url)], None,
+        "--planner-forecaster", "holt-winters", "--planner-error-quantile", "0.9",
+        "--planner-hook", b.hook("planner", url)], None,
         held, cal, kill_at=kill_at)
     out["planner"] = res
     log(f"planner: {json.dumps(res)}")

@@ -44,15 +44,29 @@ class HoltWinters final : public Forecaster {
     first /= double(m);
     second /= double(m);
     double level = first, trend = (second - first) / double(m);
-    std::vector<double> season(static_cast<size_t>(m));
-    for (int64_t t = 0; t < m; ++t) season[size_t(t)] = y(t) / std::max(first, kFloor);
+    // The season starts as each interval's share of its day, averaged over every whole season of
+    // the history (one season's shares carry that day's noise, which a small fitted gamma would
+    // keep for weeks).
+    const int64_t seasons = n / m;
+    std::vector<double> season(static_cast<size_t>(m), 0.0);
+    for (int64_t k = 0; k < seasons; ++k) {
+      double mean = 0;
+      for (int64_t t = 0; t < m; ++t) mean += y(k * m + t);
+      mean = std::max(mean / double(m), kFloor);
+      for (int64_t t = 0; t < m; ++t) season[size_t(t)] += y(k * m + t) / mean / double(seasons);
+    }
+    // statsmodels' recursion (ExponentialSmoothing, additive damped trend, multiplicative
+    // season), whose fitted smoothing --planner-holt-winters takes: the season is updated against
+    // the level the interval was forecast from, not the new one
+    // (tests/data/planner/hw_fixture.json).
     for (int64_t t = m; t < n; ++t) {
       double& s = season[size_t(t % m)];
+      const double expected = std::max(level + p_.phi * trend, kFloor);
       const double prev = level;
-      level = p_.alpha * (y(t) / std::max(s, kFloor)) + (1 - p_.alpha) * (prev + p_.phi * trend);
+      level = p_.alpha * (y(t) / std::max(s, kFloor)) + (1 - p_.alpha) * expected;
       level = std::max(level, kFloor);
       trend = p_.beta * (level - prev) + (1 - p_.beta) * p_.phi * trend;
-      s = p_.gamma * (y(t) / level) + (1 - p_.gamma) * s;
+      s = p_.gamma * (y(t) / expected) + (1 - p_.gamma) * s;
     }
     return std::max(0.0, (level + p_.phi * trend) * season[size_t(n % m)]);
   }
@@ -224,16 +238,17 @@ std::string PlanDecision::explain(const PlannerOptions& o, int64_t current_prefi
   return fmt::format(
       "planner: measured {:.2f} req/s, {:.0f} uncached input tok/s, {:.0f} output tok/s; "
       "{} {:.2f} req/s, {:.0f} uncached input tok/s, {:.0f} output tok/s; "
-      "capacity {:.0f} prefill tok/s and {:.0f} decode tok/s a unit, headroom {:.2f}, latency "
+      "capacity {:.0f} prefill tok/s and {:.0f} decode tok/s a unit, headroom {:.2f} / {:.2f}, "
+      "latency "
       "correction {:.2f} / {:.2f}; need {} prefill, {} decode; {} -> {} prefill, {} -> {} decode "
       "({})",
       measured.requests_per_s, measured.input_tokens_per_s - measured.cached_tokens_per_s,
       measured.output_tokens_per_s,
       o.policy == PlannerOptions::Policy::kReactive ? "last interval (reactive)" : "forecast",
       forecast.requests_per_s, forecast.input_tokens_per_s, forecast.output_tokens_per_s,
-      o.prefill_tokens_per_s, o.decode_tokens_per_s, o.headroom, correction_prefill,
-      correction_decode, need_prefill, need_decode, current_prefill, prefill, current_decode,
-      decode, action);
+      o.prefill_tokens_per_s, o.decode_tokens_per_s, headroom_prefill, headroom_decode,
+      correction_prefill, correction_decode, need_prefill, need_decode, current_prefill, prefill,
+      current_decode, decode, action);
 }
 
 Planner::Planner(PlannerOptions options, std::unique_ptr<Forecaster> forecaster)
@@ -271,10 +286,27 @@ PlanDecision Planner::decide(int64_t current_prefill, int64_t current_decode) {
     d.forecast.input_tokens_per_s = f_uncached_->next(uncached_);  // (the uncached part)
     d.forecast.output_tokens_per_s = f_output_->next(output_);
   }
-  d.need_prefill = units_for(d.forecast.input_tokens_per_s, o_.prefill_tokens_per_s, o_.headroom,
-                             d.correction_prefill);
-  d.need_decode = units_for(d.forecast.output_tokens_per_s, o_.decode_tokens_per_s, o_.headroom,
-                            d.correction_decode);
+  // The forecast's misses so far (the last decision's forecast against what came).
+  auto headroom = [&](std::vector<double>& misses, double forecast, double came) {
+    if (last_decision_.action.empty() || o_.error_quantile <= 0) return o_.headroom;
+    if (forecast > 0 && came > 0) {
+      misses.push_back(came / forecast);
+      if (int64_t(misses.size()) > o_.error_window) misses.erase(misses.begin());
+    }
+    if (misses.empty()) return o_.headroom;
+    std::vector<double> v = misses;
+    const size_t k = std::min(v.size() - 1, size_t(o_.error_quantile * double(v.size())));
+    std::nth_element(v.begin(), v.begin() + int64_t(k), v.end());
+    return std::clamp(v[k], o_.headroom, 4.0);  // (a forecast near 0 misses by any ratio)
+  };
+  d.headroom_prefill = headroom(miss_uncached_, last_decision_.forecast.input_tokens_per_s,
+                                d.measured.input_tokens_per_s - d.measured.cached_tokens_per_s);
+  d.headroom_decode = headroom(miss_output_, last_decision_.forecast.output_tokens_per_s,
+                               d.measured.output_tokens_per_s);
+  d.need_prefill = units_for(d.forecast.input_tokens_per_s, o_.prefill_tokens_per_s,
+                             d.headroom_prefill, d.correction_prefill);
+  d.need_decode = units_for(d.forecast.output_tokens_per_s, o_.decode_tokens_per_s,
+                            d.headroom_decode, d.correction_decode);
   if (o_.policy == PlannerOptions::Policy::kReactive) {
     // Thresholds on the running units' utilization: above `up`, what the load needs; below
     // `down`, one fewer (settle() waits `down_after` intervals); between, hold.

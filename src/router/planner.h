@@ -88,6 +88,11 @@ struct PlannerOptions {
   double prefill_tokens_per_s = 0;
   double decode_tokens_per_s = 0;
   double headroom = 1.2;  // capacity kept above the forecast
+  // > 0: the headroom is at least this quantile of what came over what was forecast, over the
+  // last `error_window` intervals (a planner sizes for a high quantile of its forecast, not its
+  // mean: the forecast's own misses set the margin; at most 4). 0: the fixed headroom alone.
+  double error_quantile = 0;
+  int64_t error_window = 96;
   double ttft_p99_target_s = 2.0;
   double tpot_p99_target_s = 0.1;
   int64_t min_prefill = 1, max_prefill = 16;
@@ -99,6 +104,7 @@ struct PlanDecision {
   IntervalLoad measured;  // the last interval observed
   IntervalLoad forecast;
   double correction_prefill = 1, correction_decode = 1;  // measured / target latency, >= 1
+  double headroom_prefill = 1, headroom_decode = 1;      // kept above the forecast
   int64_t need_prefill = 0, need_decode = 0;             // before hysteresis and bounds
   int64_t prefill = 0, decode = 0;                       // the counts to run
   std::string action;                                    // "hold", "scale up", ...
@@ -137,6 +143,8 @@ class Planner {
   const PlannerOptions o_;
   std::shared_ptr<Forecaster> f_requests_, f_uncached_, f_output_;
   std::vector<double> uncached_, output_, requests_;  // per interval, oldest first
+  // What came over what was forecast, per interval (the last error_window).
+  std::vector<double> miss_uncached_, miss_output_;
   IntervalLoad last_;
   Below below_prefill_, below_decode_;
   PlanDecision last_decision_;

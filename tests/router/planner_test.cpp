@@ -271,5 +271,56 @@ TEST(Planner, LstmForecastsAsPyTorchDoes) {
   std::remove(weights.c_str());
 }
 
+// The C++ Holt-Winters against statsmodels' ExponentialSmoothing from the same starting state
+// (tests/data/planner/make_hw_fixture.py): the smoothing statsmodels fits is what
+// --planner-holt-winters takes, so the recursion must be statsmodels'.
+TEST(Planner, HoltWintersForecastsAsStatsmodelsDoes) {
+  std::ifstream in("tests/data/planner/hw_fixture.json");
+  ASSERT_TRUE(in);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const auto& p = j.at("params");
+  auto f = holt_winters(j.at("period").get<int64_t>(),
+                        {p.at("alpha").get<double>(), p.at("beta").get<double>(),
+                         p.at("gamma").get<double>(), p.at("phi").get<double>()});
+  const auto y = j.at("series").get<std::vector<double>>();
+  const auto want = j.at("forecasts").get<std::vector<double>>();
+  const int64_t first = j.at("first_k").get<int64_t>();
+  ASSERT_EQ(int64_t(want.size()), int64_t(y.size()) - first + 1);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::vector<double> h(y.begin(), y.begin() + first + int64_t(i));
+    EXPECT_NEAR(f->next(h), want[i], 1e-9 * want[i]) << "forecast of y[" << h.size() << "]";
+  }
+}
+
+TEST(Planner, HeadroomCoversTheForecastsOwnMisses) {
+  PlannerOptions o = options();  // decode units carry 200 tok/s; headroom 1.2
+  o.error_quantile = 0.9;
+  o.error_window = 20;
+  Planner p(o, seasonal_naive(2));  // (the value two intervals before)
+  // An alternating load: seasonal naive with a period of 2 is right... until the phase shifts.
+  std::vector<double> load = {100, 300, 100, 300, 100, 300, 300, 100, 300, 100, 300, 100};
+  PlanDecision d;
+  for (double v : load) {
+    IntervalLoad l;
+    l.output_tokens_per_s = v;
+    p.observe(l);
+    d = p.decide(1, 1);
+  }
+  // After the shift every forecast is off by 3x either way: the 0.9 quantile of came/forecast is 3.
+  EXPECT_DOUBLE_EQ(d.headroom_decode, 3.0);
+  EXPECT_EQ(d.need_decode, 5);  // ceil(300 (the forecast) x 3 / 200)
+  EXPECT_NE(d.explain(o, 1, 1).find("headroom 1.20 / 3.00"), std::string::npos)
+      << d.explain(o, 1, 1);
+  // Off: the fixed headroom.
+  Planner fixed(options(), seasonal_naive(2));
+  for (double v : load) {
+    IntervalLoad l;
+    l.output_tokens_per_s = v;
+    fixed.observe(l);
+    d = fixed.decide(1, 1);
+  }
+  EXPECT_DOUBLE_EQ(d.headroom_decode, 1.2);
+}
+
 }  // namespace
 }  // namespace moeserve
