@@ -298,14 +298,18 @@ TEST(Planner, HeadroomCoversTheForecastsOwnMisses) {
   o.error_window = 20;
   Planner p(o, seasonal_naive(2));  // (the value two intervals before)
   // An alternating load: seasonal naive with a period of 2 is right... until the phase shifts.
-  std::vector<double> load = {100, 300, 100, 300, 100, 300, 300, 100, 300, 100, 300, 100};
-  PlanDecision d;
-  for (double v : load) {
-    IntervalLoad l;
-    l.output_tokens_per_s = v;
-    p.observe(l);
-    d = p.decide(1, 1);
-  }
+  const std::vector<double> load = {100, 300, 100, 300, 100, 300, 300, 100, 300, 100, 300, 100};
+  auto last_decision = [&](Planner& planner) {
+    PlanDecision d;
+    for (double v : load) {
+      IntervalLoad l;
+      l.output_tokens_per_s = v;
+      planner.observe(l);
+      d = planner.decide(1, 1);
+    }
+    return d;
+  };
+  PlanDecision d = last_decision(p);
   // After the shift every forecast is off by 3x either way: the 0.9 quantile of came/forecast is 3.
   EXPECT_DOUBLE_EQ(d.headroom_decode, 3.0);
   EXPECT_EQ(d.need_decode, 5);  // ceil(300 (the forecast) x 3 / 200)
@@ -313,12 +317,7 @@ TEST(Planner, HeadroomCoversTheForecastsOwnMisses) {
       << d.explain(o, 1, 1);
   // Off: the fixed headroom.
   Planner fixed(options(), seasonal_naive(2));
-  for (double v : load) {
-    IntervalLoad l;
-    l.output_tokens_per_s = v;
-    fixed.observe(l);
-    d = fixed.decide(1, 1);
-  }
+  d = last_decision(fixed);
   EXPECT_DOUBLE_EQ(d.headroom_decode, 1.2);
 }
 
