@@ -25,6 +25,7 @@ struct RouterCmdOptions {
   FrontDoorFlags front;  // the API's flags (front_door.h), as `serve` has them
   RouterOptions router;
   int64_t unit_timeout_ms = 2500;
+  int64_t unit_wait_ms = 5000;
   int64_t max_model_len = 0;
   double planner_interval_s = 0;
   std::string planner_policy = "forecast";
@@ -53,6 +54,7 @@ int run_router(RouterCmdOptions o) {
                              ? std::min(o.max_model_len, config->max_position_embeddings)
                              : config->max_position_embeddings;
   o.router.unit_timeout = std::chrono::milliseconds(o.unit_timeout_ms);
+  o.router.unit_wait = std::chrono::milliseconds(o.unit_wait_ms);
   o.router.planning.interval = std::chrono::milliseconds(int64_t(o.planner_interval_s * 1000.0));
   if (o.planner_interval_s > 0 && (o.router.planning.options.prefill_tokens_per_s <= 0 ||
                                    o.router.planning.options.decode_tokens_per_s <= 0)) {
@@ -128,6 +130,11 @@ Subcommand add_router_command(CLI::App& parent) {
                   "Checkpoint directory the units serve (its config and tokenizer are read)")
       ->required();
   add_front_door_flags(*app, o->front);
+  app->add_option("--unit-wait-ms", o->unit_wait_ms,
+                  "A new request that finds no prefill or no decode unit alive waits this long "
+                  "for one (a fleet scaling up from none) before it fails with 503")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(600000)));
   app->add_option("--unit-timeout-ms", o->unit_timeout_ms,
                   "A unit without a heartbeat for this long gets no new work")
       ->capture_default_str()

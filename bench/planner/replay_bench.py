@@ -11,15 +11,16 @@ units on this machine (loopback), three times:
              interval's measured load, up above 80% of the running units' capacity, one down
              below 50%;
   planner    the router's planner (Holt-Winters fitted on the training days, their intervals as
-             its history); halfway through the day one decode unit gets kill -9 and the planner's
-             next decision starts another (the supervisor's reconcile).
+             its history, a headroom of the 0.9 quantile of its own misses); at 55% of the day
+             one decode unit gets kill -9 and the planner's next decision starts another (the
+             hook runs again while the units alive differ from the targets).
 
 Units are started and retired by scripts/scale_units.sh (the planner's hook), each with a CPU
 quota (--quota cores, a cgroup as a container's limit) so that a unit carries what its quota
 does and not the machine's idle cores: one unit's capacity is measured first (closed loop, the
 most tokens/s within the TTFT and TPOT targets) and is what the planner and the static count
-use. Then co-located serving (one `serve`, both roles, the same quota as the planner's units at
-the kill) replays the same minutes around the kill with its process killed at the same moment
+use. Then co-located serving (one `serve`, both roles, the cores of the planner's units on
+average) replays the same minutes around the kill with its process killed at the same moment
 (scripts/supervise.sh starts it again).
 
 Per policy: unit-seconds (unit processes alive, sampled every 0.5 s), requests, failed, SLO
@@ -29,9 +30,9 @@ measured); for the kill, per phase (ended before, running at some moment of the 
 after, started after): completed, failed, TTFT/TPOT p99. Prints tables, then one JSON object.
 
 Usage: python3 bench/planner/replay_bench.py [--quick] [--keep DIR]
-  --quick: a day of 24 x 10 s (about 15 minutes in all); default 24 x 30 s (about 40 minutes).
-Needs root for the quotas (without: --quota 0, and the units share the machine), the openai-free
-standard library, and statsmodels for the fitted Holt-Winters (without: its defaults).
+  --quick: a day of 24 x 10 s (about 19 minutes in all); default 24 x 30 s (about 45 minutes).
+Needs root for the quotas (without: --quota 0, and the units share the machine), the standard
+library, and statsmodels for the fitted Holt-Winters (without: its defaults).
 """
 import argparse
 import asyncio

@@ -219,18 +219,26 @@ Status PdRouter::submit(EngineRequest r, OutputCallback cb) {
                     "length ({})",
                     r.prompt.size(), r.max_tokens, options_.max_context));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return Unavailable("the router is stopping");
-  const auto now = Clock::now();
-  bool prefill = false, decode = false;
-  for (const auto& [name, u] : units_) {
-    if (!alive(u, now)) continue;
-    prefill |= u.info.role != UnitRole::kDecode;
-    decode |= u.info.role != UnitRole::kPrefill;
-  }
-  if (!prefill || !decode) {
-    return Unavailable(
-        fmt::format("no {} unit is registered and alive", !prefill ? "prefill" : "decode"));
+  // Both roles alive, or wait for them up to --unit-wait-ms (a fleet scaling up from none).
+  const auto wait_until = Clock::now() + Clock::duration(options_.unit_wait);
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (stopping_) return Unavailable("the router is stopping");
+    const auto now = Clock::now();
+    bool prefill = false, decode = false;
+    for (const auto& [name, u] : units_) {
+      if (!alive(u, now)) continue;
+      prefill |= u.info.role != UnitRole::kDecode;
+      decode |= u.info.role != UnitRole::kPrefill;
+    }
+    if (prefill && decode) break;
+    if (now >= wait_until) {
+      return Unavailable(
+          fmt::format("no {} unit is registered and alive", !prefill ? "prefill" : "decode"));
+    }
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    lock.lock();
   }
   reap_locked();
   Flow& f = flows_.emplace_back();
@@ -446,10 +454,12 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
   const int64_t n = int64_t(f.request.prompt.size());
   std::vector<std::string> tried;
   Status last;
+  const auto wait_until = Clock::now() + Clock::duration(options_.unit_wait);
   for (int attempt = 0; attempt < options_.prefill_attempts; ++attempt) {
     std::string name, url;
     double attn = 0;
     int64_t added = 0;  // the load this call puts on the unit until it answers
+    bool waiting = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       const auto now = Clock::now();
@@ -471,28 +481,40 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
         cached.push_back(hit * kKvBlockSize);
       }
       auto pick = choose_prefill(loads, cached, n, options_.cache_slack);
-      if (!pick) break;
-      name = names[pick->rank];
-      Unit& u = units_[name];
-      url = u.info.url;
-      const int64_t hit = std::min(cached[pick->rank], n - 1);
-      added = n - hit;
-      attn = attention_work(added, hit);
-      u.input_tokens += added;
-      u.attention += attn;
-      u.assigned_total += added;
-      ++u.prefills_total;
-      if (pick->by_cache) ++stats_.by_cache;
-      if (attempt > 0) ++stats_.prefill_retries;
-      for (uint64_t h : hashes) {
-        if (u.prefix.insert(h).second) u.prefix_order.push_back(h);
+      if (!pick && tried.empty() && Clock::now() < wait_until && !f.cancelled.load() &&
+          !stopping_) {
+        waiting = true;  // none alive yet: wait for one (below), then choose again
+      } else if (!pick) {
+        break;
       }
-      while (int64_t(u.prefix_order.size()) > options_.prefix_blocks_per_unit) {
-        u.prefix.erase(u.prefix_order.front());
-        u.prefix_order.pop_front();
+      if (!waiting) {
+        name = names[pick->rank];
+        Unit& u = units_[name];
+        url = u.info.url;
+        const int64_t hit = std::min(cached[pick->rank], n - 1);
+        added = n - hit;
+        attn = attention_work(added, hit);
+        u.input_tokens += added;
+        u.attention += attn;
+        u.assigned_total += added;
+        ++u.prefills_total;
+        if (pick->by_cache) ++stats_.by_cache;
+        if (attempt > 0) ++stats_.prefill_retries;
+        for (uint64_t h : hashes) {
+          if (u.prefix.insert(h).second) u.prefix_order.push_back(h);
+        }
+        while (int64_t(u.prefix_order.size()) > options_.prefix_blocks_per_unit) {
+          u.prefix.erase(u.prefix_order.front());
+          u.prefix_order.pop_front();
+        }
+        *unit_name = name;
+        tried.push_back(name);
       }
-      *unit_name = name;
-      tried.push_back(name);
+    }
+    if (waiting) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      --attempt;  // (waiting is not an attempt)
+      continue;
     }
     std::string host;
     int port = 0;
@@ -540,7 +562,7 @@ PdRouter::DecodeEnd PdRouter::run_decode(Flow& f, const PrefillReply& reply,
   std::string name, url, key;
   const int64_t blocks = blocks_for(int64_t(f.request.prompt.size()) + f.request.max_tokens);
   // A re-bound request waits a while for a decode unit (one restarting, say); a new one does not.
-  const auto wait_until = Clock::now() + (avoid->empty() ? Clock::duration::zero()
+  const auto wait_until = Clock::now() + (avoid->empty() ? Clock::duration(options_.unit_wait)
                                                          : Clock::duration(options_.rebind_wait));
   for (;;) {
     std::unique_lock<std::mutex> lock(mu_);

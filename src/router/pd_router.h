@@ -52,6 +52,9 @@ struct RouterOptions {
   int decode_attempts = 4;    // decode units tried per request (re-binds + 1)
   // How long a re-bound request waits for another decode unit to be alive (one restarting).
   std::chrono::milliseconds rebind_wait{std::chrono::seconds(10)};
+  // How long a new request waits for a unit of a role to be alive when none is (a fleet scaling
+  // up from none, every unit's heartbeat late under load) before it fails with 503.
+  std::chrono::milliseconds unit_wait{std::chrono::seconds(5)};
   int64_t prefix_blocks_per_unit = 1 << 16;  // block hashes remembered per prefill unit
   std::string api_key;  // sent to the units (one key for the deployment); empty: none
   // The planner (docs/planner.md): every `interval` it reads what the router measured, decides
