@@ -382,6 +382,10 @@ std::string Planner::metrics_text() const {
         double(d.prefill));
   gauge("moeserve_planner_target_decode_units", "Decode units the planner runs next",
         double(d.decode));
+  gauge("moeserve_planner_headroom_prefill", "Prefill capacity kept above the forecast (x)",
+        d.headroom_prefill);
+  gauge("moeserve_planner_headroom_decode", "Decode capacity kept above the forecast (x)",
+        d.headroom_decode);
   gauge("moeserve_planner_latency_correction_prefill", "Measured TTFT p99 over its target (>= 1)",
         d.correction_prefill);
   gauge("moeserve_planner_latency_correction_decode", "Measured TPOT p99 over its target (>= 1)",

@@ -4,8 +4,8 @@
 // with a Forecaster, turns it into unit counts from the measured capacity of one unit and the
 // SLO targets, corrects by measured against expected latency, and keeps the counts from
 // flapping (scale up at once; down after `down_after` intervals in a row below, to the largest
-// need among them). Each
-// decision says why (forecast, capacity, target, action) for the log and /metrics.
+// need among them). Each decision says why (forecast, capacity, target, action) for the log and
+// /metrics.
 //
 // Not thread-safe: one owner calls observe() and decide() in turn.
 #pragma once
