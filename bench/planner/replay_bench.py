@@ -41,6 +41,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -53,7 +54,9 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "bench", "load"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 from loadgen import make_text, percentile, stream_chat  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 HEADROOM = 1.2
 
@@ -292,7 +295,7 @@ class Bench:
             j = i
             while j < n and j * iv < end:
                 lo, hi = max(t, j * iv), min(end, (j + 1) * iv)
-                if hi > lo and j >= 0:
+                if hi > lo:
                     out[j][2] += gen * (hi - lo) / (end - t)
                 j += 1
         return [[v / iv for v in row] for row in out]
@@ -528,7 +531,7 @@ def run(a, b):
         "--planner-tpot-p99", str(a.tpot), "--planner-max-prefill", str(static[0] + 2),
         "--planner-max-decode", str(static[1] + 2), "--planner-down-after", "2",
         "--planner-history", hpath, "--planner-period", str(per_day)]
-    out = {"machine": cpu_name(), "day_s": a.day_s, "interval_s": a.interval,
+    out = {"machine": f"{cpu_model()}, {os.cpu_count()} cores", "day_s": a.day_s, "interval_s": a.interval,
            "quota_cores": a.quota, "ttft_target_s": a.ttft, "tpot_target_s": a.tpot,
            "calibration": cal, "mean_rps": round(mean_rps, 3), "requests": len(held),
            "holt_winters": hw[1] if hw else "defaults", "static_units": list(static)}
@@ -555,13 +558,6 @@ def run(a, b):
     log(f"co-located kill: {json.dumps(out['colocated_kill'])}")
     print_tables(out)
     return out
-
-
-def cpu_name():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
-    return "?"
 
 
 def print_tables(o):

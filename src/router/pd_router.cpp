@@ -454,12 +454,10 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
   const int64_t n = int64_t(f.request.prompt.size());
   std::vector<std::string> tried;
   Status last;
-  const auto wait_until = Clock::now() + Clock::duration(options_.unit_wait);
   for (int attempt = 0; attempt < options_.prefill_attempts; ++attempt) {
     std::string name, url;
     double attn = 0;
     int64_t added = 0;  // the load this call puts on the unit until it answers
-    bool waiting = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       const auto now = Clock::now();
@@ -481,40 +479,28 @@ Status PdRouter::run_prefill(Flow& f, PrefillReply* reply, std::string* unit_nam
         cached.push_back(hit * kKvBlockSize);
       }
       auto pick = choose_prefill(loads, cached, n, options_.cache_slack);
-      if (!pick && tried.empty() && Clock::now() < wait_until && !f.cancelled.load() &&
-          !stopping_) {
-        waiting = true;  // none alive yet: wait for one (below), then choose again
-      } else if (!pick) {
-        break;
+      if (!pick) break;
+      name = names[pick->rank];
+      Unit& u = units_[name];
+      url = u.info.url;
+      const int64_t hit = std::min(cached[pick->rank], n - 1);
+      added = n - hit;
+      attn = attention_work(added, hit);
+      u.input_tokens += added;
+      u.attention += attn;
+      u.assigned_total += added;
+      ++u.prefills_total;
+      if (pick->by_cache) ++stats_.by_cache;
+      if (attempt > 0) ++stats_.prefill_retries;
+      for (uint64_t h : hashes) {
+        if (u.prefix.insert(h).second) u.prefix_order.push_back(h);
       }
-      if (!waiting) {
-        name = names[pick->rank];
-        Unit& u = units_[name];
-        url = u.info.url;
-        const int64_t hit = std::min(cached[pick->rank], n - 1);
-        added = n - hit;
-        attn = attention_work(added, hit);
-        u.input_tokens += added;
-        u.attention += attn;
-        u.assigned_total += added;
-        ++u.prefills_total;
-        if (pick->by_cache) ++stats_.by_cache;
-        if (attempt > 0) ++stats_.prefill_retries;
-        for (uint64_t h : hashes) {
-          if (u.prefix.insert(h).second) u.prefix_order.push_back(h);
-        }
-        while (int64_t(u.prefix_order.size()) > options_.prefix_blocks_per_unit) {
-          u.prefix.erase(u.prefix_order.front());
-          u.prefix_order.pop_front();
-        }
-        *unit_name = name;
-        tried.push_back(name);
+      while (int64_t(u.prefix_order.size()) > options_.prefix_blocks_per_unit) {
+        u.prefix.erase(u.prefix_order.front());
+        u.prefix_order.pop_front();
       }
-    }
-    if (waiting) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      --attempt;  // (waiting is not an attempt)
-      continue;
+      *unit_name = name;
+      tried.push_back(name);
     }
     std::string host;
     int port = 0;

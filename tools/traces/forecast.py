@@ -43,6 +43,14 @@ def bins(path, bin_s, day_s=86400.0):
     return days, {"requests": req, "input tokens": inp, "output tokens": out}
 
 
+def add_trace_args(ap):
+    """The arguments every forecaster script takes: the trace, its intervals, the held-out days."""
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--bin-s", type=float, default=900)
+    ap.add_argument("--held-out-days", type=int, default=2)
+    ap.add_argument("--day-seconds", type=float, default=86400.0)
+
+
 def scores(forecast, actual):
     mask = actual > 0
     mape = float(np.mean(np.abs(forecast[mask] - actual[mask]) / actual[mask]))
@@ -54,10 +62,7 @@ def main():
     from statsmodels.tsa.holtwinters import ExponentialSmoothing  # (only here: bins() is shared)
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--bin-s", type=float, default=900)
-    ap.add_argument("--held-out-days", type=int, default=2)
-    ap.add_argument("--day-seconds", type=float, default=86400.0)
+    add_trace_args(ap)
     ap.add_argument("--params", action="store_true")
     a = ap.parse_args()
     days, series = bins(a.trace, a.bin_s, a.day_seconds)

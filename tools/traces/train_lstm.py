@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from forecast import bins  # noqa: E402 (the same intervals as forecast.py's)
+from forecast import add_trace_args, bins  # noqa: E402 (forecast.py's intervals and arguments)
 
 
 class Net(torch.nn.Module):
@@ -50,12 +50,9 @@ def windows(z, per_day, start, end):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--bin-s", type=float, default=900)
-    ap.add_argument("--day-seconds", type=float, default=86400.0)
+    add_trace_args(ap)
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--fixture", default="")
-    ap.add_argument("--held-out-days", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="")
