@@ -21,6 +21,12 @@ const char* dtype_name(DType t) {
       return "I32";
     case DType::kU8:
       return "U8";
+    case DType::kI8:
+      return "I8";
+    case DType::kF8E8M0:
+      return "F8_E8M0";
+    case DType::kF4E2M1:
+      return "F4_E2M1";
   }
   return "?";
 }
@@ -33,6 +39,8 @@ std::optional<DType> dtype_from_name(std::string_view n) {
   if (n == "I64") return DType::kI64;
   if (n == "I32") return DType::kI32;
   if (n == "U8") return DType::kU8;
+  if (n == "I8") return DType::kI8;
+  if (n == "F8_E8M0") return DType::kF8E8M0;
   return std::nullopt;
 }
 
@@ -51,6 +59,9 @@ size_t dtype_size(DType t) {
     case DType::kI32:
       return 4;
     case DType::kU8:
+    case DType::kI8:
+    case DType::kF8E8M0:
+    case DType::kF4E2M1:
       return 1;
   }
   return 0;

@@ -14,12 +14,16 @@
 
 namespace moeserve {
 
-enum class DType { kF32, kBF16, kF16, kF8E4M3, kI64, kI32, kU8 };
+// kF8E8M0: one byte per value, 2^(byte - 127) (the UE8M0 scales of DeepSeek-V4's checkpoints);
+// kF4E2M1: FP4 e2m1, two values per byte (element 2j in the low nibble), only as a WeightView's
+// format (safetensors stores it as I8: docs/deepseek-v4.md).
+enum class DType { kF32, kBF16, kF16, kF8E4M3, kI64, kI32, kU8, kI8, kF8E8M0, kF4E2M1 };
 
-// Name as safetensors writes it ("F32", "BF16", "F16", "F8_E4M3", "I64", "I32", "U8").
+// Name as safetensors writes it ("F32", "BF16", "F16", "F8_E4M3", "I64", "I32", "U8", "I8",
+// "F8_E8M0"; kF4E2M1 has none).
 const char* dtype_name(DType t);
 std::optional<DType> dtype_from_name(std::string_view name);
-size_t dtype_size(DType t);
+size_t dtype_size(DType t);  // bytes per value (kF4E2M1: 1, per pair of values)
 
 struct bf16 {
   uint16_t bits = 0;
@@ -55,6 +59,17 @@ float f16_to_f32(uint16_t h);
 const float* fp8e4m3_table();
 inline float fp8e4m3_to_f32(uint8_t b) {
   return fp8e4m3_table()[b];
+}
+
+// FP4 e2m1 (a nibble: sign, 2 exponent bits, 1 mantissa bit; no inf or NaN).
+inline float fp4e2m1_to_f32(uint8_t nibble) {
+  static constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                        -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  return kValues[nibble & 0xf];
+}
+// A UE8M0 scale byte: 2^(byte - 127) (0xff is NaN in the format; read as 2^128 = inf here).
+inline float f8e8m0_to_f32(uint8_t b) {
+  return std::ldexp(1.0f, int(b) - 127);
 }
 
 inline uint8_t f32_to_fp8e4m3(float f) {

@@ -13,179 +13,12 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "model/checkpoint_binder.h"
+#include "model/deepseek_v4_weights.h"
+
 namespace moeserve {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-struct Located {
-  const SafetensorsFile* file;
-  const TensorInfo* info;
-};
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  return fmt::format("[{}]", fmt::join(s, ", "));
-}
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-// Layer index of "model.layers.<i>.<rest>", if the name has that form.
-std::optional<int64_t> layer_of(const std::string& name) {
-  static const std::string prefix = "model.layers.";
-  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
-  size_t end = name.find('.', prefix.size());
-  if (end == std::string::npos) return std::nullopt;
-  try {
-    return std::stoll(name.substr(prefix.size(), end - prefix.size()));
-  } catch (...) {
-    return std::nullopt;
-  }
-}
-
-}  // namespace
-
-// Looks tensors up by name across shards, checks them against the config, and records which
-// names were used so leftovers can be reported.
-class Checkpoint::Binder {
- public:
-  Binder(const ModelConfig& config, const std::string& dir, std::deque<std::vector<float>>* copies)
-      : config_(config), dir_(dir), copies_(copies) {}
-
-  void add_file(const SafetensorsFile& f) {
-    for (const auto& [name, info] : f.tensors()) {
-      if (!where_.count(name)) where_[name] = {&f, &info};
-    }
-  }
-  bool has(const std::string& name) const { return where_.count(name) > 0; }
-
-  Result<const TensorInfo*> find(const std::string& name) {
-    auto it = where_.find(name);
-    if (it == where_.end()) {
-      return NotFound(fmt::format("{}: tensor '{}' is missing from the checkpoint", dir_, name));
-    }
-    used_.insert(name);
-    return it->second.info;
-  }
-  std::string file_of(const std::string& name) const {
-    auto it = where_.find(name);
-    return it == where_.end() ? dir_ : it->second.file->path();
-  }
-  Status shape_error(const std::string& name, const TensorInfo& t, const std::string& want) {
-    return InvalidArgument(fmt::format("{}: tensor '{}': {} {} but the config needs {}",
-                                       file_of(name), name, dtype_name(t.dtype), shape_str(t.shape),
-                                       want));
-  }
-
-  // A 2-D projection [rows, cols]: FP8 with weight_scale_inv, or a float dtype.
-  Result<WeightView> matrix(const std::string& name, int64_t rows, int64_t cols) {
-    ASSIGN_OR_RETURN(const TensorInfo* t, find(name));
-    if (t->shape != std::vector<int64_t>{rows, cols}) {
-      return shape_error(name, *t, shape_str({rows, cols}));
-    }
-    WeightView v;
-    v.dtype = t->dtype;
-    v.data = t->data;
-    v.rows = rows;
-    v.cols = cols;
-    bytes_ += t->nbytes;
-    if (t->dtype == DType::kF8E4M3) {
-      if (!config_.quant) {
-        return InvalidArgument(
-            fmt::format("{}: tensor '{}' is F8_E4M3 but config.json has no quantization_config",
-                        file_of(name), name));
-      }
-      std::string sname = name + "_scale_inv";
-      if (!has(sname)) {
-        return NotFound(fmt::format("{}: tensor '{}' is F8_E4M3 but '{}' is missing", file_of(name),
-                                    name, sname));
-      }
-      ASSIGN_OR_RETURN(const TensorInfo* s, find(sname));
-      v.block_rows = config_.quant->block_n;
-      v.block_cols = config_.quant->block_k;
-      std::vector<int64_t> want = {ceil_div(rows, v.block_rows), ceil_div(cols, v.block_cols)};
-      if (s->dtype != DType::kF32 || s->shape != want) {
-        return shape_error(sname, *s, "F32 " + shape_str(want));
-      }
-      if (uintptr_t(s->data) % alignof(float) == 0) {
-        v.scale_inv = reinterpret_cast<const float*>(s->data);
-      } else {  // a writer that did not align its F32 data: keep an aligned copy
-        copies_->emplace_back(size_t(s->nbytes / 4));
-        std::memcpy(copies_->back().data(), s->data, s->nbytes);
-        v.scale_inv = copies_->back().data();
-      }
-      bytes_ += s->nbytes;
-    } else if (t->dtype != DType::kBF16 && t->dtype != DType::kF32 && t->dtype != DType::kF16) {
-      return shape_error(name, *t, "a float type (F8_E4M3, BF16, F16, F32)");
-    }
-    return v;
-  }
-
-  // A 1-D float vector [n], converted to float.
-  Result<std::vector<float>> vector(const std::string& name, int64_t n) {
-    ASSIGN_OR_RETURN(const TensorInfo* t, find(name));
-    if (t->shape != std::vector<int64_t>{n} ||
-        (t->dtype != DType::kBF16 && t->dtype != DType::kF32 && t->dtype != DType::kF16)) {
-      return shape_error(name, *t, "BF16/F16/F32 " + shape_str({n}));
-    }
-    WeightView v{t->dtype, t->data, 1, n};
-    std::vector<float> out(static_cast<size_t>(n));
-    v.row_to_f32(0, out.data());
-    bytes_ += t->nbytes;
-    return out;
-  }
-
-  Result<MlpWeights> mlp(const std::string& prefix, int64_t hidden, int64_t inter) {
-    MlpWeights m;
-    ASSIGN_OR_RETURN(m.gate, matrix(prefix + ".gate_proj.weight", inter, hidden));
-    ASSIGN_OR_RETURN(m.up, matrix(prefix + ".up_proj.weight", inter, hidden));
-    ASSIGN_OR_RETURN(m.down, matrix(prefix + ".down_proj.weight", hidden, inter));
-    return m;
-  }
-
-  // Marks every tensor under prefix as deliberately skipped.
-  void skip_prefix(const std::string& prefix) {
-    for (auto it = where_.lower_bound(prefix); it != where_.end(); ++it) {
-      if (it->first.compare(0, prefix.size(), prefix) != 0) break;
-      used_.insert(it->first);
-    }
-  }
-
-  Status check_all_used() const {
-    std::vector<std::string> extra;
-    for (const auto& [name, loc] : where_) {
-      if (used_.count(name)) continue;
-      if (name.size() >= 20 && name.compare(name.size() - 20, 20, "rotary_emb.inv_freq") == 0) {
-        continue;
-      }
-      std::optional<int64_t> layer = layer_of(name);
-      if (layer && *layer >= config_.num_hidden_layers &&
-          *layer < config_.num_hidden_layers + config_.num_nextn_predict_layers) {
-        continue;  // MTP modules not asked for (LoadOptions::mtp), or past the first
-      }
-      extra.push_back(
-          fmt::format("'{}' (in {})", name, fs::path(loc.file->path()).filename().string()));
-    }
-    if (extra.empty()) return Status::Ok();
-    size_t shown = std::min<size_t>(extra.size(), 8);
-    return InvalidArgument(fmt::format("{}: {} unexpected tensor(s) for this config: {}{}", dir_,
-                                       extra.size(),
-                                       fmt::join(extra.begin(), extra.begin() + long(shown), ", "),
-                                       extra.size() > shown ? ", ..." : ""));
-  }
-
-  size_t bytes() const { return bytes_; }
-
- private:
-  const ModelConfig& config_;
-  std::string dir_;
-  std::deque<std::vector<float>>* copies_;
-  std::map<std::string, Located> where_;
-  std::set<std::string> used_;
-  size_t bytes_ = 0;
-};
 
 Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
                                                      const LoadOptions& options) {
@@ -258,9 +91,17 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir,
     }
   }
 
-  Binder b(c, dir, &ck->aligned_copies_);
+  CheckpointBinder b(c, dir, &ck->aligned_copies_);
   for (const auto& f : ck->files_) b.add_file(f);
   ModelWeights& w = ck->weights_;
+  if (c.v4) {  // DeepSeek-V4's own names
+    auto v4 = std::make_shared<V4Weights>();
+    RETURN_IF_ERROR(bind_v4_weights(b, c, options, v4.get()));
+    RETURN_IF_ERROR(b.check_all_used());
+    w.v4 = std::move(v4);
+    ck->weight_bytes_ = b.bytes();
+    return ck;
+  }
   const int64_t H = c.hidden_size, nh = c.num_attention_heads;
   ASSIGN_OR_RETURN(w.embed, b.matrix("model.embed_tokens.weight", c.vocab_size, H));
   // The main layers, then (when asked for) the MTP module's decoder layer after them.

@@ -71,6 +71,8 @@ struct MtpWeights {
   std::vector<float> head_norm;     // [hidden] shared_head.norm
 };
 
+struct V4Weights;
+
 struct ModelWeights {
   WeightView embed;  // [vocab, hidden]
   // The num_hidden_layers main layers, then the MTP module's decoder layer when it is loaded.
@@ -78,6 +80,9 @@ struct ModelWeights {
   std::vector<float> norm;        // [hidden]
   WeightView lm_head;             // [vocab, hidden] (the embedding when tied)
   std::optional<MtpWeights> mtp;  // LoadOptions::mtp
+  // DeepSeek-V4 (model/deepseek_v4_weights.h): its own names and structure; the fields above
+  // stay empty.
+  std::shared_ptr<const V4Weights> v4;
 };
 
 struct LoadOptions {
@@ -106,7 +111,6 @@ class Checkpoint {
 
  private:
   Checkpoint() = default;
-  class Binder;
 
   std::string dir_;
   ModelConfig config_;

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "model/family.h"
@@ -85,6 +86,191 @@ double yarn_get_mscale(double scale, double mscale) {
   return 0.1 * mscale * std::log(scale) + 1.0;
 }
 
+Status parse_rope_scaling(const json& j, const std::string& source, ModelConfig* out) {
+  ModelConfig& c = *out;
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& rs = j["rope_scaling"];
+    if (!rs.is_object())
+      return InvalidArgument(source + ": field 'rope_scaling' must be an object");
+    FieldReader s(rs, source + ": rope_scaling");
+    std::string type = s.has("rope_type") ? s.string("rope_type") : s.string("type");
+    RETURN_IF_ERROR(s.status());
+    if (type != "yarn") {
+      return Unimplemented(source + ": rope_scaling type '" + type + "' (only yarn is supported)");
+    }
+    YarnScaling y;
+    y.factor = s.number("factor");
+    y.original_max_position_embeddings = s.positive("original_max_position_embeddings");
+    y.beta_fast = s.number("beta_fast", 32.0);
+    y.beta_slow = s.number("beta_slow", 1.0);
+    y.mscale = s.number("mscale", 1.0);
+    y.mscale_all_dim = s.number("mscale_all_dim", 0.0);
+    RETURN_IF_ERROR(s.status());
+    if (y.factor <= 0) return InvalidArgument(source + ": field 'rope_scaling.factor' must be > 0");
+    c.rope_scaling = y;
+  }
+
+  return Status::Ok();
+}
+
+Status parse_quantization(const json& j, const std::string& source, ModelConfig* out) {
+  ModelConfig& c = *out;
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    const json& q = j["quantization_config"];
+    if (!q.is_object()) {
+      return InvalidArgument(source + ": field 'quantization_config' must be an object");
+    }
+    FieldReader s(q, source + ": quantization_config");
+    std::string method = s.string("quant_method");
+    std::string fmt = s.string("fmt", "e4m3");
+    std::string scale_fmt = s.string("scale_fmt", "float");
+    RETURN_IF_ERROR(s.status());
+    if (scale_fmt != "float" && scale_fmt != "ue8m0") {
+      return Unimplemented(source + ": quantization_config scale_fmt '" + scale_fmt +
+                           "' (float or ue8m0)");
+    }
+    if (method != "fp8" || fmt != "e4m3") {
+      return Unimplemented(source + ": quantization_config " + method + "/" + fmt +
+                           " (only fp8/e4m3 block scaling is supported)");
+    }
+    QuantConfig qc;
+    qc.ue8m0 = scale_fmt == "ue8m0";
+    if (q.contains("weight_block_size")) {
+      const json& b = q["weight_block_size"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
+          !b[1].is_number_integer() || b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0) {
+        return InvalidArgument(source +
+                               ": field 'quantization_config.weight_block_size' must be [n, k]");
+      }
+      qc.block_n = b[0].get<int64_t>();
+      qc.block_k = b[1].get<int64_t>();
+    }
+    c.quant = qc;
+  }
+  return Status::Ok();
+}
+
+// DeepSeek-V4's config.json as DeepSeek publishes it (docs/deepseek-v4.md).
+Result<ModelConfig> parse_v4_config(const json& j, FieldReader& r, ModelConfig c,
+                                    const std::string& source) {
+  V4Config v;
+  c.vocab_size = r.positive("vocab_size");
+  c.hidden_size = r.positive("hidden_size");
+  c.num_hidden_layers = r.positive("num_hidden_layers");
+  c.num_attention_heads = r.positive("num_attention_heads");
+  v.head_dim = r.positive("head_dim");
+  c.qk_rope_head_dim = r.positive("qk_rope_head_dim");
+  c.q_lora_rank = r.positive("q_lora_rank");
+  v.o_groups = r.positive("o_groups");
+  v.o_lora_rank = r.positive("o_lora_rank");
+  v.sliding_window = r.positive("sliding_window");
+  c.rope_theta = r.number("rope_theta", 10000.0);
+  v.compress_rope_theta = r.number("compress_rope_theta", 160000.0);
+  v.hc_mult = r.positive("hc_mult");
+  v.hc_sinkhorn_iters = r.positive("hc_sinkhorn_iters");
+  v.hc_eps = r.number("hc_eps", 1e-6);
+  c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
+  c.n_routed_experts = r.positive("n_routed_experts");
+  c.num_experts_per_tok = r.positive("num_experts_per_tok");
+  c.n_shared_experts = r.integer("n_shared_experts", 1);
+  c.moe_intermediate_size = r.positive("moe_intermediate_size");
+  c.norm_topk_prob = r.boolean("norm_topk_prob", true);
+  c.routed_scaling_factor = r.number("routed_scaling_factor", 1.0);
+  v.num_hash_layers = r.integer("num_hash_layers", 0);
+  v.swiglu_limit = r.number("swiglu_limit", 0.0);
+  c.max_position_embeddings = r.positive("max_position_embeddings");
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c.num_nextn_predict_layers = r.integer("num_nextn_predict_layers", 0);
+  const std::string scoring = r.string("scoring_func", "sqrtsoftplus");
+  const std::string method = r.string("topk_method", "noaux_tc");
+  const std::string expert_dtype = r.string("expert_dtype", "fp8");
+  RETURN_IF_ERROR(r.status());
+  if (scoring != "sqrtsoftplus")
+    r.fail("scoring_func", "is '" + scoring + "'; V4 uses sqrtsoftplus");
+  if (method != "noaux_tc") r.fail("topk_method", "is '" + method + "'; V4 uses noaux_tc");
+  if (expert_dtype != "fp4" && expert_dtype != "fp8") {
+    r.fail("expert_dtype", "is '" + expert_dtype + "'; expected fp4 or fp8");
+  }
+  if (r.has("num_key_value_heads") && r.integer("num_key_value_heads") != 1) {
+    r.fail("num_key_value_heads", "must be 1 (V4's one shared KV head)");
+  }
+  if (r.has("n_group") && r.integer("n_group") != 1) r.fail("n_group", "must be 1 for V4");
+  for (const char* key : {"bos_token_id", "eos_token_id"}) {
+    if (r.has(key))
+      (std::string(key) == "bos_token_id" ? c.bos_token_id : c.eos_token_id) = r.integer(key);
+  }
+  RETURN_IF_ERROR(r.status());
+  c.scoring_func = ScoringFunc::kSqrtSoftplus;
+  c.topk_method = TopkMethod::kNoauxTc;
+  v.fp4_experts = expert_dtype == "fp4";
+  c.first_k_dense_replace = 0;
+  c.kv_lora_rank = v.head_dim - c.qk_rope_head_dim;
+  c.qk_nope_head_dim = v.head_dim - c.qk_rope_head_dim;
+  c.v_head_dim = v.head_dim;
+  if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim >= v.head_dim) {
+    r.fail("qk_rope_head_dim", "must be even and below head_dim");
+  }
+  if (c.num_attention_heads * v.head_dim % v.o_groups != 0 || c.num_attention_heads % v.o_groups) {
+    r.fail("o_groups", "must divide num_attention_heads");
+  }
+  if (c.n_shared_experts != 1) r.fail("n_shared_experts", "must be 1 (V4 has one shared expert)");
+  if (c.num_experts_per_tok > c.n_routed_experts) {
+    r.fail("num_experts_per_tok", "exceeds n_routed_experts");
+  }
+  if (v.num_hash_layers < 0 || v.num_hash_layers > c.num_hidden_layers) {
+    r.fail("num_hash_layers", "must be within [0, num_hidden_layers]");
+  }
+  if (c.num_nextn_predict_layers < 0) r.fail("num_nextn_predict_layers", "must be >= 0");
+  if (c.rms_norm_eps <= 0) r.fail("rms_norm_eps", "must be > 0");
+  if (v.hc_eps < 0) r.fail("hc_eps", "must be >= 0");
+  RETURN_IF_ERROR(r.status());
+  const json* ratios = j.contains("compress_ratios") ? &j["compress_ratios"] : nullptr;
+  if (!ratios || !ratios->is_array()) {
+    return InvalidArgument(source +
+                           ": field 'compress_ratios' must be a list (one ratio per layer)");
+  }
+  for (const json& x : *ratios) {
+    if (!x.is_number_integer() ||
+        (x.get<int64_t>() != 0 && x.get<int64_t>() != 4 && x.get<int64_t>() != 128)) {
+      return InvalidArgument(source + ": field 'compress_ratios' holds " + x.dump() +
+                             "; each must be 0, 4 or 128");
+    }
+    v.compress_ratios.push_back(x.get<int64_t>());
+  }
+  const int64_t want = c.num_hidden_layers + c.num_nextn_predict_layers;
+  if (int64_t(v.compress_ratios.size()) == c.num_hidden_layers) {
+    v.compress_ratios.resize(size_t(want), 0);  // the MTP layer: sliding window only
+  }
+  if (int64_t(v.compress_ratios.size()) < want) {
+    return InvalidArgument(
+        fmt::format("{}: field 'compress_ratios' has {} entries; num_hidden_layers + "
+                    "num_nextn_predict_layers is {}",
+                    source, v.compress_ratios.size(), want));
+  }
+  v.compress_ratios.resize(size_t(want));
+  bool any_csa = false;
+  for (int64_t x : v.compress_ratios) any_csa |= x == 4;
+  if (any_csa) {
+    IndexerConfig ix;
+    ix.n_heads = r.positive("index_n_heads");
+    ix.head_dim = r.positive("index_head_dim");
+    ix.topk = r.positive("index_topk");
+    RETURN_IF_ERROR(r.status());
+    if (c.qk_rope_head_dim >= ix.head_dim) {
+      r.fail("index_head_dim", "must exceed qk_rope_head_dim (its last dims carry RoPE)");
+    }
+    c.indexer = ix;
+  }
+  RETURN_IF_ERROR(r.status());
+  RETURN_IF_ERROR(parse_rope_scaling(j, source, &c));
+  RETURN_IF_ERROR(parse_quantization(j, source, &c));
+  if (c.quant && !c.quant->ue8m0) {
+    return InvalidArgument(source + ": quantization_config: V4 checkpoints use scale_fmt ue8m0");
+  }
+  c.v4 = std::move(v);
+  return c;
+}
+
 }  // namespace
 
 double ModelConfig::softmax_scale() const {
@@ -113,6 +299,7 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
   }
   // Which architectures run at all is the family table's to say (model/family.h).
   RETURN_IF_ERROR(find_model_family(c.model_type, architectures, source).status());
+  if (c.model_type == "deepseek_v4") return parse_v4_config(j, r, std::move(c), source);
   // V3.2 is V3.1 with sparse attention: V3's defaults.
   bool v3 = c.model_type == "deepseek_v3" || c.model_type == "deepseek_v32";
   if (r.has("hidden_act") && r.string("hidden_act") != "silu") {
@@ -213,54 +400,8 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
   if (c.rope_theta <= 0) r.fail("rope_theta", "must be > 0");
   RETURN_IF_ERROR(r.status());
 
-  if (r.has("rope_scaling")) {
-    const json& rs = j["rope_scaling"];
-    if (!rs.is_object())
-      return InvalidArgument(source + ": field 'rope_scaling' must be an object");
-    FieldReader s(rs, source + ": rope_scaling");
-    std::string type = s.has("rope_type") ? s.string("rope_type") : s.string("type");
-    RETURN_IF_ERROR(s.status());
-    if (type != "yarn") {
-      return Unimplemented(source + ": rope_scaling type '" + type + "' (only yarn is supported)");
-    }
-    YarnScaling y;
-    y.factor = s.number("factor");
-    y.original_max_position_embeddings = s.positive("original_max_position_embeddings");
-    y.beta_fast = s.number("beta_fast", 32.0);
-    y.beta_slow = s.number("beta_slow", 1.0);
-    y.mscale = s.number("mscale", 1.0);
-    y.mscale_all_dim = s.number("mscale_all_dim", 0.0);
-    RETURN_IF_ERROR(s.status());
-    if (y.factor <= 0) return InvalidArgument(source + ": field 'rope_scaling.factor' must be > 0");
-    c.rope_scaling = y;
-  }
-
-  if (r.has("quantization_config")) {
-    const json& q = j["quantization_config"];
-    if (!q.is_object()) {
-      return InvalidArgument(source + ": field 'quantization_config' must be an object");
-    }
-    FieldReader s(q, source + ": quantization_config");
-    std::string method = s.string("quant_method");
-    std::string fmt = s.string("fmt", "e4m3");
-    RETURN_IF_ERROR(s.status());
-    if (method != "fp8" || fmt != "e4m3") {
-      return Unimplemented(source + ": quantization_config " + method + "/" + fmt +
-                           " (only fp8/e4m3 block scaling is supported)");
-    }
-    QuantConfig qc;
-    if (q.contains("weight_block_size")) {
-      const json& b = q["weight_block_size"];
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
-          !b[1].is_number_integer() || b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0) {
-        return InvalidArgument(source +
-                               ": field 'quantization_config.weight_block_size' must be [n, k]");
-      }
-      qc.block_n = b[0].get<int64_t>();
-      qc.block_k = b[1].get<int64_t>();
-    }
-    c.quant = qc;
-  }
+  RETURN_IF_ERROR(parse_rope_scaling(j, source, &c));
+  RETURN_IF_ERROR(parse_quantization(j, source, &c));
   return c;
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "model/deepseek.h"
+#include "model/deepseek_v4.h"
 
 namespace moeserve {
 
@@ -17,6 +18,22 @@ std::unique_ptr<CausalLm> make_deepseek(const ModelConfig& config, const ModelWe
                                         const WeightCacheOptions& weight_cache) {
   return std::make_unique<DeepseekModel>(config, weights, dispatcher, pool, o.attention, o.compute,
                                          o.overlap, o.progress, o.int8, weight_cache);
+}
+
+Status v4_supports(const ModelConfig& config, ComputePath path) {
+  if (path != ComputePath::kReference) {
+    return InvalidArgument(
+        "DeepSeek-V4 runs on the reference path only for now: pass --compute reference "
+        "(docs/deepseek-v4.md)");
+  }
+  (void)config;
+  return Status::Ok();
+}
+
+std::unique_ptr<CausalLm> make_v4(const ModelConfig& config, const ModelWeights& weights,
+                                  Dispatcher&, ThreadPool* pool, const ForwardOptions&,
+                                  const WeightCacheOptions&) {
+  return make_deepseek_v4(config, weights, pool);
 }
 
 // The table. V2 and V3 share MLA, the MoE layer and the checkpoint's tensor names; they differ
@@ -39,6 +56,16 @@ const std::vector<ModelFamily>& families() {
        .supports = &DeepseekModel::supports,
        .kv_layout = &DeepseekModel::kv_layout,
        .make = &make_deepseek},
+      // Per-layer sliding-window, compressed sparse and heavily compressed attention over one
+      // shared KV head, multi-stream residuals, hash-routed and FP4 experts: its own forward pass
+      // and tensor names (model/deepseek_v4.h).
+      {.name = "deepseek_v4",
+       .models = "DeepSeek-V4-Flash, V4-Pro (compressed sparse attention, mHC, MoE)",
+       .model_types = {"deepseek_v4"},
+       .architectures = {"DeepseekV4ForCausalLM"},
+       .supports = &v4_supports,
+       .kv_layout = &v4_kv_layout,
+       .make = &make_v4},
   };
   return table;
 }

@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "model/fingerprint.h"
-#include "model/make_model.h"
 #include "model/loaded_model.h"
+#include "model/make_model.h"
 #include "test_models.h"
 
 namespace moeserve {
@@ -19,6 +19,13 @@ TEST(ModelFamily, V32IsAFamilyOfItsOwn) {
   auto f = find_model_family("deepseek_v32", arch, "config.json");
   ASSERT_TRUE(f.ok()) << f.status().to_string();
   EXPECT_EQ((*f)->name, "deepseek_v32");
+}
+
+TEST(ModelFamily, V4IsAFamilyOfItsOwn) {
+  const std::vector<std::string> arch = {"DeepseekV4ForCausalLM"};
+  auto f = find_model_family("deepseek_v4", arch, "config.json");
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  EXPECT_EQ((*f)->name, "deepseek_v4");
 }
 
 TEST(ModelFamily, V3AndV2AreTheFirstFamily) {
@@ -33,13 +40,13 @@ TEST(ModelFamily, V3AndV2AreTheFirstFamily) {
 
 // An architecture no family runs is refused by name, with the list of what is supported.
 TEST(ModelFamily, AnUnsupportedModelTypeNamesItselfAndTheSupportedOnes) {
-  const std::vector<std::string> arch = {"DeepseekV4ForCausalLM"};
-  auto f = find_model_family("deepseek_v4", arch, "m/config.json");
+  const std::vector<std::string> arch = {"DeepseekV5ForCausalLM"};
+  auto f = find_model_family("deepseek_v5", arch, "m/config.json");
   ASSERT_FALSE(f.ok());
   const std::string& m = f.status().message();
   EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
-  for (const char* want : {"m/config.json", "'deepseek_v4'", "DeepseekV4ForCausalLM", "supported",
-                           "deepseek_v3", "deepseek_v2", "deepseek_v32"}) {
+  for (const char* want : {"m/config.json", "'deepseek_v5'", "DeepseekV5ForCausalLM", "supported",
+                           "deepseek_v3", "deepseek_v2", "deepseek_v32", "deepseek_v4"}) {
     EXPECT_NE(m.find(want), std::string::npos) << want << " in: " << m;
   }
   // A known model_type with another family's architecture.
@@ -78,12 +85,12 @@ TEST(LoadedModel, RefusesAnUnsupportedFamilyBeforeReadingWeights) {
           .string();
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json")
-      << R"({"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"]})";
+      << R"({"model_type": "deepseek_v5", "architectures": ["DeepseekV5ForCausalLM"]})";
   ModelOptions o;
   o.model_dir = dir;
   auto m = LoadedModel::open(o);
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("'deepseek_v4'"), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("'deepseek_v5'"), std::string::npos) << m.status().message();
   EXPECT_NE(m.status().message().find("deepseek_v3"), std::string::npos);
   o.model_dir = dir + "/missing";
   auto n = LoadedModel::open(o);

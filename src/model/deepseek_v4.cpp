@@ -1,0 +1,698 @@
+#include "model/deepseek_v4.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cache/kv_cache.h"
+#include "core/check.h"
+#include "core/thread_pool.h"
+#include "kernels/kv_token.h"
+#include "kernels/linear_ref.h"
+#include "model/checkpoint.h"
+#include "model/deepseek_v4_weights.h"
+#include "model/expert_store.h"
+
+namespace moeserve {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- Small pieces ---------------------------------------------------------------------------
+
+// x <- w * x / rms(x) (w null: unweighted).
+void rms_norm(float* x, int64_t n, const float* w, float eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  const float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
+  for (int64_t i = 0; i < n; ++i) x[i] = w ? w[i] * (x[i] * inv) : x[i] * inv;
+}
+
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+
+float softplus(float x) {  // torch's: x above 20 is its own softplus
+  return x > 20.0f ? x : std::log1p(std::exp(x));
+}
+
+float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
+
+// RoPE tables of one kind of layer: inv_freq per rotary pair (docs/deepseek-v4.md "RoPE").
+// Sliding-window layers: rope_theta, plain. Layers with a compressor: compress_rope_theta with
+// YaRN's frequency ramp (no magnitude correction: V4's softmax scale is head_dim^-1/2).
+std::vector<float> v4_inv_freq(const ModelConfig& c, bool compressed) {
+  const int64_t rd = c.qk_rope_head_dim;
+  const double base = compressed ? c.v4->compress_rope_theta : c.rope_theta;
+  std::vector<float> inv(static_cast<size_t>(rd / 2));
+  for (int64_t i = 0; i < rd / 2; ++i) {
+    inv[size_t(i)] = float(1.0 / std::pow(base, double(2 * i) / double(rd)));
+  }
+  if (!compressed || !c.rope_scaling) return inv;
+  const YarnScaling& y = *c.rope_scaling;
+  auto dim_of = [&](double rotations) {
+    return double(rd) *
+           std::log(double(y.original_max_position_embeddings) / (rotations * 2 * M_PI)) /
+           (2 * std::log(base));
+  };
+  const double low = std::max(std::floor(dim_of(y.beta_fast)), 0.0);
+  double high = std::min(std::ceil(dim_of(y.beta_slow)), double(rd - 1));
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < rd / 2; ++i) {
+    const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+    const double f = inv[size_t(i)];
+    inv[size_t(i)] = float(f / y.factor * ramp + f * (1 - ramp));
+  }
+  return inv;
+}
+
+// Rotates the last 2 * inv.size() values of v (interleaved pairs) by position pos; inverse
+// rotates back (attention's output, whose values carry their keys' rotation).
+void rope_tail(float* v, int64_t dim, const std::vector<float>& inv, int64_t pos,
+               bool inverse = false) {
+  const int64_t rd = int64_t(inv.size()) * 2;
+  float* r = v + dim - rd;
+  for (size_t i = 0; i < inv.size(); ++i) {
+    const float angle = float(pos) * inv[i];
+    const float c = std::cos(angle), s = inverse ? -std::sin(angle) : std::sin(angle);
+    const float a = r[2 * i], b = r[2 * i + 1];
+    r[2 * i] = a * c - b * s;
+    r[2 * i + 1] = a * s + b * c;
+  }
+}
+
+// A running per-channel softmax pool: m (max gate), s (sum of exp(gate - m)), acc (sum of
+// exp(gate - m) * value). The compressor pools a group's values this way a token at a time, so
+// that its state between tokens is 3 * d floats whatever the group's length.
+struct Pool {
+  float* m;
+  float* s;
+  float* acc;
+  int64_t d;
+
+  Pool(float* base, int64_t dim) : m(base), s(base + dim), acc(base + 2 * dim), d(dim) {}
+  void clear() {
+    std::fill(m, m + d, kNegInf);
+    std::fill(s, s + d, 0.0f);
+    std::fill(acc, acc + d, 0.0f);
+  }
+  void add(const float* value, const float* gate) {
+    for (int64_t i = 0; i < d; ++i) {
+      if (gate[i] > m[i]) {
+        const float r = m[i] == kNegInf ? 0.0f : std::exp(m[i] - gate[i]);
+        s[i] = s[i] * r + 1.0f;
+        acc[i] = acc[i] * r + value[i];
+        m[i] = gate[i];
+      } else {
+        const float e = std::exp(gate[i] - m[i]);
+        s[i] += e;
+        acc[i] += e * value[i];
+      }
+    }
+  }
+  void result(float* out) const {
+    for (int64_t i = 0; i < d; ++i) out[i] = acc[i] / s[i];
+  }
+  void copy_from(const Pool& o) {
+    std::copy(o.m, o.m + 3 * d, m);  // m, s and acc are contiguous
+  }
+};
+
+// The compressor state record of one layer (a kState entry): the main compressor's pools for the
+// group being filled (cur) and, for overlapping ratio-4 entries, the next group's first half
+// (next); then the indexer compressor's two. Floats.
+int64_t state_floats(const ModelConfig& c, int64_t ratio) {
+  if (ratio == 0) return 0;
+  const int64_t dh = c.v4->head_dim;
+  if (ratio != 4) return 3 * dh;
+  return 2 * 3 * dh + 2 * 3 * c.indexer->head_dim;
+}
+
+// ---- The model --------------------------------------------------------------------------------
+
+class DeepseekV4 final : public CausalLm {
+ public:
+  DeepseekV4(const ModelConfig& c, const ModelWeights& weights, ThreadPool* pool)
+      : c_(c),
+        v_(*c.v4),
+        w_(*weights.v4),
+        pool_(pool),
+        experts_(c, weights, nullptr),
+        inv_main_(v4_inv_freq(c, false)),
+        inv_compressed_(v4_inv_freq(c, true)) {}
+
+  const ModelConfig& config() const override { return c_; }
+  bool has_mtp() const override { return false; }
+  Status forward_mtp(std::span<const StepSequence>, const float*, KvCache&, StepOutput*) override {
+    return Unimplemented("DeepSeek-V4's MTP module is not wired to speculative decoding yet");
+  }
+  int64_t num_layers() const override { return c_.num_hidden_layers; }
+  bool collective() const override { return false; }
+  ExpertStore& experts() override { return experts_; }
+  void set_tracer(Tracer*) override {}
+  void set_overlap_min_tokens(int64_t) override {}
+
+  Status forward(std::span<const StepSequence> batch, KvCache& cache, StepOutput* out) override {
+    out->logits.clear();
+    out->hidden.clear();
+    for (const StepSequence& s : batch) RETURN_IF_ERROR(forward_one(s, cache, out));
+    return Status::Ok();
+  }
+
+ private:
+  struct Seq {
+    const StepSequence& s;
+    KvCache& kv;
+    int64_t n() const { return int64_t(s.tokens.size()); }
+    int64_t pos(int64_t i) const { return s.start_pos + i; }
+  };
+
+  void linear(const float* x, int64_t m, const WeightView& w, float* y) const {
+    linear_ref(x, m, w.cols, w, y, w.rows, pool_);
+  }
+
+  Status forward_one(const StepSequence& s, KvCache& kv, StepOutput* out) {
+    const int64_t n = int64_t(s.tokens.size()), D = c_.hidden_size, hc = v_.hc_mult;
+    if (n == 0) return Status::Ok();
+    Seq q{s, kv};
+    // The residual as hc streams, each the token's embedding.
+    std::vector<float> h(static_cast<size_t>(n * hc * D));
+    std::vector<float> row(static_cast<size_t>(D));
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t id = s.tokens[size_t(i)];
+      if (id < 0 || id >= c_.vocab_size) {
+        return InvalidArgument(fmt::format("token id {} outside the vocabulary", id));
+      }
+      w_.embed.row_to_f32(id, row.data());
+      for (int64_t j = 0; j < hc; ++j) {
+        std::copy(row.begin(), row.end(), h.begin() + (i * hc + j) * D);
+      }
+    }
+    for (int64_t l = 0; l < c_.num_hidden_layers; ++l) block(l, q, h);
+    // The rows asked for: the collapse of the streams, the final norm, the head.
+    const int64_t rows = std::min(n, s.hidden_rows());
+    std::vector<float> y(static_cast<size_t>(rows * D));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = n - rows + r;
+      hc_collapse(w_.hc_head, &h[size_t(i * hc * D)], &y[size_t(r * D)]);
+      rms_norm(&y[size_t(r * D)], D, w_.norm.data(), float(c_.rms_norm_eps));
+    }
+    out->hidden.insert(out->hidden.end(), y.begin(), y.end());
+    const int64_t nl = std::min(rows, s.n_logits);
+    const size_t at = out->logits.size();
+    out->logits.resize(at + size_t(nl * c_.vocab_size));
+    linear(&y[size_t((rows - nl) * D)], nl, w_.head, &out->logits[at]);
+    return Status::Ok();
+  }
+
+  // ---- mHC --------------------------------------------------------------------------------
+
+  // Streams [n, hc, D] -> x [n, D] (the weighted sum of the streams), post [n, hc] and the
+  // doubly stochastic comb [n, hc, hc].
+  void hc_pre(const V4HcWeights& w, const float* h, int64_t n, float* x, float* post,
+              float* comb) const {
+    const int64_t hc = v_.hc_mult, D = c_.hidden_size, nm = (2 + hc) * hc;
+    std::vector<float> mixes(static_cast<size_t>(n * nm));
+    linear(h, n, w.fn, mixes.data());
+    const float eps = float(v_.hc_eps);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* hi = h + i * hc * D;
+      double ss = 0;
+      for (int64_t k = 0; k < hc * D; ++k) ss += double(hi[k]) * hi[k];
+      const float inv = float(1.0 / std::sqrt(ss / double(hc * D) + c_.rms_norm_eps));
+      float* mx = &mixes[size_t(i * nm)];
+      for (int64_t k = 0; k < nm; ++k) mx[k] *= inv;
+      float pre[16];
+      for (int64_t j = 0; j < hc; ++j) {
+        pre[j] = sigmoid(mx[j] * w.scale[0] + w.base[size_t(j)]) + eps;
+        post[i * hc + j] = 2.0f * sigmoid(mx[hc + j] * w.scale[1] + w.base[size_t(hc + j)]);
+      }
+      float* C = comb + i * hc * hc;  // C[j][k]: stream j's share in new stream k
+      for (int64_t j = 0; j < hc; ++j) {
+        float mmax = kNegInf;
+        for (int64_t k = 0; k < hc; ++k) {
+          const int64_t at = 2 * hc + j * hc + k;
+          C[j * hc + k] = mx[at] * w.scale[2] + w.base[size_t(at)];
+          mmax = std::max(mmax, C[j * hc + k]);
+        }
+        float sum = 0;
+        for (int64_t k = 0; k < hc; ++k) sum += (C[j * hc + k] = std::exp(C[j * hc + k] - mmax));
+        for (int64_t k = 0; k < hc; ++k) C[j * hc + k] = C[j * hc + k] / sum + eps;
+      }
+      auto normalize_columns = [&] {
+        for (int64_t k = 0; k < hc; ++k) {
+          float sum = 0;
+          for (int64_t j = 0; j < hc; ++j) sum += C[j * hc + k];
+          for (int64_t j = 0; j < hc; ++j) C[j * hc + k] /= sum + eps;
+        }
+      };
+      normalize_columns();
+      for (int64_t it = 1; it < v_.hc_sinkhorn_iters; ++it) {
+        for (int64_t j = 0; j < hc; ++j) {
+          float sum = 0;
+          for (int64_t k = 0; k < hc; ++k) sum += C[j * hc + k];
+          for (int64_t k = 0; k < hc; ++k) C[j * hc + k] /= sum + eps;
+        }
+        normalize_columns();
+      }
+      float* xi = x + i * D;
+      std::fill(xi, xi + D, 0.0f);
+      for (int64_t j = 0; j < hc; ++j) {
+        for (int64_t d = 0; d < D; ++d) xi[d] += pre[j] * hi[j * D + d];
+      }
+    }
+  }
+
+  // h[k] <- post[k] * f + sum_j comb[j][k] * h[j], per token.
+  void hc_post(const float* f, const float* post, const float* comb, int64_t n, float* h) const {
+    const int64_t hc = v_.hc_mult, D = c_.hidden_size;
+    std::vector<float> old(static_cast<size_t>(hc * D));
+    for (int64_t i = 0; i < n; ++i) {
+      float* hi = h + i * hc * D;
+      std::copy(hi, hi + hc * D, old.begin());
+      const float* C = comb + i * hc * hc;
+      for (int64_t k = 0; k < hc; ++k) {
+        for (int64_t d = 0; d < D; ++d) {
+          float acc = post[i * hc + k] * f[i * D + d];
+          for (int64_t j = 0; j < hc; ++j) acc += C[j * hc + k] * old[size_t(j * D + d)];
+          hi[k * D + d] = acc;
+        }
+      }
+    }
+  }
+
+  // The final collapse of one token's streams into y [D].
+  void hc_collapse(const V4HcWeights& w, const float* h, float* y) const {
+    const int64_t hc = v_.hc_mult, D = c_.hidden_size;
+    std::vector<float> mixes(static_cast<size_t>(hc));
+    linear_ref(h, 1, hc * D, w.fn, mixes.data(), hc, nullptr);
+    double ss = 0;
+    for (int64_t k = 0; k < hc * D; ++k) ss += double(h[k]) * h[k];
+    const float inv = float(1.0 / std::sqrt(ss / double(hc * D) + c_.rms_norm_eps));
+    std::fill(y, y + D, 0.0f);
+    for (int64_t j = 0; j < hc; ++j) {
+      const float pre =
+          sigmoid(mixes[size_t(j)] * inv * w.scale[0] + w.base[size_t(j)]) + float(v_.hc_eps);
+      for (int64_t d = 0; d < D; ++d) y[d] += pre * h[j * D + d];
+    }
+  }
+
+  // ---- A block ------------------------------------------------------------------------------
+
+  void block(int64_t l, Seq& q, std::vector<float>& h) {
+    const V4LayerWeights& L = w_.layers[size_t(l)];
+    const int64_t n = q.n(), D = c_.hidden_size, hc = v_.hc_mult;
+    std::vector<float> x(static_cast<size_t>(n * D)), f(static_cast<size_t>(n * D)),
+        post(static_cast<size_t>(n * hc)), comb(static_cast<size_t>(n * hc * hc));
+    hc_pre(L.hc_attn, h.data(), n, x.data(), post.data(), comb.data());
+    for (int64_t i = 0; i < n; ++i) rms_norm(&x[size_t(i * D)], D, L.attn_norm.data(), eps());
+    attention(l, q, x.data(), f.data());
+    hc_post(f.data(), post.data(), comb.data(), n, h.data());
+    hc_pre(L.hc_ffn, h.data(), n, x.data(), post.data(), comb.data());
+    for (int64_t i = 0; i < n; ++i) rms_norm(&x[size_t(i * D)], D, L.ffn_norm.data(), eps());
+    moe(l, q, x.data(), f.data());
+    hc_post(f.data(), post.data(), comb.data(), n, h.data());
+  }
+
+  float eps() const { return float(c_.rms_norm_eps); }
+
+  // ---- The KV cache's parts -----------------------------------------------------------------
+
+  struct Parts {
+    size_t latent = 0;
+    int64_t compressed = -1, index_key = -1, state = -1;
+  };
+  Parts parts(const KvCache& kv, int64_t l) const {
+    Parts p;
+    p.compressed = kv.layout().find_part(l, KvPartKind::kCompressed);
+    p.index_key = kv.layout().find_part(l, KvPartKind::kIndexKey);
+    p.state = kv.layout().find_part(l, KvPartKind::kState);
+    return p;
+  }
+  // Entry `slot` of block `block_index` of the sequence in layer l's part p.
+  static uint8_t* entry(KvCache& kv, const StepSequence& s, int64_t l, int64_t p,
+                        int64_t block_index, int64_t slot) {
+    const KvPart& part = kv.layout().layer(l).parts[size_t(p)];
+    CHECK(block_index < int64_t(s.block_table.size()), "position beyond the block table");
+    const int32_t b = s.block_table[size_t(block_index)];
+    return kv.part_base(l, size_t(p)) + size_t(b) * kv.layout().block_bytes() +
+           size_t(slot * part.entry_bytes());
+  }
+  // Where compressed entry w of ratio r lives: the block of the group's last token.
+  static uint8_t* group_entry(KvCache& kv, const StepSequence& s, int64_t l, int64_t p, int64_t r,
+                              int64_t w) {
+    const int64_t last = w * r + r - 1;
+    const int64_t slot = r <= kKvBlockSize ? (w * r % kKvBlockSize) / r : 0;
+    return entry(kv, s, l, p, last / kKvBlockSize, slot);
+  }
+
+  // ---- Attention ----------------------------------------------------------------------------
+
+  void attention(int64_t l, Seq& q, const float* x, float* out) {
+    const V4LayerWeights& L = w_.layers[size_t(l)];
+    const int64_t n = q.n(), H = c_.num_attention_heads, Dh = v_.head_dim;
+    const int64_t qr = *c_.q_lora_rank, ratio = v_.ratio(l);
+    const std::vector<float>& inv = ratio == 0 ? inv_main_ : inv_compressed_;
+    const float e = eps();
+    // Queries: q_a, its norm, q_b, each head normalised (unweighted), RoPE.
+    std::vector<float> qlat(static_cast<size_t>(n * qr)), qh(static_cast<size_t>(n * H * Dh)),
+        kvr(static_cast<size_t>(n * Dh));
+    linear(x, n, L.wq_a, qlat.data());
+    for (int64_t i = 0; i < n; ++i) rms_norm(&qlat[size_t(i * qr)], qr, L.q_norm.data(), e);
+    linear(qlat.data(), n, L.wq_b, qh.data());
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t hh = 0; hh < H; ++hh) {
+        float* v = &qh[size_t((i * H + hh) * Dh)];
+        rms_norm(v, Dh, nullptr, e);
+        rope_tail(v, Dh, inv, q.pos(i));
+      }
+    }
+    // The shared KV head: into the cache (the window reads it back in the cache's format).
+    linear(x, n, L.wkv, kvr.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* v = &kvr[size_t(i * Dh)];
+      rms_norm(v, Dh, L.kv_norm.data(), e);
+      rope_tail(v, Dh, inv, q.pos(i));
+      q.kv.write(l, q.s.block_table, q.pos(i), v);
+    }
+    if (ratio != 0) compress(l, q, x);
+    // Per query: the window, then the compressed entries it sees; one softmax with the sink.
+    const Parts p = parts(q.kv, l);
+    const KvTokenFormat fmt = q.kv.layout().token;
+    const float scale = 1.0f / std::sqrt(float(Dh));
+    std::vector<float> o(static_cast<size_t>(n * H * Dh));
+    std::vector<float> keys, scores;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = q.pos(i);
+      const int64_t first = std::max<int64_t>(0, t - v_.sliding_window + 1);
+      int64_t nk = t - first + 1;
+      std::vector<int64_t> picked;
+      if (ratio == 128) {
+        picked.resize(size_t((t + 1) / ratio));
+        std::iota(picked.begin(), picked.end(), 0);
+      } else if (ratio == 4) {
+        picked = index_select(l, q, &qlat[size_t(i * qr)], x + i * c_.hidden_size, t);
+      }
+      keys.resize(size_t((nk + int64_t(picked.size())) * Dh));
+      for (int64_t j = 0; j < nk; ++j)
+        q.kv.read(l, q.s.block_table, first + j, &keys[size_t(j * Dh)]);
+      for (int64_t w : picked) {
+        kv_token_load(fmt, group_entry(q.kv, q.s, l, p.compressed, ratio, w),
+                      &keys[size_t(nk * Dh)]);
+        ++nk;
+      }
+      scores.resize(size_t(nk));
+      for (int64_t hh = 0; hh < H; ++hh) {
+        const float* qv = &qh[size_t((i * H + hh) * Dh)];
+        float m = L.attn_sink[size_t(hh)];
+        for (int64_t j = 0; j < nk; ++j) {
+          float dot = 0;
+          for (int64_t d = 0; d < Dh; ++d) dot += qv[d] * keys[size_t(j * Dh + d)];
+          scores[size_t(j)] = dot * scale;
+          m = std::max(m, scores[size_t(j)]);
+        }
+        float denom = std::exp(L.attn_sink[size_t(hh)] - m);
+        float* ov = &o[size_t((i * H + hh) * Dh)];
+        std::fill(ov, ov + Dh, 0.0f);
+        for (int64_t j = 0; j < nk; ++j) {
+          const float pj = std::exp(scores[size_t(j)] - m);
+          denom += pj;
+          for (int64_t d = 0; d < Dh; ++d) ov[d] += pj * keys[size_t(j * Dh + d)];
+        }
+        for (int64_t d = 0; d < Dh; ++d) ov[d] /= denom;
+        rope_tail(ov, Dh, inv, t, /*inverse=*/true);
+      }
+    }
+    // The grouped output projection: group g's heads through its own o_lora_rank rows of wo_a.
+    const int64_t G = v_.o_groups, R = v_.o_lora_rank, gw = H * Dh / G;
+    std::vector<float> u(static_cast<size_t>(n * G * R)), wrow(static_cast<size_t>(gw));
+    auto rows = [&](int64_t r0, int64_t r1) {
+      std::vector<float> wr(static_cast<size_t>(gw));
+      for (int64_t r = r0; r < r1; ++r) {
+        L.wo_a.row_to_f32(r, wr.data());
+        const int64_t g = r / R;
+        for (int64_t i = 0; i < n; ++i) {
+          const float* og = &o[size_t(i * H * Dh + g * gw)];
+          float acc = 0;
+          for (int64_t k = 0; k < gw; ++k) acc += og[k] * wr[size_t(k)];
+          u[size_t(i * G * R + r)] = acc;
+        }
+      }
+    };
+    if (pool_) {
+      pool_->parallel_for(G * R, rows, 16);
+    } else {
+      rows(0, G * R);
+    }
+    linear(u.data(), n, L.wo_b, out);
+  }
+
+  // The compressors of layer l over the step's tokens, in order: each token's kv and gate pooled
+  // into the group being filled (and, overlapping, its first half into the next group's), an
+  // entry written when a group completes. State comes from the record of the block holding the
+  // token before the step and goes to the record of each token's block.
+  void compress(int64_t l, Seq& q, const float* x) {
+    const V4LayerWeights& L = w_.layers[size_t(l)];
+    const int64_t n = q.n(), ratio = v_.ratio(l), Dh = v_.head_dim;
+    const Parts p = parts(q.kv, l);
+    const int64_t nf = state_floats(c_, ratio);
+    std::vector<float> st(static_cast<size_t>(nf));
+    const int64_t t0 = q.pos(0);
+    if (t0 > 0) {
+      std::memcpy(st.data(), entry(q.kv, q.s, l, p.state, (t0 - 1) / kKvBlockSize, 0),
+                  size_t(nf) * 4);
+    } else {
+      clear_state(ratio, st.data());
+    }
+    struct Site {  // a compressor: the main one, and a compressed sparse layer's indexer's
+      const V4CompressorWeights* w;
+      int64_t d;
+      bool overlap;
+      float* state;
+      int64_t part;
+      std::vector<float> a, z;
+    };
+    std::vector<Site> sites;
+    sites.push_back({&*L.compressor, Dh, ratio == 4, st.data(), p.compressed, {}, {}});
+    if (ratio == 4) {
+      sites.push_back({&L.indexer->compressor,
+                       c_.indexer->head_dim,
+                       true,
+                       st.data() + 6 * Dh,
+                       p.index_key,
+                       {},
+                       {}});
+    }
+    for (Site& site : sites) {
+      const int64_t width = (site.overlap ? 2 : 1) * site.d;
+      site.a.resize(size_t(n * width));
+      site.z.resize(size_t(n * width));
+      linear(x, n, site.w->wkv, site.a.data());
+      linear(x, n, site.w->wgate, site.z.data());
+    }
+    const KvTokenFormat fmt = q.kv.layout().token;
+    std::vector<float> e;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = q.pos(i), j = t % ratio;
+      for (size_t si = 0; si < sites.size(); ++si) {
+        Site& site = sites[si];
+        const int64_t d = site.d, width = (site.overlap ? 2 : 1) * d;
+        float* ai = &site.a[size_t(i * width)];
+        float* zi = &site.z[size_t(i * width)];
+        for (int64_t k = 0; k < width; ++k) zi[k] += site.w->ape[size_t(j * width + k)];
+        Pool cur(site.state, d), next(site.state + 3 * d, d);
+        if (site.overlap) {
+          cur.add(ai + d, zi + d);  // the token's own group: its second half
+          next.add(ai, zi);         // the next group's: its first half
+        } else {
+          cur.add(ai, zi);
+        }
+        if (j != ratio - 1) continue;
+        // The group is whole: its entry, normalised, rotated to its first token's position.
+        e.resize(size_t(d));
+        cur.result(e.data());
+        rms_norm(e.data(), d, site.w->norm.data(), eps());
+        rope_tail(e.data(), d, inv_compressed_, t - ratio + 1);
+        uint8_t* dst = group_entry(q.kv, q.s, l, site.part, ratio, t / ratio);
+        if (si == 0) {
+          kv_token_store(fmt, e.data(), dst);
+        } else {
+          std::memcpy(dst, e.data(), size_t(d) * 4);  // the indexer's key, F32
+        }
+        if (site.overlap) {
+          cur.copy_from(next);
+          next.clear();
+        } else {
+          cur.clear();
+        }
+      }
+      if (t % kKvBlockSize == kKvBlockSize - 1 || i == n - 1) {  // the block's record
+        std::memcpy(entry(q.kv, q.s, l, p.state, t / kKvBlockSize, 0), st.data(), size_t(nf) * 4);
+      }
+    }
+  }
+
+  void clear_state(int64_t ratio, float* st) const {
+    const int64_t Dh = v_.head_dim;
+    Pool(st, Dh).clear();
+    if (ratio != 4) return;
+    Pool(st + 3 * Dh, Dh).clear();
+    const int64_t di = c_.indexer->head_dim;
+    Pool(st + 6 * Dh, di).clear();
+    Pool(st + 6 * Dh + 3 * di, di).clear();
+  }
+
+  // The lightning indexer of a compressed sparse layer for the query at position t: the
+  // index_topk entries (of those wholly at or before t) with the largest
+  // sum_h w[h] * ReLU(q[h] . k), in entry order.
+  std::vector<int64_t> index_select(int64_t l, Seq& q, const float* qlat, const float* x,
+                                    int64_t t) {
+    const V4LayerWeights& L = w_.layers[size_t(l)];
+    const IndexerConfig& ix = *c_.indexer;
+    const int64_t nh = ix.n_heads, d = ix.head_dim, valid = (t + 1) / 4;
+    std::vector<int64_t> all(static_cast<size_t>(valid));
+    std::iota(all.begin(), all.end(), 0);
+    if (valid <= ix.topk) return all;
+    std::vector<float> iq(static_cast<size_t>(nh * d)), wgt(static_cast<size_t>(nh));
+    linear_ref(qlat, 1, *c_.q_lora_rank, L.indexer->wq_b, iq.data(), nh * d, nullptr);
+    for (int64_t hh = 0; hh < nh; ++hh) rope_tail(&iq[size_t(hh * d)], d, inv_compressed_, t);
+    linear_ref(x, 1, c_.hidden_size, L.indexer->weights_proj, wgt.data(), nh, nullptr);
+    const float ws = 1.0f / std::sqrt(float(d) * float(nh));
+    const Parts p = parts(q.kv, l);
+    std::vector<float> score(static_cast<size_t>(valid));
+    for (int64_t w = 0; w < valid; ++w) {
+      const float* k = reinterpret_cast<const float*>(group_entry(q.kv, q.s, l, p.index_key, 4, w));
+      float sum = 0;
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        float dot = 0;
+        for (int64_t j = 0; j < d; ++j) dot += iq[size_t(hh * d + j)] * k[j];
+        sum += wgt[size_t(hh)] * ws * std::max(dot, 0.0f);
+      }
+      score[size_t(w)] = sum;
+    }
+    // The top k without a sort: ties to the earlier entry.
+    std::nth_element(all.begin(), all.begin() + ix.topk - 1, all.end(), [&](int64_t a, int64_t b) {
+      return score[size_t(a)] != score[size_t(b)] ? score[size_t(a)] > score[size_t(b)] : a < b;
+    });
+    all.resize(size_t(ix.topk));
+    std::sort(all.begin(), all.end());
+    return all;
+  }
+
+  // ---- MoE ----------------------------------------------------------------------------------
+
+  void moe(int64_t l, Seq& q, const float* x, float* out) {
+    const V4LayerWeights& L = w_.layers[size_t(l)];
+    const int64_t n = q.n(), D = c_.hidden_size, E = c_.n_routed_experts,
+                  k = c_.num_experts_per_tok;
+    std::vector<float> logits(static_cast<size_t>(n * E));
+    linear(x, n, L.gate, logits.data());
+    // Rows per expert, with their weights.
+    std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<float> s(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) s[size_t(e)] = std::sqrt(softplus(logits[size_t(i * E + e)]));
+      std::vector<int32_t> idx(static_cast<size_t>(k));
+      if (!L.tid2eid.empty()) {  // a hash layer: the token's own experts
+        const int32_t id = q.s.tokens[size_t(i)];
+        for (int64_t j = 0; j < k; ++j) idx[size_t(j)] = L.tid2eid[size_t(id * k + j)];
+      } else {
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+          const float sa = s[size_t(a)] + L.gate_bias[size_t(a)];
+          const float sb = s[size_t(b)] + L.gate_bias[size_t(b)];
+          return sa != sb ? sa > sb : a < b;
+        });
+        std::copy(order.begin(), order.begin() + k, idx.begin());
+      }
+      float sum = 0;
+      for (int32_t e : idx) sum += s[size_t(e)];
+      for (int32_t e : idx) {
+        const float wgt = c_.norm_topk_prob ? s[size_t(e)] / sum : s[size_t(e)];
+        routed[size_t(e)].push_back({i, wgt * float(c_.routed_scaling_factor)});
+      }
+    }
+    // The shared expert over every row, then each routed expert over its rows.
+    swiglu(L.shared, x, n, out);
+    std::vector<float> xs, ys;
+    for (int64_t e = 0; e < E; ++e) {
+      const auto& rows = routed[size_t(e)];
+      if (rows.empty()) continue;
+      CHECK(L.experts[size_t(e)].has_value(), "a routed expert this process does not hold");
+      const int64_t m = int64_t(rows.size());
+      xs.resize(size_t(m * D));
+      ys.resize(size_t(m * D));
+      for (int64_t r = 0; r < m; ++r) {
+        std::copy(x + rows[size_t(r)].first * D, x + (rows[size_t(r)].first + 1) * D,
+                  xs.begin() + r * D);
+      }
+      swiglu(*L.experts[size_t(e)], xs.data(), m, ys.data());
+      for (int64_t r = 0; r < m; ++r) {
+        float* o = out + rows[size_t(r)].first * D;
+        const float wgt = rows[size_t(r)].second;
+        for (int64_t d = 0; d < D; ++d) o[d] += wgt * ys[size_t(r * D + d)];
+      }
+    }
+  }
+
+  // y = down(silu(min(gate x, limit)) * clamp(up x, -limit, limit)).
+  void swiglu(const MlpWeights& w, const float* x, int64_t m, float* y) const {
+    const int64_t I = w.gate.rows;
+    std::vector<float> g(static_cast<size_t>(m * I)), u(static_cast<size_t>(m * I));
+    linear(x, m, w.gate, g.data());
+    linear(x, m, w.up, u.data());
+    const float lim = float(v_.swiglu_limit);
+    for (int64_t k = 0; k < m * I; ++k) {
+      float gk = g[size_t(k)], uk = u[size_t(k)];
+      if (lim > 0) {
+        gk = std::min(gk, lim);
+        uk = std::clamp(uk, -lim, lim);
+      }
+      g[size_t(k)] = silu(gk) * uk;
+    }
+    linear(g.data(), m, w.down, y);
+  }
+
+  const ModelConfig& c_;
+  const V4Config& v_;
+  const V4Weights& w_;
+  ThreadPool* pool_;
+  ExpertStore experts_;
+  std::vector<float> inv_main_, inv_compressed_;
+};
+
+}  // namespace
+
+KvLayout v4_kv_layout(const ModelConfig& c, DType kv_dtype, bool mtp) {
+  const V4Config& v = *c.v4;
+  const KvTokenFormat token{kv_dtype, v.head_dim - c.qk_rope_head_dim, c.qk_rope_head_dim};
+  std::vector<KvLayerFormat> layers;
+  const int64_t n = c.num_hidden_layers + (mtp ? 1 : 0);
+  for (int64_t l = 0; l < n; ++l) {
+    KvLayerFormat f;
+    f.window = v.sliding_window;
+    f.parts.push_back(KvPart::latent(token));
+    const int64_t r = v.ratio(l);
+    if (r != 0) f.parts.push_back(KvPart::compressed(token, r));
+    if (r == 4) f.parts.push_back(KvPart::index_key(c.indexer->head_dim, 4, DType::kF32));
+    if (r != 0) f.parts.push_back(KvPart::state(state_floats(c, r) * 4));
+    layers.push_back(std::move(f));
+  }
+  return KvLayout(std::move(layers));
+}
+
+std::unique_ptr<CausalLm> make_deepseek_v4(const ModelConfig& config, const ModelWeights& weights,
+                                           ThreadPool* pool) {
+  return std::make_unique<DeepseekV4>(config, weights, pool);
+}
+
+}  // namespace moeserve

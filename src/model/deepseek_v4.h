@@ -1,0 +1,43 @@
+// DeepSeek-V4's forward pass (docs/deepseek-v4.md), the family `deepseek_v4`: DeepSeek's
+// inference/model.py top-down.
+//
+//   h = hc copies of embed(ids)                                 the residual as hc_mult streams
+//   per layer:  x, post, comb = hc_pre(h)      (mHC: Sinkhorn-normalised stream mixing)
+//               h = hc_post(attention(norm(x)), h, post, comb)
+//               x, post, comb = hc_pre(h)
+//               h = hc_post(moe(norm(x), ids), h, post, comb)
+//   logits = head(norm(hc_head(h)))
+//
+// Attention over one shared KV head (K = V, head_dim values, RoPE on the last qk_rope_head_dim):
+// every layer attends to a sliding window of its last `sliding_window` tokens; a layer with
+// compress ratio 128 also to every 128-token compressed entry before the query (heavily
+// compressed attention), one with ratio 4 to the index_topk 4-token entries its lightning
+// indexer picks (compressed sparse attention); one softmax over the union with a per-head sink;
+// a grouped output projection. MoE: sqrt(softplus) scores, top-k by score plus bias, or a token-id
+// table in the first num_hash_layers layers; clipped SwiGLU experts and one shared expert.
+//
+// What a layer keeps in the paged KV cache (v4_kv_layout): the window's KV per token, the
+// compressed entries and the indexer's keys per group, and per block the compressors' state for
+// an unfinished group (running per-channel softmax sums), so that any block boundary is a place
+// to resume from and a prefix hit needs nothing else.
+//
+// The reference path only, for now: FP32 activations times weights dequantized on the fly.
+#pragma once
+
+#include <memory>
+
+#include "cache/kv_layout.h"
+#include "model/causal_lm.h"
+#include "model/config.h"
+
+namespace moeserve {
+
+class ThreadPool;
+struct ModelWeights;
+
+KvLayout v4_kv_layout(const ModelConfig& config, DType kv_dtype, bool mtp);
+
+std::unique_ptr<CausalLm> make_deepseek_v4(const ModelConfig& config, const ModelWeights& weights,
+                                           ThreadPool* pool);
+
+}  // namespace moeserve
