@@ -157,5 +157,33 @@ TEST_F(V4Model, ChunkedPrefillAndDecodeMatchTransformers) {
   std::printf("V4 chunked prefill + 12 decode steps: max |dlogprob| %.2e\n", worst);
 }
 
+// A block is all a later step needs: the prompt's first 256 positions (4 blocks, ending inside
+// a 128-token group's successor and inside windows) exported from one cache and imported into
+// another, the rest of the prompt run there gives the bits of the whole prompt run at once (the
+// compressors resume from the imported blocks' state records: what a prefix hit, the disk tier
+// and a PD hand-off move).
+TEST_F(V4Model, ImportedBlocksResumeToTheSameBits) {
+  open(DType::kBF16);
+  const Fixture f = load_fixture();
+  const int64_t n = int64_t(f.prompt.size()), cut = 4 * kKvBlockSize;
+  const std::vector<float> whole = run(f.prompt, 0, n - cut);
+  run(std::span<const int32_t>(f.prompt).first(size_t(cut)), 0, 1);
+  KvCache other(cache_->layout(), 16);
+  std::vector<int32_t> table;
+  for (int64_t b = 0; b < cut / kKvBlockSize; ++b) {
+    ASSERT_TRUE(other.import_bytes(cache_->block_view(table_[size_t(b)]), &table));
+  }
+  ASSERT_TRUE(other.allocate(4, &table));
+  StepSequence s;
+  s.tokens = std::span<const int32_t>(f.prompt).subspan(size_t(cut));
+  s.start_pos = cut;
+  s.block_table = table;
+  s.n_logits = n - cut;
+  StepOutput out;
+  ASSERT_TRUE(model_->forward(std::span<const StepSequence>(&s, 1), other, &out).ok());
+  ASSERT_EQ(out.logits.size(), whole.size());
+  EXPECT_TRUE(std::equal(whole.begin(), whole.end(), out.logits.begin()));
+}
+
 }  // namespace
 }  // namespace moeserve
