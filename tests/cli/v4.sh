@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# DeepSeek-V4 through the engine (docs/deepseek-v4.md), on the fixture checkpoint in DeepSeek's
+# published format (tests/data/v4/tiny, tools/gen_v4_fixture.py):
+#   - generate on the reference path with the F32 cache: transformers' deepseek_v4 greedy tokens
+#     and top-5 logprobs within 2e-3 (the engine's scheduler chunks the prompt);
+#   - the BF16 cache: a batch gives each prompt what it gets alone, and the disk tier (a second
+#     process reading the prompt's blocks, compressor state included) gives the same bits;
+#   - the fast path is refused by name.
+set -euo pipefail
+bin=$(readlink -f "$1")
+source tests/serve_lib.sh  # $dir, fail
+model=tests/data/v4/tiny
+fixture=$model/expected.json
+p1=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][0]["prompt_ids"])))' "$fixture")
+p2=$(python3 -c 'import sys; print(",".join(reversed(sys.argv[1].split(",")[:150])))' "$p1")
+gen() {  # OUT ARGS...: greedy JSON with top-5 logprobs, 12 tokens, reference path
+  local out=$1
+  shift
+  "$bin" generate --model "$model" --max-tokens 12 --json --logprobs 5 --ignore-eos --threads 1 \
+    --compute reference "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "generate $*"; }
+}
+gen "$dir/f32.jsonl" --prompt-ids "$p1" --kv-cache-dtype f32
+python3 - "$fixture" "$dir/f32.jsonl" <<'PY' || fail "the reference path against transformers' deepseek_v4"
+import json, sys
+want = json.load(open(sys.argv[1]))["prompts"][0]
+got = json.loads(open(sys.argv[2]).readline())
+assert got["tokens"] == want["tokens"], (got["tokens"], want["tokens"])
+worst = 0
+for a, b in zip(want["top_logprobs"], got["top_logprobs"]):
+    ours = {x["id"]: x["logprob"] for x in b}
+    for x in a:
+        assert x["id"] in ours, (x, b)
+        worst = max(worst, abs(ours[x["id"]] - x["logprob"]))
+assert worst <= 2e-3, worst
+print(f"v4: transformers' deepseek_v4, 300-token prompt x 12 tokens: tokens equal, "
+      f"max |dlogprob| {worst:.2e}")
+PY
+gen "$dir/batch.jsonl" --prompt-ids "$p1" --prompt-ids "$p2"
+gen "$dir/alone.jsonl" --prompt-ids "$p2"
+sed -n 2p "$dir/batch.jsonl" | cmp -s - "$dir/alone.jsonl" || fail "batch != alone"
+for i in 1 2; do
+  gen "$dir/disk$i.jsonl" --prompt-ids "$p1" --prompt-ids "$p2" --kv-disk "$dir/kvdisk"
+done
+grep -q 'kv-disk: [1-9][0-9]* hits' "$dir/disk2.jsonl.err" || fail "no disk hits: $(cat "$dir/disk2.jsonl.err")"
+cmp -s "$dir/disk1.jsonl" "$dir/disk2.jsonl" || fail "the disk tier changed the output"
+cmp -s "$dir/disk1.jsonl" "$dir/batch.jsonl" || fail "the disk tier run differs from the plain run"
+if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 > "$dir/fast.out" 2>&1; then
+  fail "the fast path ran V4"
+fi
+grep -q -- "--compute reference" "$dir/fast.out" || fail "no clear refusal: $(cat "$dir/fast.out")"
+echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path refused by name"
