@@ -185,5 +185,53 @@ TEST_F(V4Model, ImportedBlocksResumeToTheSameBits) {
   EXPECT_TRUE(std::equal(whole.begin(), whole.end(), out.logits.begin()));
 }
 
+// DeepSeek-V4-Flash's config.json as DeepSeek publishes it parses, and its KV layout stores the
+// bytes per token docs/deepseek-v4.md works out (BF16: every position's 512-value window entry in
+// all 43 layers, the compressed entries and F32 index keys of the 21 compressed sparse and 20
+// heavily compressed layers, and a state record per block).
+TEST(V4Config, FlashParsesAndItsKvBytesAreTheDocumentedOnes) {
+  std::string ratios = "[0, 0";
+  for (int i = 0; i < 20; ++i) ratios += ", 4, 128";
+  ratios += ", 4, 0]";
+  const std::string text = R"({"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+    "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43, "num_attention_heads": 64,
+    "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024,
+    "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128, "compress_ratios": )" +
+                           ratios + R"(, "compress_rope_theta": 160000, "rope_theta": 10000,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                     "beta_fast": 32, "beta_slow": 1},
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "hc_mult": 4,
+    "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "rms_norm_eps": 1e-6, "n_routed_experts": 256,
+    "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 2048,
+    "scoring_func": "sqrtsoftplus", "norm_topk_prob": true, "routed_scaling_factor": 1.5,
+    "topk_method": "noaux_tc", "num_hash_layers": 3, "swiglu_limit": 10.0,
+    "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "expert_dtype": "fp4",
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                            "weight_block_size": [128, 128], "activation_scheme": "dynamic"}})";
+  auto c = parse_model_config(text, "flash/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  int csa = 0, hca = 0;
+  for (int64_t l = 0; l < c->num_hidden_layers; ++l) {
+    csa += c->v4->ratio(l) == 4;
+    hca += c->v4->ratio(l) == 128;
+  }
+  EXPECT_EQ(csa, 21);
+  EXPECT_EQ(hca, 20);
+  EXPECT_EQ(c->v4->ratio(43), 0);  // the MTP layer
+  const KvLayout layout = v4_kv_layout(*c, DType::kBF16, false);
+  ASSERT_TRUE(kv_layout_status(layout).ok());
+  // Per token: 43 x 1,024 (window entries) + 21 x (256 + 128 + 15,360 / 64) + 20 x (1,024 / 64
+  // + 6,144 / 64): a 128-token entry has a slot in each of its two blocks, used in the second.
+  EXPECT_EQ(layout.block_bytes(),
+            size_t(64 * (43 * 1024 + 21 * (256 + 128 + 240) + 20 * (16 + 96))));
+
+  // A ratio V4 does not have is refused by name.
+  std::string bad = text;
+  bad.replace(bad.find("[0, 0"), 5, "[0, 16");
+  auto b = parse_model_config(bad, "flash/config.json");
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("compress_ratios"), std::string::npos) << b.status().message();
+}
+
 }  // namespace
 }  // namespace moeserve
