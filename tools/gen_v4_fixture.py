@@ -3,7 +3,7 @@
 
 Writes a tiny random DeepSeek-V4 checkpoint in DeepSeek's official published format and
 transformers' outputs on it, for the C++ loader and forward pass to be tested against
-(the model is described in /work/notes/v4_spec.md; official tensor names as in its section 2):
+(the model is described in docs/deepseek-v4.md, with DeepSeek's tensor names):
 
   config.json        hub-style config (model_type deepseek_v4, compress_ratios with the MTP entry,
                      rope_scaling yarn, num_hash_layers, expert_dtype fp4, quantization_config fp8
@@ -39,7 +39,7 @@ re-implementation of DeepSeek's inference/model.py math (`ref_forward`, official
 parser's tensors) agrees with transformers' recorded top-5 logprobs to 1e-4.
 
 Usage:
-  /work/venv/bin/python tools/gen_v4_fixture.py [--out tests/data/v4/tiny] [--seed 0]
+  python3 tools/gen_v4_fixture.py [--out tests/data/v4/tiny] [--seed 0]
       [--prompt-len 300] [--steps 12] [--no-ref]
 
 Needs torch, transformers (>= 5.25, DeepseekV4) and safetensors (>= 0.6, F8_E8M0); CI only reads
@@ -604,7 +604,7 @@ def full_forward(model, cfg, ids):
 
 
 # ---------------------------------------------------------------------------------------------
-# Independent reference (from /work/notes/v4_tiny_hf.py): DeepSeek's inference/model.py math,
+# Independent reference: DeepSeek's inference/model.py math,
 # prefill from position 0, FP32, without the FP8/FP4 activation simulation and the Hadamard
 # rotation (orthogonal, cancels in q.k without quantization). Official names, hub config.
 
