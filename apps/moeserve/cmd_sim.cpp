@@ -24,6 +24,8 @@ struct SimOptions {
   bool json = false;
   std::string sweep;
   std::string plot;
+  // --models: the same day priced for each of these models, side by side.
+  std::vector<std::string> models;
   // --planner: the router's planner (docs/planner.md) run over the scenario's day.
   bool planner = false;
   int64_t planner_days = 14;
@@ -142,8 +144,41 @@ std::string planner_day(const sim::SimResult& r, const SimOptions& o) {
   return out + "\n";
 }
 
+int run_models(const SimOptions& o) {
+  using namespace moeserve::sim;
+  if (!o.sweep.empty() || !o.plot.empty() || o.planner) {
+    std::fprintf(stderr,
+                 "moeserve sim: --models does not combine with --sweep, --plot or "
+                 "--planner\n");
+    return 2;
+  }
+  auto s = load_scenario(o.scenario);
+  if (!s.ok()) {
+    std::fprintf(stderr, "moeserve sim: %s\n", s.status().to_string().c_str());
+    return 1;
+  }
+  auto runs = sim::run_models(*s, o.models);
+  if (!runs.ok()) {
+    std::fprintf(stderr, "moeserve sim: %s\n", runs.status().to_string().c_str());
+    return 1;
+  }
+  if (o.json) {
+    std::string out = "[";
+    for (size_t i = 0; i < runs->size(); ++i) {
+      const SimResult& r = (*runs)[i];
+      out += fmt::format("{}{{\"model\": \"{}\", \"result\": {}}}", i ? ",\n" : "",
+                         r.scenario.model.name, to_json(r));
+    }
+    std::fputs((out + "]\n").c_str(), stdout);
+  } else {
+    std::fputs(format_model_comparison(*runs).c_str(), stdout);
+  }
+  return 0;
+}
+
 int run_sim(const SimOptions& o) {
   using namespace moeserve::sim;
+  if (!o.models.empty()) return run_models(o);
   if (!o.sweep.empty()) {
     auto spec = parse_sweep(o.sweep);
     if (!spec.ok()) {
@@ -212,6 +247,10 @@ Subcommand add_sim_command(CLI::App& parent) {
                   "PARAM=a:b:step: rerun with a scenario field set to each value, e.g. "
                   "deployment.decode.batch_per_device=32:160:16");
   app->add_option("--plot", opts->plot, "write an SVG of nodes and cost over the day");
+  app->add_option("--models", opts->models,
+                  "price the scenario's day for each model preset or config.json, side by side, "
+                  "e.g. deepseek-v3,deepseek-v4-flash,deepseek-v4-pro")
+      ->delimiter(',');
   app->add_flag("--planner", opts->planner,
                 "run the router's planner over the day, one hour ahead, after --planner-days "
                 "of history (docs/planner.md)");

@@ -102,6 +102,12 @@ double fp8_gemm_seconds(const DeviceSpec& d, GemmKind kind, const GemmShape& s) 
   return s.groups * table_seconds_one_group(rows, s);
 }
 
+double roofline_gemm_seconds(const DeviceSpec& d, const GemmShape& s, double weight_bytes,
+                             double act_bytes, double peak) {
+  if (s.m <= 0) return 0;
+  return roofline_seconds(d, gemm_flops(s), gemm_bytes(s, weight_bytes, act_bytes), peak);
+}
+
 double bf16_gemm_seconds(const DeviceSpec& d, const GemmShape& s) {
   if (s.m <= 0) return 0;
   return roofline_seconds(d, gemm_flops(s), gemm_bytes(s, 2, 2), d.bf16_flops);

@@ -82,6 +82,10 @@ double gemm_bytes(const GemmShape& s, double weight_bytes, double act_bytes);
 // the time scales with bytes moved (weight-bound), above the largest the TFLOPS stays flat.
 // Without a matching row, a roofline at the fallback fractions.
 double fp8_gemm_seconds(const DeviceSpec& d, GemmKind kind, const GemmShape& s);
+// Roofline seconds of a GEMM at the fallback fractions: `peak` FLOP/s and weights of
+// `weight_bytes` per element (FP4 routed experts: 0.53125; F32 mHC mixes: 4).
+double roofline_gemm_seconds(const DeviceSpec& d, const GemmShape& s, double weight_bytes,
+                             double act_bytes, double peak);
 // Seconds for a BF16 GEMM (lm_head, router gate, absorbed attention products): roofline at the
 // fallback fractions of the BF16 peak.
 double bf16_gemm_seconds(const DeviceSpec& d, const GemmShape& s);

@@ -15,6 +15,23 @@
 
 namespace moeserve::sim {
 
+// DeepSeek-V4 attention counts, summed over query tokens (or, for cache reads, over what is
+// read). One query token that sees p positions (itself included) attends to min(window, p) window
+// keys plus, in an HCA layer, every complete compressed entry floor(p / hca_ratio), in a CSA
+// layer the indexer's min(index_topk, floor(p / csa_ratio)) picks, for which the indexer scores
+// all floor(p / csa_ratio) entries.
+struct V4Counts {
+  double window = 0;
+  double hca = 0;
+  double csa = 0;
+  double index = 0;
+};
+V4Counts v4_counts(const ModelSpec& m, double positions);
+// Sum over `fresh` new tokens after `cached` positions (causal: the i-th sees cached + i).
+V4Counts v4_counts_causal(const ModelSpec& m, double cached, double fresh);
+V4Counts operator*(const V4Counts& c, double k);
+V4Counts operator+(const V4Counts& a, const V4Counts& b);
+
 // One micro-batch on one device.
 struct MicroBatch {
   double tokens = 0;      // query tokens (new tokens in prefill; 1 + draft per sequence in decode)
@@ -23,6 +40,10 @@ struct MicroBatch {
   double kv_tokens = 0;   // decode: latent-cache tokens read; prefill: cached-prefix tokens whose
                           // K/V must be expanded from the latent (kv_b_proj)
   bool decode = false;    // absorbed MLA over the latent cache (decode) or naive MLA (prefill)
+  // DeepSeek-V4 only: attention pairs summed over the query tokens, and (decode) cache entries
+  // read: window, HCA entries and index keys once per sequence, CSA picks per query token.
+  V4Counts v4_pairs = {};
+  V4Counts v4_reads = {};
 };
 
 // How the experts are laid out and moved.
@@ -66,11 +87,18 @@ double expected_nodes_touched(double nodes, int k);
 double dispatch_bytes(const ModelSpec& m, const ExpertLayout& e, double tokens);
 double combine_bytes(const ModelSpec& m, const ExpertLayout& e, double tokens);
 
-// The operators of one layer (`moe` selects MoE or dense MLP FFN) for micro-batch `mb`.
+// The operators of one layer (`moe` selects MoE or dense MLP FFN) for micro-batch `mb`. For
+// DeepSeek-V4 (every layer MoE) `compress_ratio` picks the layer kind: 0 (window only),
+// m.csa_ratio (CSA) or m.hca_ratio (HCA).
 std::vector<OpCost> layer_ops(const ModelSpec& m, const DeviceSpec& d, const NodeSpec& n,
-                              const ExpertLayout& e, const MicroBatch& mb, bool moe);
+                              const ExpertLayout& e, const MicroBatch& mb, bool moe,
+                              int compress_ratio = 0);
 
-// lm_head over `rows` tokens (BF16 weights, vocab x hidden).
+// Weights of one V4 layer of `compress_ratio` outside the routed experts, in bytes as stored
+// (FP8 projections and shared expert, BF16 wo_a, compressors, weights_proj and gate, F32 mHC).
+double v4_layer_resident_bytes(const ModelSpec& m, int compress_ratio);
+
+// lm_head over `rows` tokens (BF16 weights, vocab x hidden; V4 adds the mHC collapse hc_head).
 OpCost lm_head_op(const ModelSpec& m, const DeviceSpec& d, double rows);
 
 }  // namespace moeserve::sim

@@ -73,13 +73,82 @@ double attention_params(const ModelSpec& m) {
   return q + kv + o;
 }
 
+// All transformer layers of the main model over micro-batch `mb`: V3's dense then MoE layers,
+// or V4's sliding, CSA and HCA layers.
+StepTime all_layers(const ModelSpec& m, const Hardware& hw, const ExpertLayout& e,
+                    const MicroBatch& mb, int nmb, bool overlap, double moe_compute_share,
+                    const Calibration& cal, bool decode) {
+  StepTime acc;
+  auto kind = [&](bool moe, int ratio, double share, int count) {
+    if (count <= 0) return;
+    add(&acc,
+        layer_time(layer_ops(m, hw.device, hw.node, e, mb, moe, ratio), nmb, overlap, share, cal,
+                   decode),
+        count);
+  };
+  if (m.v4()) {
+    kind(true, 0, moe_compute_share, m.sliding_layers);
+    kind(true, m.csa_ratio, moe_compute_share, m.csa_layers);
+    kind(true, m.hca_ratio, moe_compute_share, m.hca_layers);
+  } else {
+    kind(false, 0, 1, m.first_dense_layers);
+    kind(true, 0, moe_compute_share, m.moe_layers());
+  }
+  return acc;
+}
+
+// A decode micro-batch of `seqs` sequences with `s_q` query tokens each at context kv_len.
+MicroBatch decode_micro_batch(const ModelSpec& m, double seqs, double s_q, double kv_len) {
+  MicroBatch mb{seqs * s_q, seqs, seqs * s_q * kv_len, seqs * kv_len, true};
+  if (m.v4()) {
+    V4Counts one = v4_counts(m, kv_len);
+    mb.v4_pairs = one * (seqs * s_q);
+    // Window, HCA entries and index keys are read once per sequence; each query token reads
+    // its own top-k picks.
+    mb.v4_reads = one * seqs;
+    mb.v4_reads.csa = one.csa * seqs * s_q;
+  }
+  return mb;
+}
+
 }  // namespace
 
 double kv_bytes_per_token(const ModelSpec& m) {
+  if (m.v4()) {
+    double entry = m.v4_entry_bytes(), key = m.v4_index_key_bytes();
+    return m.csa_layers * (entry + key) / m.csa_ratio + m.hca_layers * entry / m.hca_ratio;
+  }
   return double(m.layers + m.mtp_layers) * m.kv_cache_width() * 2.0;  // BF16 latent + rope key
 }
 
+double kv_bytes_per_sequence_fixed(const ModelSpec& m) {
+  if (!m.v4()) return 0;
+  // Every layer's window (the MTP layer's too): sliding_window entries.
+  double window = double(m.layers + m.mtp_layers) * m.sliding_window * m.v4_entry_bytes();
+  // Compressor state as DeepSeek's model.py keeps it, F32 kv and score per slot: CSA
+  // (overlapping) 2 ratio slots x 2 head_dim for the main compressor and 2 index_head_dim for
+  // the indexer's; HCA ratio slots x head_dim.
+  double csa_state = 2.0 * (2.0 * m.csa_ratio) * (2.0 * m.head_dim) * 4 +
+                     2.0 * (2.0 * m.csa_ratio) * (2.0 * m.index_head_dim) * 4;
+  double hca_state = 2.0 * m.hca_ratio * m.head_dim * 4;
+  return window + m.csa_layers * csa_state + m.hca_layers * hca_state;
+}
+
 double weight_bytes_per_device(const ModelSpec& m, const UnitDeployment& u) {
+  if (m.v4()) {
+    ExpertLayout e{u.ep, u.redundant_experts, 8, CommMode::kNormal, 1.0};
+    const double h = m.hidden;
+    double expert = 3.0 * h * m.moe_intermediate * m.routed_weight_bytes;
+    double routed = experts_per_device(m, e) * expert;
+    double layers = m.sliding_layers * (v4_layer_resident_bytes(m, 0) + routed) +
+                    m.csa_layers * (v4_layer_resident_bytes(m, m.csa_ratio) + routed) +
+                    m.hca_layers * (v4_layer_resident_bytes(m, m.hca_ratio) + routed);
+    // MTP: one layer of its ratio plus e_proj and h_proj (FP8 D x D each).
+    double mtp =
+        m.mtp_layers * (v4_layer_resident_bytes(m, m.mtp_compress_ratio) + routed + 2.0 * h * h);
+    double embed_and_head = 2.0 * m.vocab * h * 2.0;  // BF16
+    return layers + mtp + embed_and_head;
+  }
   ExpertLayout e{u.ep, u.redundant_experts, 8, CommMode::kNormal, 1.0};
   double h = m.hidden;
   double expert = 3.0 * h * m.moe_intermediate;  // gate, up, down; FP8: one byte each
@@ -96,17 +165,18 @@ std::vector<OpCost> decode_layer_breakdown(const ModelSpec& m, const Hardware& h
                                            const UnitDeployment& u, double batch, double kv_len) {
   double s_q = 1.0 + u.mtp_draft_tokens;
   double seqs = batch / micro_batches(u);
-  MicroBatch mb{seqs * s_q, seqs, seqs * s_q * kv_len, seqs * kv_len, true};
-  return calibrated(
-      layer_ops(m, hw.device, hw.node, layout(hw, u, CommMode::kLowLatency), mb, true),
-      u.calibration);
+  MicroBatch mb = decode_micro_batch(m, seqs, s_q, kv_len);
+  // V4: a CSA layer (the costliest kind).
+  return calibrated(layer_ops(m, hw.device, hw.node, layout(hw, u, CommMode::kLowLatency), mb, true,
+                              m.v4() ? m.csa_ratio : 0),
+                    u.calibration);
 }
 
 DecodePoint decode_at(const ModelSpec& m, const Hardware& hw, const UnitDeployment& u, double batch,
                       double kv_len) {
   DecodePoint p;
   p.batch = batch;
-  p.kv_bytes_per_seq = kv_bytes_per_token(m) * kv_len;
+  p.kv_bytes_per_seq = kv_bytes_per_token(m) * kv_len + kv_bytes_per_sequence_fixed(m);
   double budget =
       hw.device.mem_bytes * hw.device.mem_usable_fraction - weight_bytes_per_device(m, u);
   p.max_batch_by_memory = budget > 0 ? std::floor(budget / p.kv_bytes_per_seq) : 0;
@@ -115,14 +185,9 @@ DecodePoint decode_at(const ModelSpec& m, const Hardware& hw, const UnitDeployme
   const ExpertLayout e = layout(hw, u, CommMode::kLowLatency);
   const double s_q = 1.0 + u.mtp_draft_tokens;  // query tokens per sequence per step
   const double seqs = batch / nmb;
-  MicroBatch mb{seqs * s_q, seqs, seqs * s_q * kv_len, seqs * kv_len, true};
+  const MicroBatch mb = decode_micro_batch(m, seqs, s_q, kv_len);
   const Calibration& cal = u.calibration;
-  StepTime dense =
-      layer_time(layer_ops(m, hw.device, hw.node, e, mb, false), nmb, u.overlap, 1, cal, true);
-  StepTime moe =
-      layer_time(layer_ops(m, hw.device, hw.node, e, mb, true), nmb, u.overlap, 1, cal, true);
-  add(&p.layers, dense, m.first_dense_layers);
-  add(&p.layers, moe, m.moe_layers());
+  p.layers = all_layers(m, hw, e, mb, nmb, u.overlap, 1, cal, true);
   p.layers.total_s *= cal.layers_scale;
 
   double head = lm_head_op(m, hw.device, batch * s_q).seconds;
@@ -130,10 +195,13 @@ DecodePoint decode_at(const ModelSpec& m, const Hardware& hw, const UnitDeployme
   // runs once over one token per sequence.
   double mtp = 0;
   if (m.mtp_layers > 0 && u.mtp_draft_tokens > 0) {
-    MicroBatch one{seqs, seqs, seqs * kv_len, seqs * kv_len, true};
-    StepTime layer =
-        layer_time(layer_ops(m, hw.device, hw.node, e, one, true), nmb, u.overlap, 1, cal, true);
-    GemmShape eh{batch, double(m.hidden), 2.0 * m.hidden};
+    MicroBatch one = decode_micro_batch(m, seqs, 1, kv_len);
+    StepTime layer = layer_time(
+        layer_ops(m, hw.device, hw.node, e, one, true, m.v4() ? m.mtp_compress_ratio : 0), nmb,
+        u.overlap, 1, cal, true);
+    // V3: eh_proj [2D -> D]; V4: e_proj on the embedding and h_proj on each of the hc streams.
+    GemmShape eh = m.v4() ? GemmShape{batch * (1.0 + m.hc_mult), double(m.hidden), double(m.hidden)}
+                          : GemmShape{batch, double(m.hidden), 2.0 * m.hidden};
     double per_draft = m.mtp_layers * layer.total_s +
                        fp8_gemm_seconds(hw.device, GemmKind::kDense, eh) +
                        lm_head_op(m, hw.device, batch).seconds;
@@ -202,6 +270,7 @@ Result<PrefillPoint> prefill_at(const ModelSpec& m, const Hardware& hw, const Un
   if (cache_hit < 0 || cache_hit >= 1) return InvalidArgument("cache hit ratio must be in [0, 1)");
   // Token-weighted averages over the new (computed) tokens of all prompts.
   double new_tokens = 0, ctx = 0, expand = 0, heads = 0;
+  V4Counts v4;  // V4: attention counts summed over the new tokens, weighted like ctx
   for (const auto& b : prompts) {
     if (b.tokens < 1 || b.fraction < 0)
       return InvalidArgument("prompt bucket: bad tokens/fraction");
@@ -212,6 +281,7 @@ Result<PrefillPoint> prefill_at(const ModelSpec& m, const Hardware& hw, const Un
     ctx += w * (cached + (fresh + 1) / 2);  // causal: the i-th new token sees cached + i
     expand += b.fraction * cached;          // cached prefix expanded once per prompt
     heads += b.fraction;                    // one lm_head row per prompt
+    if (m.v4()) v4 = v4 + v4_counts_causal(m, cached, fresh) * b.fraction;
   }
   if (new_tokens <= 0) return InvalidArgument("prefill: prompt fractions sum to zero");
   double avg_ctx = ctx / new_tokens, expand_per_token = expand / new_tokens;
@@ -225,12 +295,9 @@ Result<PrefillPoint> prefill_at(const ModelSpec& m, const Hardware& hw, const Un
   const int nmb = micro_batches(u);
   const double t = p.tokens_per_forward / nmb;
   MicroBatch mb{t, t * prompts_per_token, t * avg_ctx, t * expand_per_token, false};
+  if (m.v4()) mb.v4_pairs = v4 * (t / new_tokens);  // no prefix expansion: entries are cached
   const ExpertLayout e = layout(hw, u, CommMode::kNormal);
-  StepTime dense = layer_time(layer_ops(m, hw.device, hw.node, e, mb, false), nmb, u.overlap, 1);
-  StepTime moe =
-      layer_time(layer_ops(m, hw.device, hw.node, e, mb, true), nmb, u.overlap, u.compute_share);
-  add(&p.layers, dense, m.first_dense_layers);
-  add(&p.layers, moe, m.moe_layers());
+  p.layers = all_layers(m, hw, e, mb, nmb, u.overlap, u.compute_share, Calibration{}, false);
   p.forward_s =
       p.layers.total_s + lm_head_op(m, hw.device, p.tokens_per_forward * prompts_per_token).seconds;
   p.forward_s *= u.calibration.forward_scale;

@@ -93,7 +93,11 @@ std::vector<OpCost> decode_layer_breakdown(const ModelSpec& m, const Hardware& h
 // Bytes of weights resident on one device of a unit (attention and dense layers replicated,
 // routed experts split over EP, embedding and lm_head BF16).
 double weight_bytes_per_device(const ModelSpec& m, const UnitDeployment& u);
+// KV cache bytes a sequence holds per token of context (V3: the BF16 latent and rope key of
+// every layer; V4: CSA entries and index keys per 4 tokens, HCA entries per 128), and a fixed
+// part per sequence (V4: every layer's 128-entry window and the compressors' partial state).
 double kv_bytes_per_token(const ModelSpec& m);
+double kv_bytes_per_sequence_fixed(const ModelSpec& m);
 
 DecodePoint decode_at(const ModelSpec& m, const Hardware& hw, const UnitDeployment& u, double batch,
                       double kv_len);

@@ -268,4 +268,86 @@ std::string format_sweep(const std::string& param, const std::vector<SweepRow>& 
   return o;
 }
 
+std::string format_model_comparison(const std::vector<SimResult>& runs) {
+  if (runs.empty()) return "";
+  const Scenario& s0 = runs.front().scenario;
+  std::string o =
+      fmt::format("scenario: {} | device: {} | node: {} x {}\n", s0.name, s0.hardware.device.name,
+                  s0.hardware.node.devices, s0.hardware.device.name);
+  o += fmt::format(
+      "prefill units of {} nodes (EP{:.0f}), decode units of {} nodes (EP{:.0f}); same traffic, "
+      "prices and per-user speed target for every model\n\n",
+      s0.prefill.nodes_per_unit, s0.prefill.ep, s0.decode.nodes_per_unit, s0.decode.ep);
+  auto row = [&](const std::string& label, auto cell) {
+    o += fmt::format("{:<44}", label);
+    for (const auto& r : runs) o += fmt::format("{:>20}", cell(r));
+    o += "\n";
+  };
+  row("", [](const SimResult& r) { return r.scenario.model.name; });
+  row("KV bytes per token of context", [](const SimResult& r) {
+    return fmt::format("{:.0f}", kv_bytes_per_token(r.scenario.model));
+  });
+  row("KV per decode sequence (GB)",
+      [](const SimResult& r) { return fmt::format("{:.3f}", r.decode.kv_bytes_per_seq / 1e9); });
+  row("weights per GPU, prefill / decode (GB)", [](const SimResult& r) {
+    const Scenario& s = r.scenario;
+    return fmt::format("{:.1f} / {:.1f}", weight_bytes_per_device(s.model, s.prefill) / 1e9,
+                       weight_bytes_per_device(s.model, s.decode) / 1e9);
+  });
+  row("expert slots per GPU, prefill / decode", [](const SimResult& r) {
+    const Scenario& s = r.scenario;
+    return fmt::format("{:.0f} / {:.0f}",
+                       (s.model.routed_experts + s.prefill.redundant_experts) / s.prefill.ep,
+                       (s.model.routed_experts + s.decode.redundant_experts) / s.decode.ep);
+  });
+  row("prefill forward (ms)",
+      [](const SimResult& r) { return fmt::format("{:.1f}", r.prefill.forward_s * 1e3); });
+  row("prefill input tok/s/node (cache incl.)", [](const SimResult& r) {
+    return fmt::format("{:.0f}", r.prefill_input_tokens_per_s_per_node);
+  });
+  row("decode batch/GPU (memory holds)", [](const SimResult& r) {
+    return fmt::format("{:.0f} ({:.0f})", r.decode.batch, r.decode.max_batch_by_memory);
+  });
+  row("decode step (ms), tok/s/user", [](const SimResult& r) {
+    return fmt::format("{:.1f}, {:.1f}", r.decode.step_s * 1e3, r.decode.user_tokens_per_s);
+  });
+  row("decode output tok/s/node", [](const SimResult& r) {
+    return fmt::format("{:.0f}", r.decode_output_tokens_per_s_per_node);
+  });
+  auto phase_nodes = [](const SimResult& r, bool prefill) {
+    double n = 0;
+    for (const auto& h : r.plan.hours) n += prefill ? h.prefill_nodes : h.decode_nodes;
+    return r.plan.hours.empty() ? 0.0 : n / double(r.plan.hours.size());
+  };
+  row("nodes: prefill + decode avg", [&](const SimResult& r) {
+    return fmt::format("{:.1f} + {:.1f}", phase_nodes(r, true), phase_nodes(r, false));
+  });
+  row("nodes: average (peak)", [](const SimResult& r) {
+    return fmt::format("{:.2f} ({:.0f})", r.plan.avg_nodes, r.plan.peak_nodes);
+  });
+  row("cost per day (USD)",
+      [](const SimResult& r) { return fmt::format("{:.0f}", r.plan.daily_cost_usd); });
+  // Per-token cost: each phase's node-hours at the device price over that phase's tokens.
+  row("cost per M input / output tokens (USD)", [&](const SimResult& r) {
+    const Scenario& s = r.scenario;
+    const double hours = 24.0 / double(std::max<size_t>(1, r.plan.hours.size()));
+    auto usd = [&](bool prefill) {
+      return phase_nodes(r, prefill) * double(r.plan.hours.size()) * hours *
+             s.hardware.node.devices * s.workload.usd_per_device_hour;
+    };
+    const DailyTraffic& t = s.workload.traffic;
+    return fmt::format("{:.4f} / {:.4f}", usd(true) / (t.input_tokens / 1e6),
+                       usd(false) / (t.output_tokens / 1e6));
+  });
+  row("revenue per day (USD)",
+      [](const SimResult& r) { return fmt::format("{:.0f}", r.plan.daily_revenue_usd); });
+  row("cost-profit margin",
+      [](const SimResult& r) { return fmt::format("{:.0f}%", r.plan.cost_profit_margin * 100); });
+  const SimResult& base = runs.front();
+  row(fmt::format("cost relative to {}", base.scenario.model.name), [&](const SimResult& r) {
+    return fmt::format("{:.3f}", r.plan.daily_cost_usd / base.plan.daily_cost_usd);
+  });
+  return o;
+}
+
 }  // namespace moeserve::sim

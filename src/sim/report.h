@@ -14,6 +14,8 @@ namespace moeserve::sim {
 std::string format_report(const SimResult& r);
 std::string to_json(const SimResult& r);
 std::string plot_svg(const SimResult& r);
+// The same day priced for several models (run_models), one column per model.
+std::string format_model_comparison(const std::vector<SimResult>& runs);
 
 struct SweepSpec {
   std::string param;

@@ -431,4 +431,38 @@ Result<SimResult> run_scenario(const Scenario& scenario) {
   return r;
 }
 
+Result<Scenario> with_model(const Scenario& base, const std::string& model) {
+  if (base.trace_calibration) {
+    return Unimplemented(
+        "pricing other models: the scenario's trace_calibration measures DeepSeek-V3; use the "
+        "kernel-table scenario");
+  }
+  Scenario s = base;
+  ASSIGN_OR_RETURN(s.model, load_model_spec(model));
+  for (UnitDeployment* u : {&s.prefill, &s.decode}) {
+    if (u->ep > 1 && u->ep < s.model.experts_per_token) {
+      return InvalidArgument("EP group smaller than the experts a token selects");
+    }
+    if (u->ep <= 1) continue;
+    const double slots = s.model.routed_experts + u->redundant_experts;
+    const double per_device = std::ceil(slots / u->ep - 1e-9);
+    u->redundant_experts = per_device * u->ep - s.model.routed_experts;
+  }
+  return s;
+}
+
+Result<std::vector<SimResult>> run_models(const Scenario& base,
+                                          const std::vector<std::string>& models) {
+  if (models.empty()) return InvalidArgument("no models to price");
+  std::vector<SimResult> out;
+  for (const auto& name : models) {
+    auto s = with_model(base, name);
+    if (!s.ok()) return s.status().with_context(name);
+    auto r = run_scenario(*s);
+    if (!r.ok()) return r.status().with_context(name);
+    out.push_back(std::move(r).value());
+  }
+  return out;
+}
+
 }  // namespace moeserve::sim

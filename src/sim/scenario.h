@@ -72,4 +72,13 @@ Result<Scenario> load_scenario(const std::string& path,
                                const std::vector<Override>& overrides = {});
 Result<SimResult> run_scenario(const Scenario& s);
 
+// The scenario's day priced once per model (presets or config.json paths): the scenario's own
+// model replaced, everything else kept (docs/sim.md "DeepSeek-V4 on the same day"). A unit's
+// redundant experts are raised, if needed, to the fewest that give every device of the EP group
+// the same number of expert slots (V4-Pro's 384 experts: 416 slots do not split over EP144, 432
+// do). Scenarios with trace_calibration are refused: the traces measure V3.
+Result<Scenario> with_model(const Scenario& s, const std::string& model);
+Result<std::vector<SimResult>> run_models(const Scenario& s,
+                                          const std::vector<std::string>& models);
+
 }  // namespace moeserve::sim
