@@ -6,23 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include "test_device.h"
+
 namespace moeserve::sim {
 namespace {
 
 ModelSpec v3() {
   return model_preset("deepseek-v3").value();
-}
-
-DeviceSpec plain_device() {
-  DeviceSpec d;
-  d.name = "test";
-  d.fp8_flops = 2000e12;
-  d.bf16_flops = 1000e12;
-  d.mem_bw = 3000e9;
-  d.mem_bytes = 80e9;
-  d.gemm_compute_eff = 0.5;
-  d.mem_bw_eff = 1.0;
-  return d;
 }
 
 double flops_of(const std::vector<OpCost>& ops, const std::string& name) {

@@ -9,6 +9,7 @@
 #include "sim/model_spec.h"
 #include "sim/phase_model.h"
 #include "sim/scenario.h"
+#include "test_device.h"
 
 namespace moeserve::sim {
 namespace {
@@ -18,18 +19,6 @@ ModelSpec flash() {
 }
 ModelSpec pro() {
   return model_preset("deepseek-v4-pro").value();
-}
-
-DeviceSpec plain_device() {
-  DeviceSpec d;
-  d.name = "test";
-  d.fp8_flops = 2000e12;
-  d.bf16_flops = 1000e12;
-  d.mem_bw = 3000e9;
-  d.mem_bytes = 80e9;
-  d.gemm_compute_eff = 0.5;
-  d.mem_bw_eff = 1.0;
-  return d;
 }
 
 const OpCost& op(const std::vector<OpCost>& ops, const std::string& name) {
