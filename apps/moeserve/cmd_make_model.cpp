@@ -24,7 +24,8 @@ Subcommand add_make_model_command(CLI::App& parent) {
   auto opts = std::make_shared<MakeModelOptions>();
   auto out = std::make_shared<std::string>();
   auto threads = std::make_shared<int>(0);
-  app->add_option("--preset", opts->preset, "tiny | bench | v2-lite-tiny | v32-tiny")
+  app->add_option("--preset", opts->preset,
+                  "tiny | bench | v2-lite-tiny | v32-tiny | v4-tiny | v4-flash-bench")
       ->capture_default_str();
   app->add_option("--out", *out, "Output directory")->required();
   app->add_option("--seed", opts->seed, "Random seed")->capture_default_str();

@@ -413,7 +413,83 @@ Result<ModelConfig> load_model_config(const std::string& path) {
   return parse_model_config(ss.str(), path);
 }
 
+namespace {
+
+json yarn_json(const YarnScaling& y, bool mscales) {
+  json r = {{"type", "yarn"},
+            {"factor", y.factor},
+            {"original_max_position_embeddings", y.original_max_position_embeddings},
+            {"beta_fast", y.beta_fast},
+            {"beta_slow", y.beta_slow}};
+  if (mscales) {
+    r["mscale"] = y.mscale;
+    r["mscale_all_dim"] = y.mscale_all_dim;
+  }
+  return r;
+}
+
+// DeepSeek-V4's config.json in DeepSeek's own keys (what parse_v4_config reads).
+std::string v4_config_to_json(const ModelConfig& c) {
+  const V4Config& v = *c.v4;
+  json j;
+  j["architectures"] = {"DeepseekV4ForCausalLM"};
+  j["model_type"] = "deepseek_v4";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = 1;
+  j["head_dim"] = v.head_dim;
+  j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  j["q_lora_rank"] = *c.q_lora_rank;
+  j["o_groups"] = v.o_groups;
+  j["o_lora_rank"] = v.o_lora_rank;
+  j["sliding_window"] = v.sliding_window;
+  j["compress_ratios"] = v.compress_ratios;
+  j["compress_rope_theta"] = v.compress_rope_theta;
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling) j["rope_scaling"] = yarn_json(*c.rope_scaling, /*mscales=*/false);
+  if (c.indexer) {
+    j["index_n_heads"] = c.indexer->n_heads;
+    j["index_head_dim"] = c.indexer->head_dim;
+    j["index_topk"] = c.indexer->topk;
+  }
+  j["hc_mult"] = v.hc_mult;
+  j["hc_sinkhorn_iters"] = v.hc_sinkhorn_iters;
+  j["hc_eps"] = v.hc_eps;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["n_routed_experts"] = c.n_routed_experts;
+  j["num_experts_per_tok"] = c.num_experts_per_tok;
+  j["n_shared_experts"] = c.n_shared_experts;
+  j["moe_intermediate_size"] = c.moe_intermediate_size;
+  j["scoring_func"] = "sqrtsoftplus";
+  j["norm_topk_prob"] = c.norm_topk_prob;
+  j["routed_scaling_factor"] = c.routed_scaling_factor;
+  j["topk_method"] = "noaux_tc";
+  j["num_hash_layers"] = v.num_hash_layers;
+  j["swiglu_limit"] = v.swiglu_limit;
+  j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
+  if (c.eos_token_id) j["eos_token_id"] = *c.eos_token_id;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["hidden_act"] = "silu";
+  j["torch_dtype"] = "bfloat16";
+  j["expert_dtype"] = v.fp4_experts ? "fp4" : "fp8";
+  if (c.quant) {
+    j["quantization_config"] = {{"quant_method", "fp8"},
+                                {"fmt", "e4m3"},
+                                {"scale_fmt", "ue8m0"},
+                                {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {c.quant->block_n, c.quant->block_k}}};
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
 std::string model_config_to_json(const ModelConfig& c) {
+  if (c.v4) return v4_config_to_json(c);
   json j;
   j["architectures"] = {c.model_type == "deepseek_v32"  ? "DeepseekV32ForCausalLM"
                         : c.model_type == "deepseek_v3" ? "DeepseekV3ForCausalLM"
@@ -446,14 +522,7 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["v_head_dim"] = c.v_head_dim;
   j["rope_theta"] = c.rope_theta;
   if (c.rope_scaling) {
-    const YarnScaling& y = *c.rope_scaling;
-    j["rope_scaling"] = {{"type", "yarn"},
-                         {"factor", y.factor},
-                         {"original_max_position_embeddings", y.original_max_position_embeddings},
-                         {"beta_fast", y.beta_fast},
-                         {"beta_slow", y.beta_slow},
-                         {"mscale", y.mscale},
-                         {"mscale_all_dim", y.mscale_all_dim}};
+    j["rope_scaling"] = yarn_json(*c.rope_scaling, /*mscales=*/true);
   } else {
     j["rope_scaling"] = nullptr;
   }

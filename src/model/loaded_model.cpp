@@ -47,6 +47,11 @@ Result<std::unique_ptr<LoadedModel>> LoadedModel::open(const ModelOptions& o, Di
         disk, DiskTier::open({o.kv_disk_dir, o.kv_disk_gb}, fingerprint, layout.block_bytes()));
   }
   std::unique_ptr<LoadedModel> m(new LoadedModel(o, std::move(ck), *family, fingerprint, ep));
+  if (o.mtp && !m->model_->has_mtp()) {
+    return Unimplemented(fmt::format(
+        "{}: the {} family does not run its MTP module yet (speculative decoding with mtp)",
+        o.model_dir, family->name));
+  }
   m->disk_ = std::move(disk);
   m->cache_ = std::make_unique<KvCache>(layout, int32_t(num_blocks), fingerprint);
   m->cache_->set_tier(m->disk_.get());

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "model/safetensors.h"
@@ -16,7 +17,72 @@ using json = nlohmann::json;
 
 namespace {
 
+// DeepSeek-V4 as DeepSeek's config.json writes it (docs/deepseek-v4.md), at tiny widths with every
+// layer kind: sliding window (0), heavily compressed (128) and compressed sparse (4) attention,
+// hash-routed first layers, FP4 experts, an MTP layer (ratio 0).
+json v4_preset_json(int64_t hidden, int64_t heads, int64_t head_dim, int64_t rope, int64_t q_lora,
+                    int64_t o_groups, int64_t o_lora, std::vector<int64_t> ratios, int64_t experts,
+                    int64_t top_k, int64_t inter, int64_t index_heads, int64_t index_topk) {
+  const int64_t layers = int64_t(ratios.size()) - 1;
+  return {{"architectures", {"DeepseekV4ForCausalLM"}},
+          {"model_type", "deepseek_v4"},
+          {"vocab_size", 129280},
+          {"hidden_size", hidden},
+          {"num_hidden_layers", layers},
+          {"num_attention_heads", heads},
+          {"num_key_value_heads", 1},
+          {"head_dim", head_dim},
+          {"qk_rope_head_dim", rope},
+          {"q_lora_rank", q_lora},
+          {"o_groups", o_groups},
+          {"o_lora_rank", o_lora},
+          {"sliding_window", 128},
+          {"compress_ratios", ratios},
+          {"compress_rope_theta", 160000.0},
+          {"rope_theta", 10000.0},
+          {"rope_scaling",
+           {{"type", "yarn"},
+            {"factor", 16},
+            {"original_max_position_embeddings", 65536},
+            {"beta_fast", 32},
+            {"beta_slow", 1}}},
+          {"index_n_heads", index_heads},
+          {"index_head_dim", 128},
+          {"index_topk", index_topk},
+          {"hc_mult", 4},
+          {"hc_sinkhorn_iters", 20},
+          {"hc_eps", 1e-6},
+          {"rms_norm_eps", 1e-6},
+          {"n_routed_experts", experts},
+          {"num_experts_per_tok", top_k},
+          {"n_shared_experts", 1},
+          {"moe_intermediate_size", inter},
+          {"scoring_func", "sqrtsoftplus"},
+          {"norm_topk_prob", true},
+          {"routed_scaling_factor", 1.5},
+          {"topk_method", "noaux_tc"},
+          {"num_hash_layers", std::min<int64_t>(3, layers)},
+          {"swiglu_limit", 10.0},
+          {"num_nextn_predict_layers", 1},
+          {"max_position_embeddings", 1048576},
+          {"bos_token_id", 0},
+          {"eos_token_id", 1},
+          {"tie_word_embeddings", false},
+          {"expert_dtype", "fp4"}};
+}
+
 json preset_json(const std::string& name) {
+  if (name == "v4-tiny") {
+    return v4_preset_json(256, 4, 128, 32, 192, 2, 64, {0, 128, 4, 128, 4, 0, 0}, 16, 2, 128, 8,
+                          64);
+  }
+  if (name == "v4-flash-bench") {
+    // V4-Flash's per-layer widths (hidden 4096, 64 heads of 512, q_lora 1024, 8 output groups
+    // of 1024, the indexer's 64 x 128 and top-512, 2048-wide experts, top 6) with 4 layers (one
+    // sliding, then CSA, HCA, CSA) and 16 experts.
+    return v4_preset_json(4096, 64, 512, 64, 1024, 8, 1024, {0, 4, 128, 4, 0}, 16, 6, 2048, 64,
+                          512);
+  }
   if (name == "v32-tiny") {
     // The tiny preset as DeepSeek-V3.2 (docs/dsa.md): the lightning indexer in every layer, 16
     // heads of 128, and a top-k of 16 so that attention is sparse from the 17th token on.
@@ -230,6 +296,155 @@ class ModelWriter {
     norm(w, p + "shared_head.norm.weight", H);
   }
 
+  // ---- DeepSeek-V4, in DeepSeek's names and formats (docs/deepseek-v4.md) ----
+
+  // FP8 [rows, cols] with a UE8M0 '<stem>.scale' per 128 x 128 block: values ~ std
+  // gain / sqrt(cols), block scales powers of two varied by a factor of 2 either way.
+  void fp8_ue8m0(SafetensorsWriter& w, const std::string& stem, int64_t rows, int64_t cols,
+                 float gain = 1.0f) {
+    const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+    uint64_t key = name_hash(stem, seed_);
+    std::vector<uint8_t> q(size_t(rows * cols));
+    auto fill = [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
+        q[size_t(i)] = f32_to_fp8e4m3(uniform(key, uint64_t(i)) * kFp8E4M3Max);
+      }
+    };
+    pool_ ? pool_->parallel_for(rows, fill, 64) : fill(0, rows);
+    const double base = gain * std::sqrt(1.0 / double(cols)) / (kFp8E4M3Max / std::sqrt(3.0));
+    w.add(stem + ".weight", DType::kF8E4M3, {rows, cols}, q.data(), q.size());
+    ue8m0_scales(w, stem, sr, sc, base);
+  }
+
+  // FP4 e2m1 [rows, cols] as I8 pairs (element 2j in the low nibble of byte j) with UE8M0 per
+  // 1 x 32: nibbles uniform over the 15 values but -0, scales around gain / sqrt(cols) over the
+  // values' rms (2.93).
+  void fp4_ue8m0(SafetensorsWriter& w, const std::string& stem, int64_t rows, int64_t cols) {
+    uint64_t key = name_hash(stem, seed_);
+    std::vector<uint8_t> q(size_t(rows * cols / 2));
+    for (size_t i = 0; i < q.size(); ++i) {
+      uint8_t b = 0;
+      for (int h = 0; h < 2; ++h) {
+        const uint64_t r = mix(key + 2 * i + uint64_t(h)) % 15;
+        b |= uint8_t((r < 8 ? r : r + 1) << (4 * h));
+      }
+      q[i] = b;
+    }
+    w.add(stem + ".weight", DType::kI8, {rows, cols / 2}, q.data(), q.size());
+    ue8m0_scales(w, stem, rows, cols / 32, std::sqrt(1.0 / double(cols)) / 2.93);
+  }
+
+  void ue8m0_scales(SafetensorsWriter& w, const std::string& stem, int64_t r, int64_t c,
+                    double base) {
+    uint64_t skey = name_hash(stem + "#scale", seed_);
+    const int e = int(std::lround(std::log2(base)));
+    std::vector<uint8_t> s(size_t(r * c));
+    for (size_t i = 0; i < s.size(); ++i) s[i] = uint8_t(127 + e + int(mix(skey + i) % 3) - 1);
+    w.add(stem + ".scale", DType::kF8E8M0, {r, c}, s.data(), s.size());
+  }
+
+  // F32 tensor with values center + amplitude * uniform[-1, 1).
+  void f32_nd(SafetensorsWriter& w, const std::string& name, std::vector<int64_t> shape,
+              float amplitude, float center) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    uint64_t key = name_hash(name, seed_);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = center + amplitude * uniform(key, uint64_t(i));
+    w.add(name, DType::kF32, std::move(shape), v.data(), v.size() * 4);
+  }
+
+  // An mHC site: fn small (the mixes stay near their bases), bases and scales of order one.
+  void hc(SafetensorsWriter& w, const std::string& stem, int64_t mixes, int64_t scales) {
+    const int64_t width = c_.v4->hc_mult * c_.hidden_size;
+    f32_nd(w, stem + "_fn", {mixes, width}, std::sqrt(3.0f / float(width)), 0.0f);
+    f32_nd(w, stem + "_base", {mixes}, 0.5f, 0.0f);
+    f32_nd(w, stem + "_scale", {scales}, 0.25f, 1.0f);
+  }
+
+  void v4_compressor(SafetensorsWriter& w, const std::string& p, int64_t d, int64_t ratio) {
+    const int64_t c = ratio == 4 ? 2 : 1, H = c_.hidden_size;
+    bf16_tensor(w, p + "wkv.weight", {c * d, H}, std::sqrt(3.0f / float(H)), 0.0f);
+    bf16_tensor(w, p + "wgate.weight", {c * d, H}, std::sqrt(3.0f / float(H)), 0.0f);
+    f32_nd(w, p + "ape", {ratio, c * d}, 0.5f, 0.0f);
+    norm(w, p + "norm.weight", d);
+  }
+
+  void v4_block(SafetensorsWriter& w, const std::string& p, int64_t l) {
+    const ModelConfig& c = c_;
+    const V4Config& v = *c.v4;
+    const int64_t H = c.hidden_size, nh = c.num_attention_heads, hcm = v.hc_mult;
+    const int64_t qr = *c.q_lora_rank, dh = v.head_dim, ratio = v.ratio(l);
+    norm(w, p + "attn_norm.weight", H);
+    norm(w, p + "ffn_norm.weight", H);
+    hc(w, p + "hc_attn", (2 + hcm) * hcm, 3);
+    hc(w, p + "hc_ffn", (2 + hcm) * hcm, 3);
+    const std::string a = p + "attn.";
+    f32_nd(w, a + "attn_sink", {nh}, 1.0f, 0.0f);
+    fp8_ue8m0(w, a + "wq_a", qr, H);
+    norm(w, a + "q_norm.weight", qr);
+    fp8_ue8m0(w, a + "wq_b", nh * dh, qr);
+    fp8_ue8m0(w, a + "wkv", dh, H);
+    norm(w, a + "kv_norm.weight", dh);
+    fp8_ue8m0(w, a + "wo_a", v.o_groups * v.o_lora_rank, nh * dh / v.o_groups);
+    fp8_ue8m0(w, a + "wo_b", H, v.o_groups * v.o_lora_rank);
+    if (ratio != 0) v4_compressor(w, a + "compressor.", dh, ratio);
+    if (ratio == 4) {
+      const IndexerConfig& ix = *c.indexer;
+      fp8_ue8m0(w, a + "indexer.wq_b", ix.n_heads * ix.head_dim, qr);
+      bf16_tensor(w, a + "indexer.weights_proj.weight", {ix.n_heads, H}, std::sqrt(3.0f / float(H)),
+                  0.0f);
+      v4_compressor(w, a + "indexer.compressor.", ix.head_dim, 4);
+    }
+    const std::string f = p + "ffn.";
+    const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
+    bf16_tensor(w, f + "gate.weight", {E, H}, 4.0f * std::sqrt(3.0f / float(H)), 0.0f);
+    if (l < v.num_hash_layers) {  // token id -> k distinct experts
+      std::vector<int64_t> t(size_t(c.vocab_size * k));
+      for (int64_t id = 0; id < c.vocab_size; ++id) {
+        const int64_t first = int64_t(mix(seed_ ^ uint64_t(id * 131 + l)) % uint64_t(E));
+        for (int64_t j = 0; j < k; ++j) t[size_t(id * k + j)] = (first + j * (E / k)) % E;
+      }
+      w.add(f + "gate.tid2eid", DType::kI64, {c.vocab_size, k}, t.data(), t.size() * 8);
+    } else {
+      f32_nd(w, f + "gate.bias", {E}, 0.05f, 0.05f);
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string ep = fmt::format("{}experts.{}.", f, e);
+      if (v.fp4_experts) {
+        fp4_ue8m0(w, ep + "w1", I, H);
+        fp4_ue8m0(w, ep + "w3", I, H);
+        fp4_ue8m0(w, ep + "w2", H, I);
+      } else {
+        fp8_ue8m0(w, ep + "w1", I, H);
+        fp8_ue8m0(w, ep + "w3", I, H);
+        fp8_ue8m0(w, ep + "w2", H, I);
+      }
+    }
+    fp8_ue8m0(w, f + "shared_experts.w1", I, H);
+    fp8_ue8m0(w, f + "shared_experts.w3", I, H);
+    fp8_ue8m0(w, f + "shared_experts.w2", H, I);
+  }
+
+  void v4_mtp(SafetensorsWriter& w) {
+    const int64_t H = c_.hidden_size;
+    const std::string p = "mtp.0.";
+    v4_block(w, p, c_.num_hidden_layers);
+    fp8_ue8m0(w, p + "e_proj", H, H);
+    fp8_ue8m0(w, p + "h_proj", H, H);
+    norm(w, p + "enorm.weight", H);
+    norm(w, p + "hnorm.weight", H);
+    norm(w, p + "norm.weight", H);
+    hc(w, p + "hc_head", c_.v4->hc_mult, 1);
+  }
+
+  void v4_head(SafetensorsWriter& w) {
+    norm(w, "norm.weight", c_.hidden_size);
+    bf16_tensor(w, "head.weight", {c_.vocab_size, c_.hidden_size},
+                std::sqrt(3.0f / float(c_.hidden_size)), 0.0f);
+    hc(w, "hc_head", c_.v4->hc_mult, 1);
+  }
+
   void layer(SafetensorsWriter& w, int64_t l) {
     const ModelConfig& c = c_;
     const int64_t H = c.hidden_size, nh = c.num_attention_heads;
@@ -292,14 +507,14 @@ Status write_text(const fs::path& path, const std::string& text) {
 }  // namespace
 
 std::vector<std::string> make_model_presets() {
-  return {"tiny", "bench", "v2-lite-tiny", "v32-tiny"};
+  return {"tiny", "bench", "v2-lite-tiny", "v32-tiny", "v4-tiny", "v4-flash-bench"};
 }
 
 Result<ModelConfig> make_model_config(const MakeModelOptions& o) {
   json j = preset_json(o.preset);
   if (j.is_null()) {
-    return InvalidArgument(
-        fmt::format("unknown preset '{}' (known: tiny, bench, v2-lite-tiny, v32-tiny)", o.preset));
+    return InvalidArgument(fmt::format("unknown preset '{}' (known: {})", o.preset,
+                                       fmt::join(make_model_presets(), ", ")));
   }
   for (const std::string& kv : o.overrides) {
     size_t eq = kv.find('=');
@@ -314,6 +529,7 @@ Result<ModelConfig> make_model_config(const MakeModelOptions& o) {
                               {"fmt", "e4m3"},
                               {"activation_scheme", "dynamic"},
                               {"weight_block_size", {128, 128}}};
+  if (j.value("model_type", "") == "deepseek_v4") j["quantization_config"]["scale_fmt"] = "ue8m0";
   return parse_model_config(j.dump(), "preset " + o.preset);
 }
 
@@ -336,10 +552,20 @@ Result<uint64_t> make_model(const MakeModelOptions& o, const std::string& out_di
   for (int s = 0; s < shards; ++s) {
     SafetensorsWriter w;
     w.set_metadata("format", "pt");
-    if (s == 0)
+    if (c.v4) {  // DeepSeek's own names
+      if (s == 0) mw.bf16_tensor(w, "embed.weight", {c.vocab_size, c.hidden_size}, 1.0f, 0.0f);
+      for (int64_t l = L * s / shards; l < L * (s + 1) / shards; ++l) {
+        mw.v4_block(w, fmt::format("layers.{}.", l), l);
+      }
+      if (s == shards - 1) {
+        if (c.num_nextn_predict_layers > 0) mw.v4_mtp(w);
+        mw.v4_head(w);
+      }
+    } else if (s == 0) {
       mw.bf16_tensor(w, "model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, 1.0f, 0.0f);
-    for (int64_t l = L * s / shards; l < L * (s + 1) / shards; ++l) mw.layer(w, l);
-    if (s == shards - 1) {
+    }
+    for (int64_t l = L * s / shards; l < L * (s + 1) / shards && !c.v4; ++l) mw.layer(w, l);
+    if (s == shards - 1 && !c.v4) {
       if (c.num_nextn_predict_layers > 0) mw.mtp(w);
       mw.norm(w, "model.norm.weight", c.hidden_size);
       if (!c.tie_word_embeddings) {
@@ -363,7 +589,7 @@ Result<uint64_t> make_model(const MakeModelOptions& o, const std::string& out_di
       if (ec)
         return IOError(fmt::format("copying {} from {}: {}", f, o.tokenizer_dir, ec.message()));
     }
-    if (c.indexer) {  // DeepSeek-V3.2 ships no chat template: its encoder renders chats
+    if (c.indexer || c.v4) {  // V3.2 and V4 ship no chat template: their encoders render chats
       const fs::path path = fs::path(out_dir) / "tokenizer_config.json";
       std::ifstream in(path, std::ios::binary);
       auto cfg = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);

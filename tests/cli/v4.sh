@@ -5,7 +5,9 @@
 #     and top-5 logprobs within 2e-3 (the engine's scheduler chunks the prompt);
 #   - the BF16 cache: a batch gives each prompt what it gets alone, and the disk tier (a second
 #     process reading the prompt's blocks, compressor state included) gives the same bits;
-#   - the fast path is refused by name.
+#   - the fast path and MTP speculative decoding (not run for V4 yet) are refused by name;
+#   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) loads, its
+#     config.json reads back to itself, and generate runs it from text.
 set -euo pipefail
 bin=$(readlink -f "$1")
 source tests/serve_lib.sh  # $dir, fail
@@ -48,4 +50,15 @@ if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 > "$dir/fa
   fail "the fast path ran V4"
 fi
 grep -q -- "--compute reference" "$dir/fast.out" || fail "no clear refusal: $(cat "$dir/fast.out")"
-echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path refused by name"
+if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --compute reference \
+  --speculative mtp > "$dir/mtp.out" 2>&1; then
+  fail "MTP ran with V4"
+fi
+grep -q "does not run its MTP module yet" "$dir/mtp.out" || fail "no clear MTP refusal: $(cat "$dir/mtp.out")"
+"$bin" make-model --preset v4-tiny --set num_hidden_layers=3 --set 'compress_ratios=[128,4,0,0]' \
+  --out "$dir/v4t" > /dev/null 2>&1 || fail "make-model v4-tiny"
+"$bin" generate --model "$dir/v4t" --prompt "def fibonacci(n):" --max-tokens 4 --compute reference \
+  --json --threads 1 > "$dir/v4t.json" 2> "$dir/v4t.err" || { cat "$dir/v4t.err" >&2; fail "generate v4-tiny"; }
+python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); assert len(d["tokens"]) == 4, d' \
+  "$dir/v4t.json" || fail "v4-tiny generated no tokens"
+echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path and MTP refused by name, make-model v4-tiny runs"

@@ -17,6 +17,7 @@
 #include "model/checkpoint.h"
 #include "model/deepseek_v4.h"
 #include "model/family.h"
+#include "model/make_model.h"
 
 namespace moeserve {
 namespace {
@@ -193,11 +194,12 @@ TEST(V4Config, FlashParsesAndItsKvBytesAreTheDocumentedOnes) {
   std::string ratios = "[0, 0";
   for (int i = 0; i < 20; ++i) ratios += ", 4, 128";
   ratios += ", 4, 0]";
-  const std::string text = R"({"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+  const std::string text =
+      R"({"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
     "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43, "num_attention_heads": 64,
     "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024,
     "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128, "compress_ratios": )" +
-                           ratios + R"(, "compress_rope_theta": 160000, "rope_theta": 10000,
+      ratios + R"(, "compress_rope_theta": 160000, "rope_theta": 10000,
     "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
                      "beta_fast": 32, "beta_slow": 1},
     "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "hc_mult": 4,
@@ -230,7 +232,25 @@ TEST(V4Config, FlashParsesAndItsKvBytesAreTheDocumentedOnes) {
   bad.replace(bad.find("[0, 0"), 5, "[0, 16");
   auto b = parse_model_config(bad, "flash/config.json");
   ASSERT_FALSE(b.ok());
-  EXPECT_NE(b.status().message().find("compress_ratios"), std::string::npos) << b.status().message();
+  EXPECT_NE(b.status().message().find("compress_ratios"), std::string::npos)
+      << b.status().message();
+}
+
+// make-model's V4 presets are configs DeepSeek's format expresses: they read back to themselves
+// through config.json, with every layer kind and the MTP layer's ratio.
+TEST(V4Config, MakeModelPresetsRoundTripThroughConfigJson) {
+  for (const char* preset : {"v4-tiny", "v4-flash-bench"}) {
+    MakeModelOptions mo;
+    mo.preset = preset;
+    auto c = make_model_config(mo);
+    ASSERT_TRUE(c.ok()) << preset << ": " << c.status().to_string();
+    ASSERT_TRUE(c->v4 && c->quant && c->quant->ue8m0 && c->v4->fp4_experts) << preset;
+    auto back = parse_model_config(model_config_to_json(*c), "config.json");
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    EXPECT_EQ(model_config_to_json(*back), model_config_to_json(*c)) << preset;
+    EXPECT_EQ(back->v4->compress_ratios, c->v4->compress_ratios);
+    EXPECT_EQ(int64_t(back->v4->compress_ratios.size()), back->num_hidden_layers + 1);
+  }
 }
 
 }  // namespace
