@@ -9,9 +9,6 @@ namespace moeserve {
 
 namespace {
 
-constexpr std::string_view kBlock = "<｜DSML｜function_calls";
-constexpr std::string_view kBlockAfterContent = "\n\n<｜DSML｜function_calls";
-constexpr std::string_view kBlockEnd = "</｜DSML｜function_calls>";
 constexpr std::string_view kInvoke = "<｜DSML｜invoke";
 constexpr std::string_view kInvokeEnd = "</｜DSML｜invoke";
 constexpr std::string_view kParam = "<｜DSML｜parameter";
@@ -38,7 +35,15 @@ std::string escaped(std::string_view text) {
 
 }  // namespace
 
-DsmlParser::DsmlParser(std::optional<int64_t> max_calls) : max_calls_(max_calls) {}
+std::string_view dsml_block(ToolCallSyntax syntax) {
+  return syntax == ToolCallSyntax::kDsmlV4 ? "tool_calls" : "function_calls";
+}
+
+DsmlParser::DsmlParser(std::optional<int64_t> max_calls, std::string_view block)
+    : max_calls_(max_calls),
+      block_("<｜DSML｜" + std::string(block)),
+      block_after_content_("\n\n" + block_),
+      block_end_("</｜DSML｜" + std::string(block) + ">") {}
 
 void DsmlParser::open_call(std::string_view header, ToolCallParser::Parts& out) {
   std::string name(attribute(header, "name"));
@@ -77,11 +82,13 @@ ToolCallParser::Parts DsmlParser::push(std::string_view piece) {
   ToolCallParser::Parts out;
   held_.append(piece);
   std::string_view buf = held_;
+  const std::string_view block = block_, block_after_content = block_after_content_,
+                         block_end = block_end_;
   for (;;) {
     if (state_ == State::kContent) {
-      const size_t at = buf.find(kBlock);
+      const size_t at = buf.find(block);
       if (at == std::string_view::npos) {
-        const size_t keep = partial_tail(buf, {kBlockAfterContent, kBlock});
+        const size_t keep = partial_tail(buf, {block_after_content, block});
         out.content.append(buf.substr(0, buf.size() - keep));
         buf.remove_prefix(buf.size() - keep);
         break;
@@ -89,15 +96,15 @@ ToolCallParser::Parts DsmlParser::push(std::string_view piece) {
       std::string_view content = buf.substr(0, at);
       if (content.ends_with("\n\n")) content.remove_suffix(2);
       out.content.append(content);
-      buf.remove_prefix(at + kBlock.size());
+      buf.remove_prefix(at + block.size());
       state_ = State::kBetweenCalls;
     } else if (state_ == State::kBetweenCalls) {
-      auto [at, which] = earliest(buf, {kInvoke, kBlockEnd});
+      auto [at, which] = earliest(buf, {kInvoke, block_end});
       if (at == std::string_view::npos) {
-        buf.remove_prefix(buf.size() - partial_tail(buf, {kInvoke, kBlockEnd}));
+        buf.remove_prefix(buf.size() - partial_tail(buf, {kInvoke, block_end}));
         break;
       }
-      buf.remove_prefix(at + (which == 0 ? kInvoke.size() : kBlockEnd.size()));
+      buf.remove_prefix(at + (which == 0 ? kInvoke.size() : block_end.size()));
       state_ = which == 0 ? State::kInvokeHeader : State::kContent;
     } else if (state_ == State::kInvokeHeader || state_ == State::kParamHeader) {
       const size_t at = buf.find(kHeaderEnd);
@@ -111,12 +118,12 @@ ToolCallParser::Parts DsmlParser::push(std::string_view piece) {
       }
       buf.remove_prefix(at + kHeaderEnd.size());
     } else if (state_ == State::kParams) {
-      auto [at, which] = earliest(buf, {kParam, kInvokeEnd, kBlockEnd});
+      auto [at, which] = earliest(buf, {kParam, kInvokeEnd, block_end});
       if (at == std::string_view::npos) {
-        buf.remove_prefix(buf.size() - partial_tail(buf, {kParam, kInvokeEnd, kBlockEnd}));
+        buf.remove_prefix(buf.size() - partial_tail(buf, {kParam, kInvokeEnd, block_end}));
         break;
       }
-      const std::array<size_t, 3> len = {kParam.size(), kInvokeEnd.size(), kBlockEnd.size()};
+      const std::array<size_t, 3> len = {kParam.size(), kInvokeEnd.size(), block_end.size()};
       buf.remove_prefix(at + len[which]);
       if (which != 0) close_call(out);
       state_ = which == 0   ? State::kParamHeader

@@ -1,6 +1,6 @@
-// DsmlParser: DeepSeek-V3.2's tool calls (ToolCallSyntax::kDsml) in text that arrives in
-// pieces. ToolCallParser hands kDsml to it; use ToolCallParser. The model writes, after its
-// content (docs/server.md, "DeepSeek-V3.2"),
+// DsmlParser: DeepSeek-V3.2's tool calls (ToolCallSyntax::kDsml) and DeepSeek-V4's (kDsmlV4)
+// in text that arrives in pieces. ToolCallParser hands both to it; use ToolCallParser. The
+// model writes, after its content (docs/server.md, "DeepSeek-V3.2"),
 //
 //   \n\n<｜DSML｜function_calls>
 //   <｜DSML｜invoke name="NAME">
@@ -10,6 +10,8 @@
 //   <｜DSML｜invoke name="NAME2">...</｜DSML｜invoke>
 //   </｜DSML｜function_calls>
 //
+// (V4: the block is <｜DSML｜tool_calls> ... </｜DSML｜tool_calls>, all else the same: its
+// encoding_dsv4.py writes and parses calls as encoding_dsv32.py does)
 // and a call's arguments are the JSON object DeepSeek's encoder (encoding_dsv32.py,
 // decode_dsml_to_arguments) builds from its parameters: {"KEY": "VALUE", "KEY2": JSON} with
 // Python's json.dumps escaping of a string value, a non-string value as written. They stream:
@@ -28,9 +30,13 @@
 
 namespace moeserve {
 
+// The block's name: "function_calls" (kDsml) or "tool_calls" (kDsmlV4).
+std::string_view dsml_block(ToolCallSyntax syntax);
+
 class DsmlParser {
  public:
-  explicit DsmlParser(std::optional<int64_t> max_calls);
+  // `block`: dsml_block() of the syntax.
+  DsmlParser(std::optional<int64_t> max_calls, std::string_view block = "function_calls");
 
   ToolCallParser::Parts push(std::string_view piece);
   ToolCallParser::Parts finish();
@@ -52,6 +58,8 @@ class DsmlParser {
   void add_arguments(std::string_view text, ToolCallParser::Parts& out);
 
   std::optional<int64_t> max_calls_;
+  // "<｜DSML｜NAME", "\n\n<｜DSML｜NAME" and "</｜DSML｜NAME>" for the block's NAME.
+  std::string block_, block_after_content_, block_end_;
   State state_ = State::kContent;
   std::string held_;
   int64_t opened_ = 0;

@@ -337,6 +337,9 @@ ApiResult<PreparedRequest> OpenAiService::prepare_chat(ChatCompletionRequest& re
     case ChatTemplate::Variant::kDeepSeekV3_2:
       p.tools.syntax = ToolCallSyntax::kDsml;
       break;
+    case ChatTemplate::Variant::kDeepSeekV4:
+      p.tools.syntax = ToolCallSyntax::kDsmlV4;
+      break;
     default:
       p.tools.syntax = ToolCallSyntax::kV3;
   }

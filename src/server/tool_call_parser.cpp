@@ -50,12 +50,15 @@ ToolCallFormat tool_call_format(ToolCallSyntax syntax) {
   f.syntax = syntax;
   switch (syntax) {
     case ToolCallSyntax::kDsml:
-      f.calls_begin = "\n\n<｜DSML｜function_calls>\n";
-      f.trigger = "<｜DSML｜function_calls>";
+    case ToolCallSyntax::kDsmlV4: {
+      const std::string block(dsml_block(syntax));
+      f.calls_begin = "\n\n<｜DSML｜" + block + ">\n";
+      f.trigger = "<｜DSML｜" + block + ">";
       f.call_end = "</｜DSML｜invoke>\n";  // (its "\n" separates the next call)
-      f.calls_end = "</｜DSML｜function_calls>";
+      f.calls_end = "</｜DSML｜" + block + ">";
       f.xml = true;
       break;
+    }
     case ToolCallSyntax::kV3_1:
       f.calls_begin = f.trigger = std::string(kCallsBegin);
       f.call_end = std::string(kCallEnd);
@@ -74,6 +77,7 @@ ToolCallFormat tool_call_format(ToolCallSyntax syntax) {
 std::string ToolCallFormat::call_begin(std::string_view name) const {
   switch (syntax) {
     case ToolCallSyntax::kDsml:
+    case ToolCallSyntax::kDsmlV4:
       return "<｜DSML｜invoke name=\"" + std::string(name) + "\">\n";
     case ToolCallSyntax::kV3_1:
       return std::string(kCallBegin) + std::string(name) + std::string(kSep);
@@ -85,8 +89,9 @@ std::string ToolCallFormat::call_begin(std::string_view name) const {
 }
 
 std::string tool_call_prefill(std::optional<std::string_view> name, ToolCallSyntax syntax) {
-  if (syntax == ToolCallSyntax::kDsml) {
-    std::string s = "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"";
+  if (syntax == ToolCallSyntax::kDsml || syntax == ToolCallSyntax::kDsmlV4) {
+    std::string s =
+        "\n\n<｜DSML｜" + std::string(dsml_block(syntax)) + ">\n<｜DSML｜invoke name=\"";
     if (name) s += std::string(*name) + "\">\n";
     return s;
   }
@@ -102,7 +107,8 @@ std::string tool_call_prefill(std::optional<std::string_view> name, ToolCallSynt
 
 ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> max_calls,
                                  ToolCallSyntax syntax) {
-  if (syntax == ToolCallSyntax::kDsml) {  // (no second implementation: the streaming one)
+  // DSML: no second implementation, the streaming one.
+  if (syntax == ToolCallSyntax::kDsml || syntax == ToolCallSyntax::kDsmlV4) {
     ToolCallParser parser(max_calls, syntax);
     ParsedToolCalls out;
     for (ToolCallParser::Parts p : {parser.push(text), parser.finish()}) {
@@ -167,7 +173,9 @@ ParsedToolCalls parse_tool_calls(std::string_view text, std::optional<int64_t> m
 
 ToolCallParser::ToolCallParser(std::optional<int64_t> max_calls, ToolCallSyntax syntax)
     : max_calls_(max_calls), header_end_(syntax == ToolCallSyntax::kV3 ? "\n" : kSep) {
-  if (syntax == ToolCallSyntax::kDsml) dsml_ = std::make_unique<DsmlParser>(max_calls);
+  if (syntax == ToolCallSyntax::kDsml || syntax == ToolCallSyntax::kDsmlV4) {
+    dsml_ = std::make_unique<DsmlParser>(max_calls, dsml_block(syntax));
+  }
 }
 
 ToolCallParser::~ToolCallParser() = default;

@@ -10,7 +10,8 @@
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜><｜tool▁call▁begin｜>...<｜tool▁calls▁end｜>
 //
 // DeepSeek-V3.2 (kDsml) writes its DSML syntax instead, and its arguments are built from
-// parameters: server/dsml_tool_calls.h.
+// parameters: server/dsml_tool_calls.h; DeepSeek-V4 (kDsmlV4) the same in a block named
+// <｜DSML｜tool_calls> instead of <｜DSML｜function_calls>.
 //
 // Text outside a calls block is content; the tokens never reach the content. Inside a block,
 // text between calls is dropped. A call's header ends at the first "\n" (kV3: it is
@@ -37,7 +38,7 @@
 
 namespace moeserve {
 
-enum class ToolCallSyntax { kV3, kV3_1, kDsml };
+enum class ToolCallSyntax { kV3, kV3_1, kDsml, kDsmlV4 };
 
 class DsmlParser;
 

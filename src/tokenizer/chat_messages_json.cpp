@@ -104,6 +104,9 @@ Result<Message> parse_message(const json& j, size_t i) {
       const std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
       if (!c.is_object()) return InvalidArgument(cw + ": not an object");
       ToolCall call;
+      if (auto id = c.find("id"); id != c.end() && id->is_string()) {
+        call.id = id->get<std::string>();
+      }
       if (auto t = c.find("type"); t != c.end()) {
         if (!t->is_string()) return InvalidArgument(cw + ".type: not a string");
         call.type = t->get<std::string>();

@@ -2,10 +2,10 @@
 //
 // Accepts an array of messages or an object with a "messages" array. Each message: "role"
 // (string, required), "content" (string, null or absent = null; an array of {"type": "text",
-// "text": ...} parts is joined), "tool_calls" ([{"type", "function": {"name", "arguments"}}];
-// "arguments" given as a JSON object is serialised compactly, where Hugging Face's template
-// would fail), "tool_call_id", "reasoning_content" (string or null). Errors name the message
-// index and field.
+// "text": ...} parts is joined), "tool_calls" ([{"id", "type", "function": {"name",
+// "arguments"}}]; "arguments" given as a JSON object is serialised compactly, where Hugging
+// Face's template would fail), "tool_call_id", "reasoning_content" (string or null). Errors name
+// the message index and field.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>

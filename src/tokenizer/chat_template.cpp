@@ -103,6 +103,9 @@ Result<ChatTemplate> ChatTemplate::for_model(const Tokenizer& tok, std::string_v
   if (tok.chat_template().empty() && model_type == "deepseek_v32") {
     return of_variant(Variant::kDeepSeekV3_2, tok.bos_token());
   }
+  if (tok.chat_template().empty() && model_type == "deepseek_v4") {
+    return of_variant(Variant::kDeepSeekV4, tok.bos_token());
+  }
   return for_tokenizer(tok);
 }
 
@@ -170,8 +173,8 @@ void append_tools_v3_1(std::string& out, std::span<const ToolDefinition> tools) 
 
 Result<std::string> ChatTemplate::render(std::span<const Message> messages,
                                          bool add_generation_prompt,
-                                         std::span<const ToolDefinition> tools,
-                                         bool thinking) const {
+                                         std::span<const ToolDefinition> tools, bool thinking,
+                                         std::string_view reasoning_effort) const {
   switch (variant_) {
     case Variant::kDeepSeekV3_0324:
     case Variant::kDeepSeekR1_0528:
@@ -180,6 +183,8 @@ Result<std::string> ChatTemplate::render(std::span<const Message> messages,
       return render_v3_1(messages, add_generation_prompt, tools, thinking);
     case Variant::kDeepSeekV3_2:
       return render_v3_2(messages, tools, thinking);
+    case Variant::kDeepSeekV4:
+      return render_v4(messages, tools, thinking, reasoning_effort);
     default:
       return render_v3_r1(messages, add_generation_prompt, tools);
   }

@@ -18,6 +18,10 @@
 //     encoder (encoding_dsv32.py) as SGLang's server prepares a request for it, held to that
 //     encoder by tests/data/tokenizer/chat_dsv32.jsonl; see chat_template_dsv32.cpp and
 //     docs/server.md. Chosen by the checkpoint's model_type, not by a template.
+//   - DeepSeek-V4 (kDeepSeekV4): likewise no template; DeepSeek's encoding_dsv4.py, the request
+//     prepared as for V3.2, held to it by tests/data/tokenizer/chat_dsv4.jsonl: tool outputs in
+//     <tool_result> blocks of user turns, calls in a <｜DSML｜tool_calls> block, the
+//     latest_reminder role, reasoning_effort "max". Chosen by model_type deepseek_v4.
 // The checkpoints' templates render nothing for the API's `tools`; given tools, render() appends
 // a description of them to the system prompt: for V3/R1 the wording of vLLM's DeepSeek-V3 tool
 // template (the tools as JSON inside <tools></tools>, then the call format), for V3.1 the
@@ -33,6 +37,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -44,6 +49,7 @@ struct ToolCall {
   std::string type = "function";
   std::string name;
   std::string arguments;  // JSON text, as the OpenAI API sends it
+  std::string id;         // the call's id ("" when none); V4 orders tool outputs by it
 };
 
 // A tool the model may call. JSON text as Jinja's `tojson` (Python's json.dumps, ensure_ascii
@@ -80,14 +86,15 @@ class ChatTemplate {
     kDeepSeekV3_0324,
     kDeepSeekR1_0528,
     kDeepSeekV3_1,
-    kDeepSeekV3_2
+    kDeepSeekV3_2,
+    kDeepSeekV4
   };
 
   // From the template text of a tokenizer_config.json and the BOS token string.
   static Result<ChatTemplate> from_template(const std::string& jinja, std::string bos_token);
   static Result<ChatTemplate> for_tokenizer(const Tokenizer& tok);
   // The tokenizer's template, or for a model family whose checkpoints ship none (DeepSeek-V3.2,
-  // `model_type` deepseek_v32) its encoder.
+  // `model_type` deepseek_v32; DeepSeek-V4, deepseek_v4) its encoder.
   static Result<ChatTemplate> for_model(const Tokenizer& tok, std::string_view model_type);
   // A variant without a template file (the R1 flavour here is the later one, with "<think>\n").
   static ChatTemplate of_variant(Variant v, std::string bos_token);
@@ -97,10 +104,12 @@ class ChatTemplate {
   // its encoder raises). With `tools`, their description follows the system prompt.
   // `thinking`: the V3.1 template's switch and V3.2's thinking_mode
   // (chat_template_kwargs.thinking; off by default, as there). V3.2's encoder has no
-  // generation-prompt switch: a user turn always opens the assistant's.
+  // generation-prompt switch: a user turn always opens the assistant's (V4: a user turn that
+  // is last or followed by an assistant or latest_reminder turn). `reasoning_effort`: V4's
+  // ("max" or "high"; "" for none; other values an error), ignored by the other variants.
   Result<std::string> render(std::span<const Message> messages, bool add_generation_prompt,
-                             std::span<const ToolDefinition> tools = {},
-                             bool thinking = false) const;
+                             std::span<const ToolDefinition> tools = {}, bool thinking = false,
+                             std::string_view reasoning_effort = {}) const;
 
   Variant variant() const { return variant_; }
   // Whether the model writes reasoning (<think>...</think>) before its answer.
@@ -112,9 +121,10 @@ class ChatTemplate {
   bool generation_opens_think(bool thinking = false) const {
     return think_prompt_ || (hybrid() && thinking);
   }
-  // V3.1 and V3.2: a thinking and a non-thinking mode, switched per request.
+  // V3.1, V3.2 and V4: a thinking and a non-thinking mode, switched per request.
   bool hybrid() const {
-    return variant_ == Variant::kDeepSeekV3_1 || variant_ == Variant::kDeepSeekV3_2;
+    return variant_ == Variant::kDeepSeekV3_1 || variant_ == Variant::kDeepSeekV3_2 ||
+           variant_ == Variant::kDeepSeekV4;
   }
 
  private:
@@ -132,6 +142,9 @@ class ChatTemplate {
                                   std::span<const ToolDefinition> tools, bool thinking) const;
   Result<std::string> render_v3_2(std::span<const Message> messages,
                                   std::span<const ToolDefinition> tools, bool thinking) const;
+  Result<std::string> render_v4(std::span<const Message> messages,
+                                std::span<const ToolDefinition> tools, bool thinking,
+                                std::string_view reasoning_effort) const;
 };
 
 }  // namespace moeserve

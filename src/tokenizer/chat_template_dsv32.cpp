@@ -1,7 +1,12 @@
-// DeepSeek-V3.2's chat encoding (docs/server.md, "DeepSeek-V3.2"): what DeepSeek's encoder
-// (encoding/encoding_dsv32.py of the model repository) writes for a request as SGLang's server
-// prepares it, step by step, errors where the encoder raises. Held to that encoder by
-// tests/data/tokenizer/chat_dsv32.jsonl (tools/gen_dsv32_chat_fixtures.py).
+// DeepSeek-V3.2's and DeepSeek-V4's chat encodings (docs/server.md, "DeepSeek-V3.2"): what
+// DeepSeek's encoders (encoding/encoding_dsv32.py and encoding/encoding_dsv4.py of the model
+// repositories) write for a request as SGLang's server prepares it for V3.2 (V4 prepared the
+// same way), step by step, errors where the encoders raise. Held to those encoders by
+// tests/data/tokenizer/chat_dsv32.jsonl and chat_dsv4.jsonl (tools/gen_dsv32_chat_fixtures.py,
+// tools/gen_dsv4_chat_fixtures.py). The two share the DSML calls (V4 names the block
+// "tool_calls" where V3.2 says "function_calls") and the request's preparation.
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/chat_messages_json.h"
@@ -60,20 +65,24 @@ struct Turn {
   bool has_tools = false;
 };
 
-std::string render_tools(std::span<const ToolDefinition> tools) {
-  std::string out(kToolsHead);
+// The tools section: `head`, the tool schemas (the "function" objects) a line each, `tail`.
+std::string render_tools(std::span<const ToolDefinition> tools, std::string_view head = kToolsHead,
+                         std::string_view tail = kToolsTail) {
+  std::string out(head);
   for (size_t i = 0; i < tools.size(); ++i) {
     if (i) out += '\n';
     out += tools[i].function_json;
   }
-  out += kToolsTail;
+  out += tail;
   return out;
 }
 
 // encode_arguments_to_dsml: a call's JSON-object arguments as parameters, in the object's
-// order; strings as they are, other values as JSON.
-Result<std::string> dsml_arguments(const ToolCall& call) {
+// order; strings as they are, other values as JSON. Arguments that are not JSON are an error
+// (V3.2) or, `wrap_text` (V4), the string value of one parameter named "arguments".
+Result<std::string> dsml_arguments(const ToolCall& call, bool wrap_text) {
   ordered_json args = ordered_json::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
+  if (args.is_discarded() && wrap_text) args = ordered_json{{"arguments", call.arguments}};
   if (args.is_discarded()) {
     return InvalidArgument("tool call '" + call.name + "': arguments are not valid JSON");
   }
@@ -98,6 +107,21 @@ Result<std::string> dsml_arguments(const ToolCall& call) {
   return out;
 }
 
+// An assistant turn's calls as the encoders write them after its content: "\n\n", then the
+// block (`block`: "function_calls" for V3.2, "tool_calls" for V4) of invokes; "" without calls.
+Result<std::string> dsml_calls(const Message& m, std::string_view block, bool wrap_text) {
+  if (!m.tool_calls || m.tool_calls->empty()) return std::string();
+  std::string calls = "\n\n<｜DSML｜" + std::string(block) + ">\n";
+  for (size_t k = 0; k < m.tool_calls->size(); ++k) {
+    const ToolCall& c = (*m.tool_calls)[k];
+    ASSIGN_OR_RETURN(std::string args, dsml_arguments(c, wrap_text));
+    if (k) calls += '\n';
+    calls += "<｜DSML｜invoke name=\"" + c.name + "\">\n" + args + "\n</｜DSML｜invoke>";
+  }
+  calls += "\n</｜DSML｜" + std::string(block) + ">";
+  return calls;
+}
+
 int64_t last_user_index(std::span<const Turn> turns) {
   for (int64_t i = int64_t(turns.size()) - 1; i >= 0; --i) {
     const std::string& role = turns[size_t(i)].m->role;
@@ -109,6 +133,26 @@ int64_t last_user_index(std::span<const Turn> turns) {
 Status error_at(size_t i, const Turn& t, std::string_view why) {
   return InvalidArgument("message " + std::to_string(i) + " (role '" + t.m->role +
                          "'): " + std::string(why));
+}
+
+// SGLang's preparation: null content as "", an empty system message first when the first is
+// not one, the request's tools on the first message.
+std::vector<Turn> prepare(std::span<const Message> messages,
+                          std::span<const ToolDefinition> tools) {
+  static const Message kEmptySystem = [] {
+    Message m;
+    m.role = "system";
+    m.content = "";
+    return m;
+  }();
+  std::vector<Turn> turns;
+  turns.reserve(messages.size() + 1);
+  if (messages.empty() || messages.front().role != "system") turns.push_back({&kEmptySystem, ""});
+  for (const Message& m : messages) {
+    turns.push_back({&m, m.content ? std::string_view(*m.content) : std::string_view()});
+  }
+  turns.front().has_tools = !tools.empty();
+  return turns;
 }
 
 // render_message of the encoder for turns[i].
@@ -152,17 +196,7 @@ Result<std::string> render_turn(std::span<const Turn> turns, size_t i,
       out += thinking && int64_t(i) >= last_user ? kThinkOpen : kThinkClose;
     }
   } else if (m.role == "assistant") {
-    std::string calls;
-    if (m.tool_calls && !m.tool_calls->empty()) {
-      calls = "\n\n<｜DSML｜function_calls>\n";
-      for (size_t k = 0; k < m.tool_calls->size(); ++k) {
-        const ToolCall& c = (*m.tool_calls)[k];
-        ASSIGN_OR_RETURN(std::string args, dsml_arguments(c));
-        if (k) calls += '\n';
-        calls += "<｜DSML｜invoke name=\"" + c.name + "\">\n" + args + "\n</｜DSML｜invoke>";
-      }
-      calls += "\n</｜DSML｜function_calls>";
-    }
+    ASSIGN_OR_RETURN(std::string calls, dsml_calls(m, "function_calls", /*wrap_text=*/false));
     // Thinking mode: a turn after the last user message keeps its reasoning (the agent loop of
     // one request); earlier turns' reasoning was dropped before rendering.
     if (thinking && int64_t(i) > last_user) {
@@ -187,21 +221,7 @@ Result<std::string> render_turn(std::span<const Turn> turns, size_t i,
 Result<std::string> ChatTemplate::render_v3_2(std::span<const Message> messages,
                                               std::span<const ToolDefinition> tools,
                                               bool thinking) const {
-  // SGLang's preparation: null content as "", an empty system message first when the first
-  // is not one, the request's tools on the first message.
-  static const Message kEmptySystem = [] {
-    Message m;
-    m.role = "system";
-    m.content = "";
-    return m;
-  }();
-  std::vector<Turn> turns;
-  turns.reserve(messages.size() + 1);
-  if (messages.empty() || messages.front().role != "system") turns.push_back({&kEmptySystem, ""});
-  for (const Message& m : messages) {
-    turns.push_back({&m, m.content ? std::string_view(*m.content) : std::string_view()});
-  }
-  turns.front().has_tools = !tools.empty();
+  std::vector<Turn> turns = prepare(messages, tools);
   const size_t n = turns.size();
   // drop_thinking_messages (thinking mode): before the last user message, assistant turns lose
   // their reasoning and turns of other roles than user, system, tool and assistant are dropped;
@@ -230,6 +250,215 @@ Result<std::string> ChatTemplate::render_v3_2(std::span<const Message> messages,
   std::string out = bos_;
   for (size_t i = 0; i < n; ++i) {
     ASSIGN_OR_RETURN(std::string part, render_turn(turns, i, tools, thinking));
+    out += part;
+  }
+  return out;
+}
+
+// ---- DeepSeek-V4 (encoding_dsv4.py) ----
+
+namespace {
+
+// V4's TOOLS_TEMPLATE, split around the tool schemas.
+constexpr std::string_view kV4ToolsHead =
+    "## Tools\n\n"
+    "You have access to a set of tools to help answer the user's question. You can invoke tools "
+    "by writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n"
+    "<｜DSML｜tool_calls>\n"
+    "<｜DSML｜invoke name=\"$TOOL_NAME\">\n"
+    "<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE"
+    "</｜DSML｜parameter>\n"
+    "...\n"
+    "</｜DSML｜invoke>\n"
+    "<｜DSML｜invoke name=\"$TOOL_NAME2\">\n"
+    "...\n"
+    "</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>\n\n"
+    "String parameters should be specified as is and set `string=\"true\"`. For all other types "
+    "(numbers, booleans, arrays, objects), pass the value in JSON format and set "
+    "`string=\"false\"`.\n\n"
+    "If thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning "
+    "inside <think>...</think> BEFORE any tool calls or final response.\n\n"
+    "Otherwise, output directly after </think> with tool calls or final response.\n\n"
+    "### Available Tool Schemas\n\n";
+constexpr std::string_view kV4ToolsTail =
+    "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "
+    "tool calls.\n";
+// REASONING_EFFORT_MAX: what the first message's text opens with (after BOS) in thinking mode.
+constexpr std::string_view kReasoningEffortMax =
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to "
+    "resolve the root cause, rigorously stress-testing your logic against all potential paths, "
+    "edge cases, and adversarial scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, "
+    "considered alternative, and rejected hypothesis to ensure absolutely no assumption is left "
+    "unchecked.\n\n";
+
+// A part of a user turn after merge_tool_messages: a user message's text or a tool output.
+struct Block {
+  bool tool_result = false;
+  std::string_view text;
+  std::string_view tool_use_id;  // a tool output's tool_call_id
+};
+
+// A message as V4's encoder renders it: tool outputs merged into user turns.
+struct V4Turn {
+  const Message* m;  // tool_calls and reasoning_content; nullptr for a (merged) user turn
+  std::string_view role;
+  std::string_view content;
+  bool has_tools = false;
+  std::vector<Block> blocks;  // user turns: their texts and tool outputs, in order
+};
+
+// merge_tool_messages: a tool output becomes a tool_result block of a user turn, joining the
+// previous turn when that is a user turn (itself merged or not), as does a user message's text.
+std::vector<V4Turn> merge_tool_messages(std::span<const Turn> turns) {
+  std::vector<V4Turn> out;
+  for (const Turn& t : turns) {
+    const std::string& role = t.m->role;
+    const bool joins = !out.empty() && out.back().role == "user";
+    if (role == "tool" || role == "user") {
+      Block b{role == "tool", t.content, {}};
+      if (b.tool_result && t.m->tool_call_id) b.tool_use_id = *t.m->tool_call_id;
+      if (!joins) out.push_back({nullptr, "user", {}, false, {}});
+      out.back().blocks.push_back(b);
+    } else {
+      out.push_back({t.m, role, t.content, t.has_tools, {}});
+    }
+  }
+  return out;
+}
+
+// sort_tool_results_by_call_order: a user turn's tool outputs (two or more) in the order of
+// the calls of the last assistant turn with calls before it, by id (an unknown id as the
+// first call); stable; the texts keep their places.
+void sort_tool_results(std::vector<V4Turn>& turns) {
+  std::vector<std::pair<std::string_view, size_t>> order;  // call id -> its index
+  const auto rank = [&](std::string_view id) -> size_t {
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      if (it->first == id) return it->second;  // (the last of equal ids, as a dict keeps)
+    }
+    return 0;
+  };
+  for (V4Turn& t : turns) {
+    if (t.role == "assistant" && t.m->tool_calls && !t.m->tool_calls->empty()) {
+      order.clear();
+      for (size_t k = 0; k < t.m->tool_calls->size(); ++k) {
+        const std::string& id = (*t.m->tool_calls)[k].id;
+        if (!id.empty()) order.emplace_back(id, k);
+      }
+    } else if (t.role == "user" && !order.empty()) {
+      std::vector<Block> results;
+      for (const Block& b : t.blocks) {
+        if (b.tool_result) results.push_back(b);
+      }
+      if (results.size() < 2) continue;
+      std::stable_sort(results.begin(), results.end(), [&](const Block& a, const Block& b) {
+        return rank(a.tool_use_id) < rank(b.tool_use_id);
+      });
+      size_t next = 0;
+      for (Block& b : t.blocks) {
+        if (b.tool_result) b = results[next++];
+      }
+    }
+  }
+}
+
+int64_t last_user_index(std::span<const V4Turn> turns) {
+  for (int64_t i = int64_t(turns.size()) - 1; i >= 0; --i) {
+    const std::string_view role = turns[size_t(i)].role;
+    if (role == "user" || role == "developer") return i;
+  }
+  return -1;
+}
+
+Status error_at(size_t i, const V4Turn& t, std::string_view why) {
+  return InvalidArgument("message " + std::to_string(i) + " (role '" + std::string(t.role) +
+                         "'): " + std::string(why));
+}
+
+// render_message of V4's encoder for turns[i]. `drop`: earlier turns' reasoning is dropped
+// (drop_thinking, off when the request has tools).
+Result<std::string> render_v4_turn(std::span<const V4Turn> turns, size_t i,
+                                   std::span<const ToolDefinition> tools, bool thinking, bool drop,
+                                   bool effort_max) {
+  const V4Turn& t = turns[i];
+  const int64_t last_user = last_user_index(turns);
+  std::string out;
+  if (i == 0 && thinking && effort_max) out += kReasoningEffortMax;
+  if (t.role == "system") {
+    out += t.content;
+    if (t.has_tools) out += "\n\n" + render_tools(tools, kV4ToolsHead, kV4ToolsTail);
+  } else if (t.role == "developer") {
+    if (t.content.empty()) return error_at(i, t, "a developer message needs content");
+    out += std::string(kUser) + std::string(t.content);
+    if (t.has_tools) out += "\n\n" + render_tools(tools, kV4ToolsHead, kV4ToolsTail);
+  } else if (t.role == "user") {
+    out += kUser;
+    for (size_t k = 0; k < t.blocks.size(); ++k) {
+      if (k) out += "\n\n";
+      const Block& b = t.blocks[k];
+      out += b.tool_result ? "<tool_result>" + std::string(b.text) + "</tool_result>"
+                           : std::string(b.text);
+    }
+  } else if (t.role == "latest_reminder") {
+    out += "<｜latest_reminder｜>" + std::string(t.content);
+  } else if (t.role == "assistant") {
+    ASSIGN_OR_RETURN(std::string calls, dsml_calls(*t.m, "tool_calls", /*wrap_text=*/true));
+    // Reasoning is rendered after the last user turn, and everywhere when nothing is dropped.
+    if (thinking && (!drop || int64_t(i) > last_user)) {
+      if (t.m->reasoning_content) out += *t.m->reasoning_content;
+      out += kThinkClose;
+    }
+    out += std::string(t.content) + calls + std::string(kEos);
+  } else {
+    return error_at(i, t, "unknown role");
+  }
+  // A user or developer turn followed by an assistant or latest_reminder turn, or last, opens
+  // the assistant's: <think> where its reasoning is rendered, </think> elsewhere.
+  if (i + 1 < turns.size() && turns[i + 1].role != "assistant" &&
+      turns[i + 1].role != "latest_reminder") {
+    return out;
+  }
+  if (t.role == "user" || t.role == "developer") {
+    out += kAssistant;
+    out += thinking && (!drop || int64_t(i) >= last_user) ? kThinkOpen : kThinkClose;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::string> ChatTemplate::render_v4(std::span<const Message> messages,
+                                            std::span<const ToolDefinition> tools, bool thinking,
+                                            std::string_view reasoning_effort) const {
+  if (!reasoning_effort.empty() && reasoning_effort != "max" && reasoning_effort != "high") {
+    return InvalidArgument("reasoning_effort '" + std::string(reasoning_effort) +
+                           "': DeepSeek-V4 takes 'max' or 'high'");
+  }
+  const std::vector<Turn> prepared = prepare(messages, tools);
+  std::vector<V4Turn> turns = merge_tool_messages(prepared);
+  sort_tool_results(turns);
+  // drop_thinking holds unless the request has tools; in thinking mode it drops, before the
+  // last user turn, the turns of roles other than user, system, latest_reminder, assistant
+  // (whose reasoning is then not rendered) and direct_search_results (kept, to be refused).
+  const bool drop = tools.empty();
+  if (thinking && drop) {
+    const int64_t last_user = last_user_index(turns);
+    std::vector<V4Turn> kept;
+    for (size_t i = 0; i < turns.size(); ++i) {
+      V4Turn& t = turns[i];
+      if (t.role == "user" || t.role == "system" || t.role == "latest_reminder" ||
+          t.role == "assistant" || t.role == "direct_search_results" || int64_t(i) >= last_user) {
+        kept.push_back(std::move(t));
+      }
+    }
+    turns = std::move(kept);
+  }
+  std::string out = bos_;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    ASSIGN_OR_RETURN(std::string part,
+                     render_v4_turn(turns, i, tools, thinking, drop, reasoning_effort == "max"));
     out += part;
   }
   return out;

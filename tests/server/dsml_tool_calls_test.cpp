@@ -3,7 +3,8 @@
 // tests/data/tokenizer/chat_dsv32.jsonl (tools/gen_dsv32_chat_fixtures.py): the reasoning
 // splitter and the tool-call parser, as the server chains them, give the encoder's reasoning,
 // content and calls for the text whole, cut at every point, and cut at random into many
-// pieces; then the cases the encoder refuses and moeserve keeps what it can of.
+// pieces; then the cases the encoder refuses and moeserve keeps what it can of. DeepSeek-V4's
+// (kDsmlV4, <｜DSML｜tool_calls>) likewise against encoding_dsv4.py on chat_dsv4.jsonl.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -28,10 +29,11 @@ struct Turn {
 // The server's chain for one choice: the reasoning splitter (thinking mode: the prompt opened
 // <think>), then the tool-call parser on the content; calls rebuilt from their deltas.
 Turn stream(const std::vector<std::string_view>& pieces, bool thinking,
-            std::optional<int64_t> max_calls = std::nullopt, std::string_view prefill = {}) {
+            std::optional<int64_t> max_calls = std::nullopt, std::string_view prefill = {},
+            ToolCallSyntax syntax = ToolCallSyntax::kDsml) {
   std::optional<ReasoningSplitter> reasoning;
   if (thinking) reasoning.emplace(/*starts_in_reasoning=*/true);
-  ToolCallParser tools(max_calls, ToolCallSyntax::kDsml);
+  ToolCallParser tools(max_calls, syntax);
   Turn out;
   auto take = [&](ToolCallParser::Parts p) {
     out.content += p.content;
@@ -70,8 +72,8 @@ struct Row {
   Turn want;
 };
 
-std::vector<Row> encoder_rows() {
-  std::ifstream f("tests/data/tokenizer/chat_dsv32.jsonl", std::ios::binary);
+std::vector<Row> encoder_rows(const char* path = "tests/data/tokenizer/chat_dsv32.jsonl") {
+  std::ifstream f(path, std::ios::binary);
   EXPECT_TRUE(f.good());
   std::vector<Row> rows;
   for (std::string line; std::getline(f, line);) {
@@ -125,6 +127,78 @@ TEST(DsmlToolCalls, EveryCutOfTheEncodersTurnsParsesAsTheEncoderParses) {
       rows.size(), (long long)thinking, (long long)calls, (long long)runs);
   EXPECT_GE(calls, 100);
   EXPECT_GE(thinking, 30);
+}
+
+// DeepSeek-V4: the same syntax in a <｜DSML｜tool_calls> block; every cut into two pieces and
+// random cuts into many give encoding_dsv4.py's parse. V3.2's parser leaves V4's block as
+// content, and V4's leaves V3.2's.
+TEST(DsmlToolCalls, V4TurnsParseAsDeepSeeksV4EncoderParsesThem) {
+  const std::vector<Row> rows = encoder_rows("tests/data/tokenizer/chat_dsv4.jsonl");
+  ASSERT_GE(rows.size(), 100u);
+  constexpr auto kV4 = ToolCallSyntax::kDsmlV4;
+  std::mt19937_64 rng(4);
+  int64_t runs = 0, calls = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const std::string_view t = r.text;
+    const Turn whole = stream({t}, r.thinking, std::nullopt, {}, kV4);
+    ASSERT_TRUE(same(whole, r.want)) << "row " << i << "\n got: " << describe(whole)
+                                     << "\nwant: " << describe(r.want) << "\ntext: " << r.text;
+    calls += int64_t(whole.calls.size());
+    for (size_t k = 0; k <= t.size(); ++k) {
+      const Turn got = stream({t.substr(0, k), t.substr(k)}, r.thinking, std::nullopt, {}, kV4);
+      ASSERT_TRUE(same(got, r.want)) << "row " << i << " cut at " << k << ": " << describe(got);
+      ++runs;
+    }
+    for (int rep = 0; rep < 20; ++rep) {
+      std::vector<size_t> cuts = {0, t.size()};
+      for (int k = int(rng() % 40); k > 0; --k) cuts.push_back(size_t(rng() % (t.size() + 1)));
+      std::sort(cuts.begin(), cuts.end());
+      std::vector<std::string_view> pieces;
+      for (size_t k = 1; k < cuts.size(); ++k)
+        pieces.push_back(t.substr(cuts[k - 1], cuts[k] - cuts[k - 1]));
+      ASSERT_TRUE(same(stream(pieces, r.thinking, std::nullopt, {}, kV4), r.want)) << "row " << i;
+      ++runs;
+    }
+    if (!r.want.calls.empty()) {
+      const Turn v32 = stream({t}, r.thinking);  // V3.2's parser: no calls, the block is content
+      EXPECT_TRUE(v32.calls.empty()) << "row " << i;
+      EXPECT_NE(v32.content.find("<｜DSML｜tool_calls>"), std::string::npos) << "row " << i;
+    }
+  }
+  std::printf("[ dsml v4 ] %zu turns (%lld calls), %lld cuts equal to encoding_dsv4.py\n",
+              rows.size(), (long long)calls, (long long)runs);
+  EXPECT_GE(calls, 100);
+  for (const Row& r : encoder_rows()) {  // V3.2's turns through V4's parser: no calls
+    if (r.want.calls.empty()) continue;
+    EXPECT_TRUE(stream({r.text}, r.thinking, std::nullopt, {}, kV4).calls.empty()) << r.text;
+  }
+}
+
+TEST(DsmlToolCalls, V4FormatAndPrefillNameItsBlock) {
+  const ToolCallFormat f = tool_call_format(ToolCallSyntax::kDsmlV4);
+  EXPECT_EQ(f.calls_begin, "\n\n<｜DSML｜tool_calls>\n");
+  EXPECT_EQ(f.trigger, "<｜DSML｜tool_calls>");
+  EXPECT_EQ(f.calls_end, "</｜DSML｜tool_calls>");
+  EXPECT_TRUE(f.xml);
+  EXPECT_EQ(tool_call_prefill("get", ToolCallSyntax::kDsmlV4),
+            "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get\">\n");
+  // A forced call: the prefill fed first, then the model's text.
+  const Turn forced =
+      stream({"<｜DSML｜parameter name=\"q\" string=\"true\">y</｜DSML｜parameter>\n"
+              "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"},
+             false, std::nullopt, tool_call_prefill("search", ToolCallSyntax::kDsmlV4),
+             ToolCallSyntax::kDsmlV4);
+  ASSERT_EQ(forced.calls.size(), 1u);
+  EXPECT_EQ(forced.calls[0], (ParsedToolCall{"function", "search", R"({"q": "y"})"}));
+  EXPECT_EQ(forced.content, "");
+  const ParsedToolCalls one = parse_tool_calls(
+      "hi\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"a\">\n</｜DSML｜invoke>\n"
+      "</｜DSML｜tool_calls>",
+      std::nullopt, ToolCallSyntax::kDsmlV4);
+  EXPECT_EQ(one.content, "hi");
+  ASSERT_EQ(one.calls.size(), 1u);
+  EXPECT_EQ(one.calls[0], (ParsedToolCall{"function", "a", "{}"}));
 }
 
 TEST(DsmlToolCalls, RandomMultiWayCutsParseAsTheEncoderParses) {

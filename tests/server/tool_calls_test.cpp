@@ -461,6 +461,84 @@ TEST(ToolCalls, V32ThinkingSplitsReasoningAndAForcedCallIsPrefilled) {
             R"({"city": "Paris"})");
 }
 
+// DeepSeek-V4 (encoding_dsv4.py, its <｜DSML｜tool_calls> block) over HTTP: the calls as JSON
+// arguments, streamed and not; V4's tool description in the prompt; a tool result as a
+// <tool_result> block of a user turn; thinking mode keeps the reasoning of every turn when the
+// request has tools; a named tool_choice opens V4's block; V3.2's block is not a V4 call.
+ChatTemplate v4() {
+  return ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV4, v3_tokenizer().bos_token());
+}
+std::string v4_call() {
+  std::string c = kDsmlCall;
+  for (size_t at; (at = c.find("function_calls")) != std::string::npos;) {
+    c.replace(at, 14, "tool_calls");
+  }
+  return c;
+}
+
+TEST(ToolCalls, V4CallsComeBackAsJsonArgumentsInItsBlock) {
+  Harness h(scripted("Checking." + v4_call()), {}, {}, v4());
+  auto r = h.post("/v1/chat/completions", request(""));
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["content"], "Checking.");
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json::parse(R"({"city": "東京", "days": 3})"));
+  const std::string prompt = prompt_text(h);
+  EXPECT_EQ(prompt.rfind("<｜begin▁of▁sentence｜>\n\n## Tools\n\nYou have access", 0), 0u)
+      << prompt;
+  EXPECT_TRUE(prompt.ends_with("<｜User｜>Weather in Paris and Tokyo?<｜Assistant｜></think>"));
+  auto sr = h.post("/v1/chat/completions", request("", /*stream=*/true));
+  Streamed s = collect(sr->body);
+  EXPECT_EQ(s.finish, "tool_calls");
+  EXPECT_EQ(s.content, "Checking.");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0]["function"], c["message"]["tool_calls"][0]["function"]);
+  EXPECT_EQ(sr->body.find("DSML"), std::string::npos) << "the syntax leaked";
+  // V3.2's block is text to V4.
+  Harness old(scripted("Checking." + kDsmlCall), {}, {}, v4());
+  const json o = json::parse(old.post("/v1/chat/completions", request(""))->body)["choices"][0];
+  EXPECT_EQ(o["finish_reason"], "stop");
+  EXPECT_FALSE(o["message"].contains("tool_calls")) << o.dump();
+  EXPECT_EQ(o["message"]["content"], "Checking." + kDsmlCall);
+}
+
+TEST(ToolCalls, V4ToolResultsThinkingAndAForcedCall) {
+  Harness h(scripted("Done.</think>Sunny."), {}, {}, v4());
+  const std::string body = R"({"messages":[{"role":"user","content":"Weather?"},
+      {"role":"assistant","content":null,"reasoning_content":"Look it up.","tool_calls":[
+        {"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"sunny"}],
+    "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],
+    "chat_template_kwargs":{"thinking":true}})";
+  auto r = h.post("/v1/chat/completions", body);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json m = json::parse(r->body)["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "Done.");
+  EXPECT_EQ(m["content"], "Sunny.");
+  EXPECT_TRUE(prompt_text(h).ends_with(
+      "<｜User｜>Weather?<｜Assistant｜><think>Look it up.</think>\n\n<｜DSML｜tool_calls>\n"
+      "<｜DSML｜invoke name=\"get_weather\">\n"
+      "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+      "</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>"
+      "<｜User｜><tool_result>sunny</tool_result><｜Assistant｜><think>"))
+      << prompt_text(h);
+  Harness f(scripted("<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+                     "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"),
+            {}, {}, v4());
+  json k = json::parse(
+      f.post("/v1/chat/completions",
+             request(R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})"))
+          ->body);
+  EXPECT_TRUE(prompt_text(f).ends_with(
+      "</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"));
+  ASSERT_EQ(k["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(k["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city": "Paris"})");
+}
+
 TEST(ToolCalls, V32SpecialeThinksAlwaysAndRefusesTools) {
   ServiceOptions so;
   so.reasoning_only = true;

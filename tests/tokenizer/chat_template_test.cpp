@@ -239,6 +239,66 @@ TEST(ChatTemplate, V32MatchesDeepSeeksEncoderOnEveryFixtureConversation) {
   EXPECT_GE(thinking_rows, 60);
 }
 
+// DeepSeek-V4 (no Jinja template) against DeepSeek's own encoder, encoding_dsv4.py, on
+// tools/gen_dsv4_chat_fixtures.py's conversations (V3.2's, V4's own cases and the encoder's
+// four test inputs) prepared as for V3.2: the same text, or an error where the encoder raises;
+// thinking off and on, reasoning_effort none, "high", "max" and refused values.
+TEST(ChatTemplate, V4MatchesDeepSeeksEncoderOnEveryFixtureConversation) {
+  const Tokenizer& tok = testing::deepseek_v3();
+  const ChatTemplate t =
+      ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV4, tok.bos_token());
+  EXPECT_TRUE(t.hybrid());
+  EXPECT_FALSE(t.reasons(false));
+  EXPECT_TRUE(t.reasons(true));
+  EXPECT_TRUE(t.generation_opens_think(true));
+  EXPECT_FALSE(t.generation_opens_think(false));
+  std::istringstream in(testing::read_all(std::string(testing::kDataDir) + "/chat_dsv4.jsonl"));
+  int rendered = 0, refused = 0, with_tools = 0, with_results = 0, thinking_rows = 0;
+  int effort_max = 0, reminders = 0, encoder_tests = 0;
+  size_t i = 0;
+  for (std::string line; std::getline(in, line); ++i) {
+    const auto row = nlohmann::ordered_json::parse(line);  // the tools' key order matters
+    if (row["kind"] != "render") continue;
+    auto msgs = parse_messages_json(row["messages"].dump());
+    ASSERT_TRUE(msgs.ok()) << msgs.status().to_string();
+    auto tools = parse_tools_json(row["tools"].dump());
+    ASSERT_TRUE(tools.ok()) << tools.status().to_string();
+    const bool thinking = row["thinking"].get<bool>();
+    const std::string effort =
+        row["reasoning_effort"].is_null() ? "" : row["reasoning_effort"].get<std::string>();
+    auto text = t.render(*msgs, /*add_generation_prompt=*/true, *tools, thinking, effort);
+    const auto& want = row["expected"];
+    if (want.is_object()) {  // the encoder raised
+      EXPECT_FALSE(text.ok()) << "row " << i << ": the encoder refused ("
+                              << want["error"].get<std::string>() << ")";
+      if (!text.ok()) {
+        EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
+      }
+      ++refused;
+      continue;
+    }
+    ASSERT_TRUE(text.ok()) << "row " << i << ": " << text.status().to_string();
+    EXPECT_EQ(*text, want.get<std::string>()) << "row " << i << ": " << row["messages"].dump();
+    ++rendered;
+    with_tools += !tools->empty();
+    with_results += text->find("<tool_result>") != std::string::npos;
+    thinking_rows += thinking;
+    effort_max += text->find("Reasoning Effort: Absolute maximum") != std::string::npos;
+    reminders += text->find("<｜latest_reminder｜>") != std::string::npos;
+    encoder_tests += row["source"].get<std::string>().starts_with("encoder test");
+  }
+  std::printf("[ v4 ] %d rendered equal to encoding_dsv4.py, %d refused as it refuses\n", rendered,
+              refused);
+  EXPECT_GE(rendered, 300);
+  EXPECT_GE(refused, 15);
+  EXPECT_GE(with_tools, 100);
+  EXPECT_GE(with_results, 50);
+  EXPECT_GE(thinking_rows, 150);
+  EXPECT_GE(effort_max, 10);
+  EXPECT_GE(reminders, 5);
+  EXPECT_EQ(encoder_tests, 4);
+}
+
 TEST(ChatMessagesJson, ToolsKeepTheClientsKeyOrderInPythonJsonStyle) {
   // The string holds a quote, a backslash, a newline, U+0001 and a non-ASCII letter.
   auto t = parse_tools_json(
