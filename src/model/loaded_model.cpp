@@ -47,6 +47,10 @@ Result<std::unique_ptr<LoadedModel>> LoadedModel::open(const ModelOptions& o, Di
         disk, DiskTier::open({o.kv_disk_dir, o.kv_disk_gb}, fingerprint, layout.block_bytes()));
   }
   std::unique_ptr<LoadedModel> m(new LoadedModel(o, std::move(ck), *family, fingerprint, ep));
+  if (ep && ep->world_size() > 1 && !m->model_->collective()) {
+    return Unimplemented(fmt::format("{}: the {} family does not run as an EP group yet",
+                                     o.model_dir, family->name));
+  }
   if (o.mtp && !m->model_->has_mtp()) {
     return Unimplemented(fmt::format(
         "{}: the {} family does not run its MTP module yet (speculative decoding with mtp)",

@@ -6,11 +6,13 @@
 #   - the BF16 cache: a batch gives each prompt what it gets alone, and the disk tier (a second
 #     process reading the prompt's blocks, compressor state included) gives the same bits;
 #   - the fast path and MTP speculative decoding (not run for V4 yet) are refused by name;
-#   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) loads, its
-#     config.json reads back to itself, and generate runs it from text.
+#   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) runs from text;
+#     an EP group of 2 ranks is refused by name;
+#   - PD: a router with a prefill and a decode unit gives one server's output on prompts whose
+#     hand-off carries whole and unfinished 128-token groups (the blocks' compressor state).
 set -euo pipefail
 bin=$(readlink -f "$1")
-source tests/serve_lib.sh  # $dir, fail
+source tests/serve_lib.sh  # $dir, fail, free_port, wait_health, wait_units, $pids killed at exit
 model=tests/data/v4/tiny
 fixture=$model/expected.json
 p1=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][0]["prompt_ids"])))' "$fixture")
@@ -61,4 +63,41 @@ grep -q "does not run its MTP module yet" "$dir/mtp.out" || fail "no clear MTP r
   --json --threads 1 > "$dir/v4t.json" 2> "$dir/v4t.err" || { cat "$dir/v4t.err" >&2; fail "generate v4-tiny"; }
 python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); assert len(d["tokens"]) == 4, d' \
   "$dir/v4t.json" || fail "v4-tiny generated no tokens"
+mpirun="mpirun --allow-run-as-root --oversubscribe"
+if $mpirun -np 2 "$bin" generate --model "$dir/v4t" --prompt-ids 1,2,3 --max-tokens 1 \
+  --compute reference --threads 1 > "$dir/ep.out" 2>&1; then
+  fail "V4 ran as an EP group"
+fi
+grep -q "does not run as an EP group yet" "$dir/ep.out" || fail "no clear EP refusal: $(cat "$dir/ep.out")"
+
+# PD: a router, a prefill and a decode unit (serve --compute reference) against one serve.
+rport=$(free_port) pport=$(free_port) dport=$(free_port) cport=$(free_port)
+common=(--model "$dir/v4t" --threads 1 --kv-cache-gb 0.2 --compute reference)
+"$bin" router --model "$dir/v4t" --host 127.0.0.1 --port "$rport" > "$dir/router.log" 2>&1 &
+pids+=($!)
+"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$pport" --role prefill \
+  --router "http://127.0.0.1:$rport" > "$dir/prefill.log" 2>&1 &
+pids+=($!)
+"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$dport" --role decode \
+  --router "http://127.0.0.1:$rport" > "$dir/decode.log" 2>&1 &
+pids+=($!)
+"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$cport" > "$dir/colocated.log" 2>&1 &
+pids+=($!)
+wait_health "$rport"
+wait_health "$cport"
+wait_units "$rport" 2
+python3 - "$rport" "$cport" "$p1" "$p2" <<'PY' || fail "PD differs from one server"
+import json, sys, urllib.request
+rport, cport = sys.argv[1:3]
+def ask(port, prompt):
+    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 5, "ignore_eos": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    r = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
+    return r["text"], r["logprobs"]["token_logprobs"], r["logprobs"]["top_logprobs"]
+for p in sys.argv[3:]:
+    ids = [int(x) for x in p.split(",")]  # 300 and 150 tokens: 128-groups whole and unfinished
+    assert ask(rport, ids) == ask(cport, ids)
+print("v4: PD (router, prefill and decode unit) = one server")
+PY
 echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path and MTP refused by name, make-model v4-tiny runs"
