@@ -805,7 +805,12 @@ def generate(out_root, names, steps):
               f"doc check {time.time() - t3:.1f}s")
 
 
-TRAINED = {"tiny-py": {"prompt_lens": [12, 96, 320], "steps": 40}}
+TRAINED = {
+    "tiny-py": {"prompt_lens": [12, 96, 320], "steps": 40},
+    # tiny-py continued as DeepSeek-V3.2 (tools/train_tiny_v32.py): prompts past its top-k (64),
+    # so that attention is sparse. docs/hf-reference.md's formulas and the MTP record are V3's.
+    "tiny-py-v32": {"prompt_lens": [96, 320], "steps": 40, "v3_formulas": False},
+}
 
 
 def heldout_prompts(n):
@@ -861,16 +866,18 @@ def generate_trained(out_root, name, models_dir):
         sources.append(rel)
         print(f"  {name}: prompt len {n} from {rel}: min top-2 gap {min(gaps):.4f}, "
               f"bf16-input proxy max |dlogprob| {dev:.4f}")
-    if cfg.get("num_nextn_predict_layers", 0) > 0:
+    v3_formulas = spec.get("v3_formulas", True)
+    if cfg.get("num_nextn_predict_layers", 0) > 0 and v3_formulas:
         for rec in prompts:
             rec["mtp"] = mtp_record(model, cfg, weights, rec)
             print(f"  {name}: MTP draft argmax = the next greedy token on "
                   f"{rec['mtp']['greedy_match']:.3f} of rows")
     full = prompts[0]["prompt_ids"] + prompts[0]["tokens"]
-    diff = compare_with_doc(model, weights, cfg, full)
-    print(f"  {name}: transformers vs docs/hf-reference.md formulas: max |dlogprob| {diff:.2e}")
-    if diff > DOC_TOLERANCE:
-        raise SystemExit(f"{name}: transformers disagrees with docs/hf-reference.md ({diff})")
+    if v3_formulas:
+        diff = compare_with_doc(model, weights, cfg, full)
+        print(f"  {name}: transformers vs docs/hf-reference.md formulas: max |dlogprob| {diff:.2e}")
+        if diff > DOC_TOLERANCE:
+            raise SystemExit(f"{name}: transformers disagrees with docs/hf-reference.md ({diff})")
     expected = {
         "model": name,
         "checkpoint": name,  # under the build's models/ (CMake lays out assets/models/<name>)
