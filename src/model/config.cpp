@@ -223,6 +223,7 @@ Result<ModelConfig> parse_v4_config(const json& j, FieldReader& r, ModelConfig c
   if (c.num_nextn_predict_layers < 0) r.fail("num_nextn_predict_layers", "must be >= 0");
   if (c.rms_norm_eps <= 0) r.fail("rms_norm_eps", "must be > 0");
   if (v.hc_eps < 0) r.fail("hc_eps", "must be >= 0");
+  if (v.hc_mult > 16) r.fail("hc_mult", "must be at most 16 (V4 has 4 streams)");
   RETURN_IF_ERROR(r.status());
   const json* ratios = j.contains("compress_ratios") ? &j["compress_ratios"] : nullptr;
   if (!ratios || !ratios->is_array()) {

@@ -230,7 +230,7 @@ class DeepseekV4 final : public CausalLm {
       const float inv = float(1.0 / std::sqrt(ss / double(hc * D) + c_.rms_norm_eps));
       float* mx = &mixes[size_t(i * nm)];
       for (int64_t k = 0; k < nm; ++k) mx[k] *= inv;
-      float pre[16];
+      float pre[16];  // hc_mult <= 16 (checked with the config)
       for (int64_t j = 0; j < hc; ++j) {
         pre[j] = sigmoid(mx[j] * w.scale[0] + w.base[size_t(j)]) + eps;
         post[i * hc + j] = 2.0f * sigmoid(mx[hc + j] * w.scale[1] + w.base[size_t(hc + j)]);
@@ -433,7 +433,7 @@ class DeepseekV4 final : public CausalLm {
     }
     // The grouped output projection: group g's heads through its own o_lora_rank rows of wo_a.
     const int64_t G = v_.o_groups, R = v_.o_lora_rank, gw = H * Dh / G;
-    std::vector<float> u(static_cast<size_t>(n * G * R)), wrow(static_cast<size_t>(gw));
+    std::vector<float> u(static_cast<size_t>(n * G * R));
     auto rows = [&](int64_t r0, int64_t r1) {
       std::vector<float> wr(static_cast<size_t>(gw));
       for (int64_t r = r0; r < r1; ++r) {
