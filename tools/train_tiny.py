@@ -547,8 +547,9 @@ def export_tensors(model, active):
     return t
 
 
-def load_exported(model, ckpt_dir, active):
-    """Loads the exported (FP8-dequantized, BF16-rounded) weights back into the model."""
+def load_exported(model, ckpt_dir, active, optional=lambda name: False):
+    """Loads the exported (FP8-dequantized, BF16-rounded) weights back into the model, by the
+    checkpoint's names; a parameter the checkpoint lacks is an error unless optional(name)."""
     w = hf.dequantize_all(hf.read_checkpoint(ckpt_dir))
     c = model.c
     L = c["num_hidden_layers"]
@@ -564,6 +565,8 @@ def load_exported(model, ckpt_dir, active):
         for i, lay in enumerate(layers):
             p = f"model.layers.{i}."
             for name, ref in lay.named_parameters():  # names are the checkpoint's
+                if p + name not in w and optional(name):
+                    continue
                 ref.copy_(w[p + name])
             if isinstance(lay.mlp, Moe):
                 lay.mlp.e_score_correction_bias.copy_(w[p + "mlp.gate.e_score_correction_bias"])

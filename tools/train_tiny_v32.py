@@ -164,26 +164,10 @@ def make_model(c, n_rows, seed):
 
 
 def load_weights(model, ckpt_dir, active, allow_missing_indexer):
-    """Loads a checkpoint (FP8-dequantized, BF16-rounded) by the checkpoint's names; the
-    indexers keep their initialisation when the checkpoint has none (tiny-py's)."""
-    w = hf.dequantize_all(hf.read_checkpoint(ckpt_dir))
-    L = model.c["num_hidden_layers"]
-    with torch.no_grad():
-        model.embed.copy_(w["model.embed_tokens.weight"][active])
-        model.lm_head.copy_(w["lm_head.weight"][active])
-        model.norm.weight.copy_(w["model.norm.weight"])
-        model.enorm.weight.copy_(w[f"model.layers.{L}.enorm.weight"])
-        model.hnorm.weight.copy_(w[f"model.layers.{L}.hnorm.weight"])
-        model.eh_proj.weight.copy_(w[f"model.layers.{L}.eh_proj.weight"])
-        model.shared_head_norm.weight.copy_(w[f"model.layers.{L}.shared_head.norm.weight"])
-        for i, lay in enumerate(list(model.layers) + [model.mtp_layer]):
-            p = f"model.layers.{i}."
-            for name, ref in lay.named_parameters():
-                if p + name not in w and allow_missing_indexer and ".indexer." in name:
-                    continue
-                ref.copy_(w[p + name])
-            if isinstance(lay.mlp, tt.Moe):
-                lay.mlp.e_score_correction_bias.copy_(w[p + "mlp.gate.e_score_correction_bias"])
+    """train_tiny's loader; the indexers keep their initialisation when the checkpoint has none
+    (tiny-py's)."""
+    tt.load_exported(model, ckpt_dir, active,
+                     optional=lambda name: allow_missing_indexer and ".indexer." in name)
 
 
 def export_tensors(model, active):
