@@ -177,14 +177,20 @@ def completions(rng, enc, n):
             parsed = enc.parse_message_from_completion_text(text, "thinking" if thinking else "chat")
         except enc.DS32EncodingError:
             continue  # text the encoder's own parser refuses (e.g. a value that holds a tag)
-        assert text.endswith(EOS)
-        out.append({"kind": "parse", "text": text[:-len(EOS)], "thinking": thinking,
-                    "expected": {"content": parsed["content"],
-                                 "reasoning_content": parsed["reasoning_content"],
-                                 "tool_calls": [{"name": c["function"]["name"],
-                                                 "arguments": c["function"]["arguments"]}
-                                                for c in parsed["tool_calls"]]}})
+        out.append(parse_row(text, thinking, parsed))
     return out
+
+
+def parse_row(text, thinking, parsed):
+    """A "parse" fixture row: an assistant turn as the encoder writes it (its EOS dropped, as
+    moeserve's detokenizer drops it) and what the encoder's own parser reads from it."""
+    assert text.endswith(EOS)
+    return {"kind": "parse", "text": text[:-len(EOS)], "thinking": thinking,
+            "expected": {"content": parsed["content"],
+                         "reasoning_content": parsed["reasoning_content"],
+                         "tool_calls": [{"name": c["function"]["name"],
+                                         "arguments": c["function"]["arguments"]}
+                                        for c in parsed["tool_calls"]]}}
 
 
 def main():

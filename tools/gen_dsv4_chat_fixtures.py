@@ -46,7 +46,6 @@ import gen_dsv32_chat_fixtures as v32  # noqa: E402  (the conversations, not the
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "data", "tokenizer", "chat_dsv4.jsonl")
 ENCODER_SHA256 = "bdbd57c132a1b3725042323d02b98b9d1df28e5f388f134399555d041f5055e0"
-EOS = "<｜end▁of▁sentence｜>"
 REFUSALS = (AssertionError, ValueError, NotImplementedError, TypeError, AttributeError,
             IndexError, KeyError)
 
@@ -168,13 +167,7 @@ def completions(rng, enc, n):
             parsed = enc.parse_message_from_completion_text(text, mode)
         except (ValueError, AssertionError):
             continue  # text the encoder's own parser refuses (e.g. a value that holds a tag)
-        assert text.endswith(EOS)
-        out.append({"kind": "parse", "text": text[:-len(EOS)], "thinking": thinking,
-                    "expected": {"content": parsed["content"],
-                                 "reasoning_content": parsed["reasoning_content"],
-                                 "tool_calls": [{"name": c["function"]["name"],
-                                                 "arguments": c["function"]["arguments"]}
-                                                for c in parsed["tool_calls"]]}})
+        out.append(v32.parse_row(text, thinking, parsed))
     return out
 
 
