@@ -190,6 +190,59 @@ TEST(ChatTemplate, LaterTemplatesMatchJinja2OnEveryFixtureConversation) {
   }
 }
 
+// What a run over an encoder's fixture rows saw (rows of kind "render").
+struct EncoderFixtureRun {
+  int rendered = 0, refused = 0, with_tools = 0, with_results = 0, thinking_rows = 0;
+  int effort_max = 0, reminders = 0, encoder_tests = 0;
+};
+
+// Renders every "render" row of an encoder fixture (tools/gen_dsv*_chat_fixtures.py) with `t`:
+// the encoder's text byte for byte, or an InvalidArgument where the encoder raised. Tool results
+// are counted by `result_marker`, the way the variant writes them.
+EncoderFixtureRun render_encoder_fixture(const ChatTemplate& t, const std::string& file,
+                                         const std::string& result_marker) {
+  EncoderFixtureRun run;
+  std::istringstream in(testing::read_all(std::string(testing::kDataDir) + "/" + file));
+  size_t i = 0;
+  for (std::string line; std::getline(in, line); ++i) {
+    const auto row = nlohmann::ordered_json::parse(line);  // the tools' key order matters
+    if (row["kind"] != "render") continue;
+    auto msgs = parse_messages_json(row["messages"].dump());
+    EXPECT_TRUE(msgs.ok()) << msgs.status().to_string();
+    auto tools = parse_tools_json(row["tools"].dump());
+    EXPECT_TRUE(tools.ok()) << tools.status().to_string();
+    if (!msgs.ok() || !tools.ok()) continue;
+    const bool thinking = row["thinking"].get<bool>();
+    const std::string effort =
+        row.contains("reasoning_effort") && !row["reasoning_effort"].is_null()
+            ? row["reasoning_effort"].get<std::string>()
+            : "";
+    auto text = t.render(*msgs, /*add_generation_prompt=*/true, *tools, thinking, effort);
+    const auto& want = row["expected"];
+    if (want.is_object()) {  // the encoder raised
+      EXPECT_FALSE(text.ok()) << file << " row " << i << ": the encoder refused ("
+                              << want["error"].get<std::string>() << ")";
+      if (!text.ok()) {
+        EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
+      }
+      ++run.refused;
+      continue;
+    }
+    EXPECT_TRUE(text.ok()) << file << " row " << i << ": " << text.status().to_string();
+    if (!text.ok()) continue;
+    EXPECT_EQ(*text, want.get<std::string>())
+        << file << " row " << i << ": " << row["messages"].dump();
+    ++run.rendered;
+    run.with_tools += !tools->empty();
+    run.with_results += text->find(result_marker) != std::string::npos;
+    run.thinking_rows += thinking;
+    run.effort_max += text->find("Reasoning Effort: Absolute maximum") != std::string::npos;
+    run.reminders += text->find("<｜latest_reminder｜>") != std::string::npos;
+    run.encoder_tests += row.value("source", "").starts_with("encoder test");
+  }
+  return run;
+}
+
 // DeepSeek-V3.2 (no Jinja template) against DeepSeek's own encoder, encoding_dsv32.py, on
 // tools/gen_dsv32_chat_fixtures.py's conversations as SGLang's server prepares them: the same
 // text, or an error where the encoder raises; thinking off and on.
@@ -201,42 +254,14 @@ TEST(ChatTemplate, V32MatchesDeepSeeksEncoderOnEveryFixtureConversation) {
   EXPECT_TRUE(t.reasons(true));
   EXPECT_TRUE(t.generation_opens_think(true));
   EXPECT_FALSE(t.generation_opens_think(false));
-  std::istringstream in(testing::read_all(std::string(testing::kDataDir) + "/chat_dsv32.jsonl"));
-  int rendered = 0, refused = 0, with_tools = 0, with_results = 0, thinking_rows = 0;
-  size_t i = 0;
-  for (std::string line; std::getline(in, line); ++i) {
-    const auto row = nlohmann::ordered_json::parse(line);  // the tools' key order matters
-    if (row["kind"] != "render") continue;
-    auto msgs = parse_messages_json(row["messages"].dump());
-    ASSERT_TRUE(msgs.ok()) << msgs.status().to_string();
-    auto tools = parse_tools_json(row["tools"].dump());
-    ASSERT_TRUE(tools.ok()) << tools.status().to_string();
-    const bool thinking = row["thinking"].get<bool>();
-    auto text = t.render(*msgs, /*add_generation_prompt=*/true, *tools, thinking);
-    const auto& want = row["expected"];
-    if (want.is_object()) {  // the encoder raised
-      EXPECT_FALSE(text.ok()) << "row " << i << ": the encoder refused ("
-                              << want["error"].get<std::string>() << ")";
-      if (!text.ok()) {
-        EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
-      }
-      ++refused;
-      continue;
-    }
-    ASSERT_TRUE(text.ok()) << "row " << i << ": " << text.status().to_string();
-    EXPECT_EQ(*text, want.get<std::string>()) << "row " << i << ": " << row["messages"].dump();
-    ++rendered;
-    with_tools += !tools->empty();
-    with_results += text->find("<function_results>") != std::string::npos;
-    thinking_rows += thinking;
-  }
+  const EncoderFixtureRun run = render_encoder_fixture(t, "chat_dsv32.jsonl", "<function_results>");
   std::printf("[ v3.2 ] %d rendered equal to encoding_dsv32.py, %d refused as it refuses\n",
-              rendered, refused);
-  EXPECT_GE(rendered, 150);
-  EXPECT_GE(refused, 20);
-  EXPECT_GE(with_tools, 50);
-  EXPECT_GE(with_results, 30);
-  EXPECT_GE(thinking_rows, 60);
+              run.rendered, run.refused);
+  EXPECT_GE(run.rendered, 150);
+  EXPECT_GE(run.refused, 20);
+  EXPECT_GE(run.with_tools, 50);
+  EXPECT_GE(run.with_results, 30);
+  EXPECT_GE(run.thinking_rows, 60);
 }
 
 // DeepSeek-V4 (no Jinja template) against DeepSeek's own encoder, encoding_dsv4.py, on
@@ -252,51 +277,17 @@ TEST(ChatTemplate, V4MatchesDeepSeeksEncoderOnEveryFixtureConversation) {
   EXPECT_TRUE(t.reasons(true));
   EXPECT_TRUE(t.generation_opens_think(true));
   EXPECT_FALSE(t.generation_opens_think(false));
-  std::istringstream in(testing::read_all(std::string(testing::kDataDir) + "/chat_dsv4.jsonl"));
-  int rendered = 0, refused = 0, with_tools = 0, with_results = 0, thinking_rows = 0;
-  int effort_max = 0, reminders = 0, encoder_tests = 0;
-  size_t i = 0;
-  for (std::string line; std::getline(in, line); ++i) {
-    const auto row = nlohmann::ordered_json::parse(line);  // the tools' key order matters
-    if (row["kind"] != "render") continue;
-    auto msgs = parse_messages_json(row["messages"].dump());
-    ASSERT_TRUE(msgs.ok()) << msgs.status().to_string();
-    auto tools = parse_tools_json(row["tools"].dump());
-    ASSERT_TRUE(tools.ok()) << tools.status().to_string();
-    const bool thinking = row["thinking"].get<bool>();
-    const std::string effort =
-        row["reasoning_effort"].is_null() ? "" : row["reasoning_effort"].get<std::string>();
-    auto text = t.render(*msgs, /*add_generation_prompt=*/true, *tools, thinking, effort);
-    const auto& want = row["expected"];
-    if (want.is_object()) {  // the encoder raised
-      EXPECT_FALSE(text.ok()) << "row " << i << ": the encoder refused ("
-                              << want["error"].get<std::string>() << ")";
-      if (!text.ok()) {
-        EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
-      }
-      ++refused;
-      continue;
-    }
-    ASSERT_TRUE(text.ok()) << "row " << i << ": " << text.status().to_string();
-    EXPECT_EQ(*text, want.get<std::string>()) << "row " << i << ": " << row["messages"].dump();
-    ++rendered;
-    with_tools += !tools->empty();
-    with_results += text->find("<tool_result>") != std::string::npos;
-    thinking_rows += thinking;
-    effort_max += text->find("Reasoning Effort: Absolute maximum") != std::string::npos;
-    reminders += text->find("<｜latest_reminder｜>") != std::string::npos;
-    encoder_tests += row["source"].get<std::string>().starts_with("encoder test");
-  }
-  std::printf("[ v4 ] %d rendered equal to encoding_dsv4.py, %d refused as it refuses\n", rendered,
-              refused);
-  EXPECT_GE(rendered, 300);
-  EXPECT_GE(refused, 15);
-  EXPECT_GE(with_tools, 100);
-  EXPECT_GE(with_results, 50);
-  EXPECT_GE(thinking_rows, 150);
-  EXPECT_GE(effort_max, 10);
-  EXPECT_GE(reminders, 5);
-  EXPECT_EQ(encoder_tests, 4);
+  const EncoderFixtureRun run = render_encoder_fixture(t, "chat_dsv4.jsonl", "<tool_result>");
+  std::printf("[ v4 ] %d rendered equal to encoding_dsv4.py, %d refused as it refuses\n",
+              run.rendered, run.refused);
+  EXPECT_GE(run.rendered, 300);
+  EXPECT_GE(run.refused, 15);
+  EXPECT_GE(run.with_tools, 100);
+  EXPECT_GE(run.with_results, 50);
+  EXPECT_GE(run.thinking_rows, 150);
+  EXPECT_GE(run.effort_max, 10);
+  EXPECT_GE(run.reminders, 5);
+  EXPECT_EQ(run.encoder_tests, 4);
 }
 
 TEST(ChatMessagesJson, ToolsKeepTheClientsKeyOrderInPythonJsonStyle) {
