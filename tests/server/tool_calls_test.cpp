@@ -407,6 +407,27 @@ TEST(ToolCalls, ChoiceOutputMatchesTheOneShotParseForEveryTokenGrouping) {
 ChatTemplate v32() {
   return ChatTemplate::of_variant(ChatTemplate::Variant::kDeepSeekV3_2, v3_tokenizer().bos_token());
 }
+
+// A named tool_choice in chat mode: the prompt opens the call in the template's DSML block
+// (`block`: function_calls for V3.2, tool_calls for V4); the model writes the rest, which comes
+// back as the call's JSON arguments.
+void expect_named_call_prefilled(const ChatTemplate& t, const std::string& block) {
+  Harness f(scripted("<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+                     "</｜DSML｜invoke>\n</｜DSML｜" +
+                     block + ">"),
+            {}, {}, t);
+  json k = json::parse(
+      f.post("/v1/chat/completions",
+             request(R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})"))
+          ->body);
+  EXPECT_TRUE(prompt_text(f).ends_with("</think>\n\n<｜DSML｜" + block +
+                                       ">\n<｜DSML｜invoke name=\"get_weather\">\n"))
+      << prompt_text(f);
+  ASSERT_EQ(k["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(k["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city": "Paris"})");
+}
+
 const std::string kDsmlCall =
     "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
     "<｜DSML｜parameter name=\"city\" string=\"true\">東京</｜DSML｜parameter>\n"
@@ -446,19 +467,7 @@ TEST(ToolCalls, V32ThinkingSplitsReasoningAndAForcedCallIsPrefilled) {
   EXPECT_EQ(j["choices"][0]["message"]["reasoning_content"], "Paris first.");
   EXPECT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 1u);
   EXPECT_TRUE(prompt_text(h).ends_with("<｜Assistant｜><think>"));
-  // Named tool_choice, chat mode: the prompt opens the call; the model writes the rest.
-  Harness f(scripted("<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
-                     "</｜DSML｜invoke>\n</｜DSML｜function_calls>"),
-            {}, {}, v32());
-  json k = json::parse(
-      f.post("/v1/chat/completions",
-             request(R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})"))
-          ->body);
-  EXPECT_TRUE(prompt_text(f).ends_with(
-      "</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"));
-  ASSERT_EQ(k["choices"][0]["message"]["tool_calls"].size(), 1u);
-  EXPECT_EQ(k["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
-            R"({"city": "Paris"})");
+  expect_named_call_prefilled(v32(), "function_calls");
 }
 
 // DeepSeek-V4 (encoding_dsv4.py, its <｜DSML｜tool_calls> block) over HTTP: the calls as JSON
@@ -525,18 +534,7 @@ TEST(ToolCalls, V4ToolResultsThinkingAndAForcedCall) {
       "</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>"
       "<｜User｜><tool_result>sunny</tool_result><｜Assistant｜><think>"))
       << prompt_text(h);
-  Harness f(scripted("<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
-                     "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"),
-            {}, {}, v4());
-  json k = json::parse(
-      f.post("/v1/chat/completions",
-             request(R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}})"))
-          ->body);
-  EXPECT_TRUE(prompt_text(f).ends_with(
-      "</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"));
-  ASSERT_EQ(k["choices"][0]["message"]["tool_calls"].size(), 1u);
-  EXPECT_EQ(k["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
-            R"({"city": "Paris"})");
+  expect_named_call_prefilled(v4(), "tool_calls");
 }
 
 TEST(ToolCalls, V32SpecialeThinksAlwaysAndRefusesTools) {
