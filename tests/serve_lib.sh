@@ -6,7 +6,11 @@
 # now; wait_health PORT waits for /health, failing if $pid (when set) exits first; wait_units
 # PORT N waits until the router on PORT has N units registered and active; with_template BASE
 # NAME OUT makes OUT, the model BASE (its files linked) whose tokenizer_config.json carries the
-# chat template tests/data/tokenizer/templates/NAME.jinja.
+# chat template tests/data/tokenizer/templates/NAME.jinja; pd_beside_one MODEL ARGS... starts a
+# router with a prefill and a decode unit and, beside them, one co-located serve of MODEL (all
+# on loopback with ARGS), waits for them and sets $rport and $cport; pd_equals_one PROMPTS...
+# sends each prompt (comma-separated token ids) to both, greedy with top-5 logprobs, and fails
+# unless the answers are equal.
 dir=$(mktemp -d)
 pid=""
 pids=()
@@ -53,5 +57,40 @@ import json, sys
 cfg = json.load(open(sys.argv[1], encoding="utf-8"))
 cfg["chat_template"] = open(sys.argv[2], encoding="utf-8").read()
 json.dump(cfg, open(sys.argv[3], "w", encoding="utf-8"), ensure_ascii=False)
+PY
+}
+pd_beside_one() {
+  local model=$1
+  shift
+  rport=$(free_port) cport=$(free_port)
+  local pport dport
+  pport=$(free_port) dport=$(free_port)
+  "$bin" router --model "$model" --host 127.0.0.1 --port "$rport" > "$dir/router.log" 2>&1 &
+  pids+=($!)
+  "$bin" serve --model "$model" "$@" --host 127.0.0.1 --port "$pport" --role prefill \
+    --router "http://127.0.0.1:$rport" > "$dir/prefill.log" 2>&1 &
+  pids+=($!)
+  "$bin" serve --model "$model" "$@" --host 127.0.0.1 --port "$dport" --role decode \
+    --router "http://127.0.0.1:$rport" > "$dir/decode.log" 2>&1 &
+  pids+=($!)
+  "$bin" serve --model "$model" "$@" --host 127.0.0.1 --port "$cport" > "$dir/colocated.log" 2>&1 &
+  pids+=($!)
+  wait_health "$rport"
+  wait_health "$cport"
+  wait_units "$rport" 2
+}
+pd_equals_one() {
+  python3 - "$rport" "$cport" "$@" <<'PY' || fail "PD differs from one server"
+import json, sys, urllib.request
+rport, cport = sys.argv[1:3]
+def ask(port, prompt):
+    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 5, "ignore_eos": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    r = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
+    return r["text"], r["logprobs"]["token_logprobs"], r["logprobs"]["top_logprobs"]
+for p in sys.argv[3:]:
+    ids = [int(x) for x in p.split(",")]
+    assert ask(rport, ids) == ask(cport, ids)
 PY
 }

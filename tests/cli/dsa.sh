@@ -112,34 +112,12 @@ PY
 # PD: a router, a prefill and a decode unit (serve --compute reference) against one serve.
 "$bin" make-model "${mm[@]}" --set vocab_size=129280 --out "$dir/v32s" > /dev/null 2>&1
 cp build/models/tiny-py/tokenizer.json build/models/tiny-py/tokenizer_config.json "$dir/v32s/"
-rport=$(free_port) pport=$(free_port) dport=$(free_port) cport=$(free_port)
-common=(--model "$dir/v32s" --threads 1 --kv-cache-gb 0.05 --compute reference)
-"$bin" router --model "$dir/v32s" --host 127.0.0.1 --port "$rport" > "$dir/router.log" 2>&1 &
-pids+=($!)
-"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$pport" --role prefill \
-  --router "http://127.0.0.1:$rport" > "$dir/prefill.log" 2>&1 &
-pids+=($!)
-"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$dport" --role decode \
-  --router "http://127.0.0.1:$rport" > "$dir/decode.log" 2>&1 &
-pids+=($!)
-"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$cport" > "$dir/colocated.log" 2>&1 &
-pids+=($!)
-wait_health "$rport"
-wait_health "$cport"
-wait_units "$rport" 2
-python3 - "$rport" "$cport" "$fixture" <<'PY' || fail "PD differs from one server"
-import json, sys, urllib.request
-rport, cport, fixture = sys.argv[1:]
-def ask(port, prompt):
-    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 5, "ignore_eos": True}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    r = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
-    return r["text"], r["logprobs"]["token_logprobs"], r["logprobs"]["top_logprobs"]
-for p in json.load(open(fixture))["prompts"]:
-    assert ask(rport, p["prompt_ids"]) == ask(cport, p["prompt_ids"])
-print("dsa: PD (router, prefill and decode unit) = one server")
-PY
+pd_beside_one "$dir/v32s" --threads 1 --kv-cache-gb 0.05 --compute reference
+mapfile -t fixture_prompts < <(python3 -c '
+import json, sys
+for p in json.load(open(sys.argv[1]))["prompts"]: print(",".join(map(str, p["prompt_ids"])))' "$fixture")
+pd_equals_one "${fixture_prompts[@]}"
+echo "dsa: PD (router, prefill and decode unit) = one server"
 
 # The fast path (the indexer's projections on BF16 GEMMs, its scores on the SIMD kernel, sparse
 # tokens through mla_sparse):

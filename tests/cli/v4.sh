@@ -70,34 +70,9 @@ if $mpirun -np 2 "$bin" generate --model "$dir/v4t" --prompt-ids 1,2,3 --max-tok
 fi
 grep -q "does not run as an EP group yet" "$dir/ep.out" || fail "no clear EP refusal: $(cat "$dir/ep.out")"
 
-# PD: a router, a prefill and a decode unit (serve --compute reference) against one serve.
-rport=$(free_port) pport=$(free_port) dport=$(free_port) cport=$(free_port)
-common=(--model "$dir/v4t" --threads 1 --kv-cache-gb 0.2 --compute reference)
-"$bin" router --model "$dir/v4t" --host 127.0.0.1 --port "$rport" > "$dir/router.log" 2>&1 &
-pids+=($!)
-"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$pport" --role prefill \
-  --router "http://127.0.0.1:$rport" > "$dir/prefill.log" 2>&1 &
-pids+=($!)
-"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$dport" --role decode \
-  --router "http://127.0.0.1:$rport" > "$dir/decode.log" 2>&1 &
-pids+=($!)
-"$bin" serve "${common[@]}" --host 127.0.0.1 --port "$cport" > "$dir/colocated.log" 2>&1 &
-pids+=($!)
-wait_health "$rport"
-wait_health "$cport"
-wait_units "$rport" 2
-python3 - "$rport" "$cport" "$p1" "$p2" <<'PY' || fail "PD differs from one server"
-import json, sys, urllib.request
-rport, cport = sys.argv[1:3]
-def ask(port, prompt):
-    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 5, "ignore_eos": True}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    r = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
-    return r["text"], r["logprobs"]["token_logprobs"], r["logprobs"]["top_logprobs"]
-for p in sys.argv[3:]:
-    ids = [int(x) for x in p.split(",")]  # 300 and 150 tokens: 128-groups whole and unfinished
-    assert ask(rport, ids) == ask(cport, ids)
-print("v4: PD (router, prefill and decode unit) = one server")
-PY
+# PD: a router, a prefill and a decode unit (serve --compute reference) against one serve, on
+# 300- and 150-token prompts: 128-token groups whole and unfinished in the hand-off.
+pd_beside_one "$dir/v4t" --threads 1 --kv-cache-gb 0.2 --compute reference
+pd_equals_one "$p1" "$p2"
+echo "v4: PD (router, prefill and decode unit) = one server"
 echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path and MTP refused by name, make-model v4-tiny runs"
