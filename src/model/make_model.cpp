@@ -220,6 +220,19 @@ class ModelWriter {
   ModelWriter(const ModelConfig& c, uint64_t seed, ThreadPool* pool)
       : c_(c), seed_(seed), pool_(pool) {}
 
+  // rows x cols e4m3 values uniform over [-448, 448), keyed by `key` and the seed.
+  std::vector<uint8_t> fp8_values(const std::string& key_name, int64_t rows, int64_t cols) {
+    const uint64_t key = name_hash(key_name, seed_);
+    std::vector<uint8_t> q(size_t(rows * cols));
+    auto fill = [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
+        q[size_t(i)] = f32_to_fp8e4m3(uniform(key, uint64_t(i)) * kFp8E4M3Max);
+      }
+    };
+    pool_ ? pool_->parallel_for(rows, fill, 64) : fill(0, rows);
+    return q;
+  }
+
   // FP8 projection [rows, cols] with per-block scales; values ~ uniform with std 1/sqrt(cols)
   // (times gain), block scales varied by +-25% so that scales matter.
   void fp8_linear(SafetensorsWriter& w, const std::string& name, int64_t rows, int64_t cols,
@@ -230,14 +243,7 @@ class ModelWriter {
     }
     const int64_t bn = c_.quant->block_n, bk = c_.quant->block_k;
     const int64_t sr = (rows + bn - 1) / bn, sc = (cols + bk - 1) / bk;
-    uint64_t key = name_hash(name, seed_);
-    std::vector<uint8_t> q(size_t(rows * cols));
-    auto fill = [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
-        q[size_t(i)] = f32_to_fp8e4m3(uniform(key, uint64_t(i)) * kFp8E4M3Max);
-      }
-    };
-    pool_ ? pool_->parallel_for(rows, fill, 64) : fill(0, rows);
+    const std::vector<uint8_t> q = fp8_values(name, rows, cols);
     std::vector<float> scale(size_t(sr * sc));
     const float base = gain * std::sqrt(1.0f / float(cols)) / (kFp8E4M3Max / std::sqrt(3.0f));
     uint64_t skey = name_hash(name + "#scale", seed_);
@@ -303,14 +309,7 @@ class ModelWriter {
   void fp8_ue8m0(SafetensorsWriter& w, const std::string& stem, int64_t rows, int64_t cols,
                  float gain = 1.0f) {
     const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
-    uint64_t key = name_hash(stem, seed_);
-    std::vector<uint8_t> q(size_t(rows * cols));
-    auto fill = [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
-        q[size_t(i)] = f32_to_fp8e4m3(uniform(key, uint64_t(i)) * kFp8E4M3Max);
-      }
-    };
-    pool_ ? pool_->parallel_for(rows, fill, 64) : fill(0, rows);
+    const std::vector<uint8_t> q = fp8_values(stem, rows, cols);
     const double base = gain * std::sqrt(1.0 / double(cols)) / (kFp8E4M3Max / std::sqrt(3.0));
     w.add(stem + ".weight", DType::kF8E4M3, {rows, cols}, q.data(), q.size());
     ue8m0_scales(w, stem, sr, sc, base);
