@@ -49,7 +49,8 @@ Result<ModelSpec> model_preset(const std::string& name) {
     m.v_head_dim = 128;
     m.mtp_layers = 0;
   } else if (name == "deepseek-v4-flash" || name == "deepseek-v4-pro") {
-    // config.json of deepseek-ai/DeepSeek-V4-Flash / -Pro (/work/notes/v4_spec.md section 1).
+    // config.json of deepseek-ai/DeepSeek-V4-Flash / -Pro as DeepSeek publishes it
+    // (docs/deepseek-v4.md).
     const bool pro = name == "deepseek-v4-pro";
     m.attention = AttentionKind::kV4;
     m.hidden = pro ? 7168 : 4096;
