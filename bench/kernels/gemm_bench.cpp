@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "core/dtype.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/gemm_fp4.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/gemm_fp8_f32x.h"
 #include "kernels/gemm_int4.h"
@@ -100,6 +104,9 @@ bool is_int8(const Case& c) {
 bool is_int4(const Case& c) {
   return std::string(c.kernel).rfind("gemm_int4", 0) == 0;
 }
+bool is_fp4(const Case& c) {
+  return std::string(c.kernel).rfind("gemm_fp4", 0) == 0;
+}
 
 // t_bf16: for the F32-activation variants and gemm_int8, the time of the FP8 kernel with BF16
 // activations on the same case (0: none).
@@ -108,18 +115,20 @@ void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, do
   const int64_t e = std::max<int64_t>(1, c.experts);
   const bool bf16_weights = std::string(c.kernel) == "gemm_bf16";
   // INT8: one byte per weight and an F32 scale per column and 128-wide K block; INT4: half a
-  // byte and two F32 (scale, minimum) per column and block.
+  // byte and two F32 (scale, minimum) per column and block; FP4: half a byte and one exponent
+  // byte per column and 32-wide sub-block (4 per block).
   const double col_blocks = double((c.n + 63) / 64 * 64) * double((c.k + 127) / 128);
-  const double scale_bytes = is_int8(c) ? 4.0 * col_blocks
+  const double scale_bytes = is_int8(c) || is_fp4(c) ? 4.0 * col_blocks
                              : is_int4(c)
                                  ? 8.0 * col_blocks
                                  : 4.0 * double((c.n + 127) / 128) * double((c.k + 127) / 128);
-  const double per_weight = is_int4(c) ? 0.5 : 1.0;
+  const double per_weight = is_int4(c) || is_fp4(c) ? 0.5 : 1.0;
   const double wbytes = bf16_weights
                             ? 2.0 * double(c.n) * double(c.k)
                             : double(e) * (per_weight * double(c.n) * double(c.k) + scale_bytes);
   const double flops = 2.0 * double(c.m) * double(c.n) * double(c.k);
-  const double peak = is_int8(c) || is_int4(c) ? ceil.int8_peak_gops() : ceil.gemm_peak_gflops();
+  const double peak =
+      is_int8(c) || is_int4(c) || is_fp4(c) ? ceil.int8_peak_gops() : ceil.gemm_peak_gflops();
   const double t_roof = std::max(wbytes / (ceil.dram_read_gbps * 1e9), flops / (peak * 1e9));
   const bool memory_bound = wbytes / (ceil.dram_read_gbps * 1e9) >= flops / (peak * 1e9);
   const double gbps = wbytes / t / 1e9, gflops = flops / t / 1e9;
@@ -331,6 +340,94 @@ void run_grouped(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
   }
 }
 
+// DeepSeek-V4's routed experts as the checkpoint holds them (FP4, gemm_fp4): random codes and
+// exponents near 2^-7, rows split evenly as run_grouped; the baseline is its oneDNN BF16 matmul
+// per expert, and vs_bf16 is gemm_int8's time on the same shapes over gemm_fp4's (twice the
+// bytes).
+void run_grouped_fp4(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool, int64_t n,
+                     int64_t k, int64_t experts, const std::vector<int64_t>& ms, Rng& rng) {
+  const double min_s = opt.quick ? 0.15 : 0.4;
+  const int sets = copies_for(0.53 * double(experts) * double(n) * double(k));
+  std::vector<uint8_t> codes(size_t(n * k / 2));
+  for (auto& b : codes) b = uint8_t(rng.next());
+  std::vector<float> scales(size_t(n * k / 32));
+  for (auto& v : scales) v = std::ldexp(1.0f, -7 - int(rng.next() % 3));
+  WeightView view;
+  view.dtype = DType::kF4E2M1;
+  view.data = codes.data();
+  view.rows = n;
+  view.cols = k;
+  view.scale_inv = scales.data();
+  view.block_rows = 1;
+  view.block_cols = 32;
+  Result<PackedFp4Weight> one = pack_fp4_weight(view, "bench");
+  CHECK(one.ok(), "packing the bench's FP4 weight");
+  std::vector<PackedFp4Weight> w;
+  for (int i = 0; i < sets * experts; ++i) {  // equal bytes, distinct memory
+    PackedFp4Weight copy = *one;
+    copy.data =
+        std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(std::aligned_alloc(64, one->bytes())),
+                                   [](uint8_t* q) { std::free(q); });
+    std::memcpy(copy.data.get(), one->data.get(), one->bytes());
+    w.push_back(std::move(copy));
+  }
+  std::vector<const PackedFp4Weight*> ptrs;
+  for (auto& p : w) ptrs.push_back(&p);
+  const int sets8 = copies_for(double(experts) * double(n) * double(k));
+  std::vector<PackedInt8Weight> w8;
+  {
+    PackedFp8Weight f = random_fp8(n, k, rng);
+    for (int i = 0; i < sets8 * experts; ++i) w8.push_back(pack_int8_weight(f));
+  }
+  std::vector<const PackedInt8Weight*> ptrs8;
+  for (auto& p : w8) ptrs8.push_back(&p);
+  std::vector<uint16_t> wb = random_bf16(size_t(n * k), rng);
+  const int base_sets = copies_for(2.0 * double(experts) * double(n) * double(k));
+  for (int64_t m : ms) {
+    const int64_t rows = m / experts;
+    const bool masked = rows <= 8;
+    std::vector<uint16_t> x = random_bf16(size_t(m * k), rng);
+    std::vector<float> y(size_t(m * n));
+    std::vector<int64_t> off(size_t(experts + 1));
+    for (int64_t e = 0; e <= experts; ++e) off[size_t(e)] = e * rows;
+    std::vector<int32_t> counts(static_cast<size_t>(experts), static_cast<int32_t>(rows));
+    GemmOutput out{y.data(), DType::kF32, n};
+    const double dram_before = measure_dram_read_gbps(pool, 1, min_s);
+    const double t = time_calls(
+        [&](int i) {
+          const PackedFp4Weight* const* set = ptrs.data() + i * experts;
+          if (masked) {
+            gemm_fp4_grouped_masked(x.data(), k, rows, counts.data(), set, experts, out, &pool);
+          } else {
+            gemm_fp4_grouped_contiguous(x.data(), k, off.data(), set, experts, out, &pool);
+          }
+        },
+        sets, min_s);
+    const Ceilings here = local_ceilings(ceil, dram_before, pool, min_s);
+    const double t8 = time_calls(
+        [&](int i) {
+          const PackedInt8Weight* const* set = ptrs8.data() + i * experts;
+          if (masked) {
+            gemm_int8_grouped_masked(x.data(), k, rows, counts.data(), set, experts, out, &pool);
+          } else {
+            gemm_int8_grouped_contiguous(x.data(), k, off.data(), set, experts, out, &pool);
+          }
+        },
+        sets8, min_s);
+    OneDnnMatmul base(rows, n, k);
+    for (int i = 0; i < base_sets * experts; ++i) base.add_weight(wb.data());
+    const double tb = time_calls(
+        [&](int i) {
+          for (int64_t e = 0; e < experts; ++e)
+            base.run(int(i * experts + e), x.data() + e * rows * k, y.data() + e * rows * n);
+        },
+        base_sets, min_s);
+    report(opt, here,
+           Case{"gemm_fp4_grouped", m, n, k, experts, masked ? "masked" : "contiguous", "bf16"}, t,
+           tb, t8);
+  }
+}
+
 // The lm_head: BF16 weights [vocab, hidden] (the checkpoints keep it in BF16) repacked into the
 // tiled layout (gemm_bf16_packed, what the forward pass runs), F32 logits; the same oneDNN matmul
 // as the baseline (here both read the same bytes).
@@ -367,7 +464,9 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
   auto want = [&](const char* kernel) { return wanted(opt, kernel); };
   const bool int8 = want("gemm_int8") || want("gemm_int8_grouped");
   const bool int4 = want("gemm_int4_grouped");
-  if (!want("gemm_bf16") && !want("gemm_fp8") && !want("gemm_fp8_grouped") && !int8 && !int4) {
+  const bool fp4 = want("gemm_fp4_grouped");
+  if (!want("gemm_bf16") && !want("gemm_fp8") && !want("gemm_fp8_grouped") && !int8 && !int4 &&
+      !fp4) {
     return;
   }
   if (!opt.json) {
@@ -395,6 +494,14 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
   // theirs, measured in the same case).
   if (want("gemm_fp8") || want("gemm_int8")) {
     for (const Shape& s : shapes) run_dense(opt, ceil, pool, s.n, s.k, ms, rng);
+  }
+  // DeepSeek-V4-Flash's FP4 experts (hidden 4096, moe_intermediate_size 2048): gate/up [2048,
+  // 4096] and down [4096, 2048]; a decode step's rows (one per expert) and a prefill's.
+  if (fp4) {
+    run_grouped_fp4(opt, ceil, pool, 2048, 4096, 8,
+                    opt.quick ? std::vector<int64_t>{8, 1024} : std::vector<int64_t>{8, 64, 1024},
+                    rng);
+    if (!opt.quick) run_grouped_fp4(opt, ceil, pool, 4096, 2048, 8, {8, 64, 1024}, rng);
   }
   if (!want("gemm_fp8_grouped") && !want("gemm_int8_grouped") && !int4) return;
   // Routed experts (moe_intermediate_size 2048): gate/up [2048, 7168] and down [7168, 2048];

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   std::string only;
   kernels->add_option("--only", only,
                       "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, "
-                      "gemm_int8, mla, small_ops, dsa)");
+                      "gemm_int8, gemm_int4, gemm_fp4, mla, small_ops, dsa)");
   kernels->add_option("--threads", threads, "threads for kernels and baseline")
       ->check(CLI::Range(1, 1024));
   CLI::App* e2e = app.add_subcommand("e2e", "Batch-1 decode tokens/s against the roofline");

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/gemm_fp4.h"
 #include "kernels/gemm_fp8_f32x.h"
 #include "kernels/gemm_fp8_internal.h"
 #include "kernels/gemm_int4.h"
@@ -148,6 +149,9 @@ JobWeight job_weight(const PackedFp8Weight& w) {
 JobWeight job_weight(const PackedInt4Weight& w) {
   return {w.data.get(), w.scales.data(), w.n, w.k, w.k_blocks(), true};
 }
+JobWeight job_weight(const PackedFp4Weight& w) {  // the exponents lie in the tiles
+  return {w.data.get(), nullptr, w.n, w.k, w.k_blocks(), true};
+}
 JobWeight job_weight(const PackedInt8Weight& w) {
   return {reinterpret_cast<const uint8_t*>(w.data.get()),
           w.scales.data(),
@@ -184,6 +188,18 @@ PanelFn panel_fn_int4(Isa isa) {
       return gemm_detail::panels_int4_vnni;
     default:
       return gemm_detail::panels_int4_scalar;
+  }
+}
+
+// The FP4 levels: VNNI on AVX-512 BF16's CPUs (and AMX's: no tile form), else scalar.
+PanelFn panel_fn_fp4(Isa isa) {
+  CHECK(isa_at_most(isa, cpu_isa()), "gemm_fp4: ISA level above what this CPU supports");
+  switch (isa) {
+    case Isa::kAmx:
+    case Isa::kAvx512Bf16:
+      return gemm_detail::panels_fp4_vnni;
+    default:
+      return gemm_detail::panels_fp4_scalar;
   }
 }
 
@@ -464,6 +480,33 @@ void gemm_int4_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
                               int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
   grouped_masked(x, nullptr, ldx, capacity, counts, experts, n_experts, y, pool,
                  panel_fn_int4(isa));
+}
+
+void gemm_fp4(const uint16_t* x, int64_t m, int64_t ldx, const PackedFp4Weight& w, GemmOutput y,
+              ThreadPool* pool, Isa isa) {
+  dense(x, nullptr, m, ldx, w, y, pool, panel_fn_fp4(isa));
+}
+
+void gemm_fp4_grouped_contiguous(const uint16_t* x, int64_t ldx, const int64_t* offsets,
+                                 const PackedFp4Weight* const* experts, int64_t n_experts,
+                                 GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_contiguous(x, nullptr, ldx, nullptr, offsets, experts, n_experts, y, pool,
+                     panel_fn_fp4(isa));
+}
+
+void gemm_fp4_grouped_contiguous_gather(const uint16_t* x, int64_t ldx, const int32_t* x_rows,
+                                        const int64_t* offsets,
+                                        const PackedFp4Weight* const* experts, int64_t n_experts,
+                                        GemmOutput y, ThreadPool* pool, Isa isa) {
+  CHECK(x_rows != nullptr, "grouped gather: x_rows is required");
+  grouped_contiguous(x, nullptr, ldx, x_rows, offsets, experts, n_experts, y, pool,
+                     panel_fn_fp4(isa));
+}
+
+void gemm_fp4_grouped_masked(const uint16_t* x, int64_t ldx, int64_t capacity,
+                             const int32_t* counts, const PackedFp4Weight* const* experts,
+                             int64_t n_experts, GemmOutput y, ThreadPool* pool, Isa isa) {
+  grouped_masked(x, nullptr, ldx, capacity, counts, experts, n_experts, y, pool, panel_fn_fp4(isa));
 }
 
 }  // namespace moeserve

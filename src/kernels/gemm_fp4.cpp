@@ -1,0 +1,127 @@
+// gemm_fp4: packing a checkpoint's FP4 weight and the scalar level (the dispatch shares
+// gemm_fp8.cpp's job split). Built with -ffp-contract=off: the scalar level's roundings are the
+// ones gemm_fp4.h states, which the VNNI level reproduces.
+#include "kernels/gemm_fp4.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "kernels/gemm_fp8_internal.h"
+
+namespace moeserve {
+
+static_assert(PackedFp4Weight::kPanelCols == gemm_detail::kPanelCols);
+static_assert(PackedFp4Weight::kBlockK == gemm_detail::kBlockK);
+
+namespace {
+
+constexpr int64_t kCols = PackedFp4Weight::kPanelCols;
+constexpr int64_t kBk = PackedFp4Weight::kBlockK;
+constexpr int64_t kSub = PackedFp4Weight::kSubK;
+
+// u(code) = 2 * e2m1(code) + 12 (gemm_fp4.h).
+constexpr int32_t kU[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+// ws(e) of gemm_fp4.h.
+float ws(uint8_t e) {
+  return e == 0 ? 0.0f : std::ldexp(1.0f, int(e) - 127);
+}
+
+}  // namespace
+
+uint8_t PackedFp4Weight::at(int64_t row, int64_t col) const {
+  const gemm_detail::NibbleAt a = gemm_detail::nibble_at(row % kPanelCols, col % kBlockK);
+  return uint8_t((tile(row / kPanelCols, col / kBlockK)[a.byte] >> a.shift) & 15);
+}
+
+Result<PackedFp4Weight> pack_fp4_weight(const WeightView& w, const std::string& name) {
+  CHECK(w.dtype == DType::kF4E2M1 && w.block_rows == 1 && w.block_cols == kSub,
+        "pack_fp4_weight: an FP4 weight with 1 x 32 scales");
+  if (w.rows <= 0 || w.cols <= 0 || w.cols % kSub != 0) {
+    return InvalidArgument(fmt::format("{}: an FP4 weight of {} x {} (K must be a multiple of 32)",
+                                       name, w.rows, w.cols));
+  }
+  PackedFp4Weight p;
+  p.n = w.rows;
+  p.k = w.cols;
+  const size_t bytes = p.bytes();
+  p.data = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)),
+                                      [](uint8_t* q) { std::free(q); });
+  CHECK(p.data != nullptr, "packing a weight: out of memory");
+  std::memset(p.data.get(), 0, bytes);
+  const int64_t kbn = p.k_blocks(), subs = w.cols / kSub;
+  for (int64_t row = 0; row < w.rows; ++row) {
+    const uint8_t* src = w.data + row * w.row_bytes();
+    const int64_t panel = row / kCols, c = row % kCols;
+    for (int64_t s = 0; s < subs; ++s) {
+      const float scale = w.scale_inv[row * subs + s];
+      int e = 0;
+      const float mant = std::frexp(scale, &e);  // scale = mant * 2^e, mant in [0.5, 1)
+      if (scale != 0.0f && (mant != 0.5f || e + 126 < 0 || e + 126 > 254)) {
+        return InvalidArgument(fmt::format(
+            "{}: row {} scale {} of columns {}..{} is not a power of two 2^(e - 127), e < 255",
+            name, row, scale, s * kSub, s * kSub + kSub - 1));
+      }
+      // 2^(e - 127) is e + 126 biased; 0 and 2^-127 both become exponent 0 (ws(0) = 0).
+      uint8_t* t = p.data.get() + (panel * kbn + (s * kSub) / kBk) * PackedFp4Weight::kTileBytes;
+      t[PackedFp4Weight::kNibbleBytes + ((s * kSub) % kBk / kSub) * kCols + c] =
+          scale == 0.0f ? 0 : uint8_t(e + 126);
+    }
+    for (int64_t col = 0; col < w.cols; ++col) {
+      const uint8_t code = (src[col / 2] >> (4 * (col % 2))) & 15;
+      uint8_t* t = p.data.get() + (panel * kbn + col / kBk) * PackedFp4Weight::kTileBytes;
+      const gemm_detail::NibbleAt a = gemm_detail::nibble_at(c, col % kBk);
+      t[a.byte] = uint8_t(t[a.byte] | (code << a.shift));
+    }
+  }
+  return p;
+}
+
+namespace gemm_detail {
+
+void panels_fp4_scalar(const GemmJob& job, int64_t p0, int64_t p1) {
+  const int64_t kbn = job.k_blocks;
+  std::vector<int8_t> q(size_t(job.m * kbn * kBk));
+  std::vector<float> sx(size_t(job.m * kbn));
+  std::vector<int32_t> sums(size_t(job.m * kbn));
+  quantize_rows_int8_scalar(job.x, job.ldx, job.m, job.m, job.k, q.data(), sx.data(), sums.data());
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t c1 = std::min(kCols, job.n - p * kCols);
+    for (int64_t i = 0; i < job.m; ++i) {
+      for (int64_t c = 0; c < c1; ++c) {
+        float tot = 0;
+        for (int64_t kb = 0; kb < kbn; ++kb) {
+          const uint8_t* t = job.tiles + (p * kbn + kb) * PackedFp4Weight::kTileBytes;
+          const int8_t* xq = &q[size_t((kb * job.m + i) * kBk)];
+          const float h = sx[size_t(kb * job.m + i)] * 0.5f;
+          for (int64_t sb = 0; sb < kBk / kSub; ++sb) {
+            int32_t dot = 0, sum = 0;
+            for (int64_t kk = sb * kSub; kk < sb * kSub + kSub; ++kk) {
+              const NibbleAt a = nibble_at(c, kk);
+              dot += int32_t(xq[kk]) * kU[(t[a.byte] >> a.shift) & 15];
+              sum += xq[kk];
+            }
+            const float w = ws(t[PackedFp4Weight::kNibbleBytes + sb * kCols + c]);
+            const float tb = float(dot - 12 * sum) * w;
+            tot = kb == 0 && sb == 0 ? tb * h : std::fma(tb, h, tot);
+          }
+        }
+        const int64_t col = p * kCols + c;
+        if (job.y_bf16) {
+          static_cast<uint16_t*>(job.y)[i * job.ldy + col] = f32_to_bf16(tot);
+        } else {
+          static_cast<float*>(job.y)[i * job.ldy + col] = tot;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace gemm_detail
+}  // namespace moeserve
