@@ -127,8 +127,7 @@ void report(const GemmBenchOptions& opt, const Ceilings& ceil, const Case& c, do
                             ? 2.0 * double(c.n) * double(c.k)
                             : double(e) * (per_weight * double(c.n) * double(c.k) + scale_bytes);
   const double flops = 2.0 * double(c.m) * double(c.n) * double(c.k);
-  const double peak =
-      is_int8(c) || is_int4(c) || is_fp4(c) ? ceil.int8_peak_gops() : ceil.gemm_peak_gflops();
+  const double peak = is_int8(c) || is_int4(c) ? ceil.int8_peak_gops() : ceil.gemm_peak_gflops();
   const double t_roof = std::max(wbytes / (ceil.dram_read_gbps * 1e9), flops / (peak * 1e9));
   const bool memory_bound = wbytes / (ceil.dram_read_gbps * 1e9) >= flops / (peak * 1e9);
   const double gbps = wbytes / t / 1e9, gflops = flops / t / 1e9;

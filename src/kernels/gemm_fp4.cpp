@@ -1,6 +1,6 @@
 // gemm_fp4: packing a checkpoint's FP4 weight and the scalar level (the dispatch shares
 // gemm_fp8.cpp's job split). Built with -ffp-contract=off: the scalar level's roundings are the
-// ones gemm_fp4.h states, which the VNNI level reproduces.
+// ones gemm_fp4.h states, which the AVX-512 BF16 level reproduces.
 #include "kernels/gemm_fp4.h"
 
 #include <cmath>
@@ -25,9 +25,6 @@ constexpr int64_t kCols = PackedFp4Weight::kPanelCols;
 constexpr int64_t kBk = PackedFp4Weight::kBlockK;
 constexpr int64_t kSub = PackedFp4Weight::kSubK;
 
-// u(code) = 2 * e2m1(code) + 12 (gemm_fp4.h).
-constexpr int32_t kU[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
-
 // ws(e) of gemm_fp4.h.
 float ws(uint8_t e) {
   return e == 0 ? 0.0f : std::ldexp(1.0f, int(e) - 127);
@@ -35,9 +32,17 @@ float ws(uint8_t e) {
 
 }  // namespace
 
+void PackedFp4Weight::byte_of(int64_t c, int64_t kk, int64_t* byte, int* shift) {
+  const int64_t j = c / 16, w = 2 * (c % 16) + kk % 2;
+  *byte = (kk / 2) * 64 + (w / 8) * 16 + 8 * (j % 2) + w % 8;
+  *shift = int(j / 2) * 4;
+}
+
 uint8_t PackedFp4Weight::at(int64_t row, int64_t col) const {
-  const gemm_detail::NibbleAt a = gemm_detail::nibble_at(row % kPanelCols, col % kBlockK);
-  return uint8_t((tile(row / kPanelCols, col / kBlockK)[a.byte] >> a.shift) & 15);
+  int64_t byte = 0;
+  int shift = 0;
+  byte_of(row % kPanelCols, col % kBlockK, &byte, &shift);
+  return uint8_t((tile(row / kPanelCols, col / kBlockK)[byte] >> shift) & 15);
 }
 
 Result<PackedFp4Weight> pack_fp4_weight(const WeightView& w, const std::string& name) {
@@ -76,8 +81,10 @@ Result<PackedFp4Weight> pack_fp4_weight(const WeightView& w, const std::string& 
     for (int64_t col = 0; col < w.cols; ++col) {
       const uint8_t code = (src[col / 2] >> (4 * (col % 2))) & 15;
       uint8_t* t = p.data.get() + (panel * kbn + col / kBk) * PackedFp4Weight::kTileBytes;
-      const gemm_detail::NibbleAt a = gemm_detail::nibble_at(c, col % kBk);
-      t[a.byte] = uint8_t(t[a.byte] | (code << a.shift));
+      int64_t byte = 0;
+      int shift = 0;
+      PackedFp4Weight::byte_of(c, col % kBk, &byte, &shift);
+      t[byte] = uint8_t(t[byte] | (code << shift));
     }
   }
   return p;
@@ -87,29 +94,30 @@ namespace gemm_detail {
 
 void panels_fp4_scalar(const GemmJob& job, int64_t p0, int64_t p1) {
   const int64_t kbn = job.k_blocks;
-  std::vector<int8_t> q(size_t(job.m * kbn * kBk));
-  std::vector<float> sx(size_t(job.m * kbn));
-  std::vector<int32_t> sums(size_t(job.m * kbn));
-  quantize_rows_int8_scalar(job.x, job.ldx, job.m, job.m, job.k, q.data(), sx.data(), sums.data());
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t c1 = std::min(kCols, job.n - p * kCols);
     for (int64_t i = 0; i < job.m; ++i) {
+      const uint16_t* x = job.x + i * job.ldx;
       for (int64_t c = 0; c < c1; ++c) {
         float tot = 0;
         for (int64_t kb = 0; kb < kbn; ++kb) {
           const uint8_t* t = job.tiles + (p * kbn + kb) * PackedFp4Weight::kTileBytes;
-          const int8_t* xq = &q[size_t((kb * job.m + i) * kBk)];
-          const float h = sx[size_t(kb * job.m + i)] * 0.5f;
+          const int64_t k0 = kb * kBk;
+          auto value = [&](int64_t kk) {  // x times v(w) of K index k0 + kk (0 past K)
+            if (k0 + kk >= job.k) return 0.0f;
+            int64_t byte = 0;
+            int shift = 0;
+            PackedFp4Weight::byte_of(c, kk, &byte, &shift);
+            return bf16_to_f32(x[k0 + kk]) * fp4e2m1_to_f32((t[byte] >> shift) & 15);
+          };
           for (int64_t sb = 0; sb < kBk / kSub; ++sb) {
-            int32_t dot = 0, sum = 0;
-            for (int64_t kk = sb * kSub; kk < sb * kSub + kSub; ++kk) {
-              const NibbleAt a = nibble_at(c, kk);
-              dot += int32_t(xq[kk]) * kU[(t[a.byte] >> a.shift) & 15];
-              sum += xq[kk];
+            float sum = 0;
+            for (int64_t kk = sb * kSub; kk < sb * kSub + kSub; kk += 2) {
+              sum += value(kk + 1);  // exact products: one rounding per add, as an FMA
+              sum += value(kk);
             }
             const float w = ws(t[PackedFp4Weight::kNibbleBytes + sb * kCols + c]);
-            const float tb = float(dot - 12 * sum) * w;
-            tot = kb == 0 && sb == 0 ? tb * h : std::fma(tb, h, tot);
+            tot = kb == 0 && sb == 0 ? sum * w : std::fma(sum, w, tot);
           }
         }
         const int64_t col = p * kCols + c;

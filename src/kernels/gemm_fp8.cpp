@@ -150,7 +150,7 @@ JobWeight job_weight(const PackedInt4Weight& w) {
   return {w.data.get(), w.scales.data(), w.n, w.k, w.k_blocks(), true};
 }
 JobWeight job_weight(const PackedFp4Weight& w) {  // the exponents lie in the tiles
-  return {w.data.get(), nullptr, w.n, w.k, w.k_blocks(), true};
+  return {w.data.get(), nullptr, w.n, w.k, w.k_blocks(), false};
 }
 JobWeight job_weight(const PackedInt8Weight& w) {
   return {reinterpret_cast<const uint8_t*>(w.data.get()),
@@ -191,13 +191,13 @@ PanelFn panel_fn_int4(Isa isa) {
   }
 }
 
-// The FP4 levels: VNNI on AVX-512 BF16's CPUs (and AMX's: no tile form), else scalar.
+// The FP4 levels: AVX-512 BF16 (AMX's CPUs run it too: no tile form), else scalar.
 PanelFn panel_fn_fp4(Isa isa) {
   CHECK(isa_at_most(isa, cpu_isa()), "gemm_fp4: ISA level above what this CPU supports");
   switch (isa) {
     case Isa::kAmx:
     case Isa::kAvx512Bf16:
-      return gemm_detail::panels_fp4_vnni;
+      return gemm_detail::panels_fp4_avx512bf16;
     default:
       return gemm_detail::panels_fp4_scalar;
   }

@@ -56,16 +56,9 @@ void panels_int8_amx(const GemmJob& job, int64_t p0, int64_t p1);   // VNNI at f
 void panels_int4_scalar(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_int4_vnni(const GemmJob& job, int64_t p0, int64_t p1);  // AVX-512 VNNI
 void panels_int4_amx(const GemmJob& job, int64_t p0, int64_t p1);   // VNNI at few rows
-// The FP4 levels (gemm_fp4.h): tiles are PackedFp4Weight's (exponents inside), no scales.
+// The FP4 levels (gemm_fp4.h): tiles are PackedFp4Weight's (exponents inside), no scales; x BF16.
 void panels_fp4_scalar(const GemmJob& job, int64_t p0, int64_t p1);
-void panels_fp4_vnni(const GemmJob& job, int64_t p0, int64_t p1);  // AVX-512 VNNI
-// Where value (c, kk) of a gemm_int4 / gemm_fp4 tile lies (column c of the panel, kk in the K
-// block): its byte and whether it is the high nibble (shift 4). Defined in gemm_int4.cpp.
-struct NibbleAt {
-  int64_t byte;
-  int shift;
-};
-NibbleAt nibble_at(int64_t c, int64_t kk);
+void panels_fp4_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1);
 // Jobs of at most this many rows run the VNNI code at the AMX level.
 constexpr int64_t kInt8VnniMaxRows = 16;
 

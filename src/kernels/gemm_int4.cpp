@@ -17,13 +17,21 @@ namespace moeserve {
 static_assert(PackedInt4Weight::kPanelCols == gemm_detail::kPanelCols);
 static_assert(PackedInt4Weight::kBlockK == gemm_detail::kBlockK);
 
-using gemm_detail::nibble_at;
-using gemm_detail::NibbleAt;
-
 namespace {
 
 constexpr int64_t kCols = gemm_detail::kPanelCols;
 constexpr int64_t kBk = gemm_detail::kBlockK;
+
+// Where value (c, kk) of a tile (column c of the panel, kk in the K block) lies: its byte and
+// whether it is the high nibble (gemm_int4.h's layout).
+struct NibbleAt {
+  int64_t byte;
+  int shift;
+};
+NibbleAt nibble_at(int64_t c, int64_t kk) {
+  const int64_t v = c * 4 + kk % 4;  // index in the quad's INT8 layout, 0..255
+  return {(kk / 4) * 128 + (v / 128) * 64 + v % 64, int((v / 64) % 2) * 4};
+}
 
 float round_even(float v) {  // as gemm_int8.cpp: nearest, ties to even, for |v| < 2^22
   constexpr float kMagic = 12582912.0f;
@@ -105,12 +113,6 @@ PackedInt4Weight pack_int4_weight(const PackedFp8Weight& w) {
 }
 
 namespace gemm_detail {
-
-// gemm_int4.h's layout.
-NibbleAt nibble_at(int64_t c, int64_t kk) {
-  const int64_t v = c * 4 + kk % 4;  // index in the quad's INT8 layout, 0..255
-  return {(kk / 4) * 128 + (v / 128) * 64 + v % 64, int((v / 64) % 2) * 4};
-}
 
 void panels_int4_scalar(const GemmJob& job, int64_t p0, int64_t p1) {
   const int64_t kbn = job.k_blocks;

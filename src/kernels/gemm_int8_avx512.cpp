@@ -1,5 +1,4 @@
-// gemm_int8, gemm_int4 and gemm_fp4, AVX-512 VNNI level (and the AMX level's few-row calls; every
-// gemm_fp4 call): the weights'
+// gemm_int8 and gemm_int4, AVX-512 VNNI level (and the AMX level's few-row calls): the weights'
 // signed bytes are flipped to unsigned (w + 128, one XOR per 64 bytes) for vpdpbusd against a
 // broadcast 4-byte group of X's signed bytes; the accumulators start at -128 * (the block's sum of
 // X's bytes), so they end at the exact INT32 dot product the AMX level's TDPBSSD gives. Nothing is
@@ -12,7 +11,6 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "kernels/gemm_fp8_internal.h"
 
@@ -152,84 +150,6 @@ void micro4_rows(int rows, const int8_t* x, const float* sx, const int32_t* sums
   }
 }
 
-// The FP4 form (gemm_fp4.h): micro4's unpacking, then vpshufb maps each nibble to u = 2 e2m1 + 12
-// (0..24); the sums are promoted per 32-wide sub-block with its exponents, which follow the
-// nibbles in the tile. h: sx / 2 [R]; ssum: [R][4] the sub-blocks' sums of X.
-template <int R>
-__attribute__((noinline)) void micro_fp4(const int8_t* x, const float* h, const int32_t* ssum,
-                                         const uint8_t* tile, float* tot, bool first,
-                                         const char* pf) {
-  const __m512i low = _mm512_set1_epi8(0x0f);
-  const __m512i lut = _mm512_maskz_broadcast_i32x4(  // (zero-masked: see micro())
-      __mmask16(0xffff), _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const uint8_t* exps = tile + kTileBytes / 2;
-  for (int sb = 0; sb < 4; ++sb) {
-    __m512i acc[R][4];
-    for (int r = 0; r < R; ++r) {
-      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_si512();
-    }
-    for (int q = 8 * sb; q < 8 * sb + 8; ++q) {
-      if (pf) {
-        _mm_prefetch(pf + 128 * q, _MM_HINT_T1);
-        _mm_prefetch(pf + 128 * q + 64, _MM_HINT_T1);
-      }
-      const __m512i* t = reinterpret_cast<const __m512i*>(tile + 128 * q);
-      const __m512i a = _mm512_load_si512(t), b = _mm512_load_si512(t + 1);
-      const __m512i w0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(a, low));
-      const __m512i w1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(a, 4), low));
-      const __m512i w2 = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, low));
-      const __m512i w3 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(b, 4), low));
-      for (int r = 0; r < R; ++r) {
-        int32_t v;
-        std::memcpy(&v, x + r * kBlockK + 4 * q, 4);
-        const __m512i xb = _mm512_set1_epi32(v);
-        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w0, xb);
-        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w1, xb);
-        acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], w2, xb);
-        acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], w3, xb);
-      }
-    }
-    if (pf) _mm_prefetch(pf + kTileBytes / 2 + 64 * sb, _MM_HINT_T1);
-    __m512 ws[4];  // 2^(e - 127) from the exponent's bits; e = 0 gives 0
-    for (int j = 0; j < 4; ++j) {
-      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(exps + 64 * sb + 16 * j));
-      const __mmask16 all = 0xffff;
-      ws[j] =
-          _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu8_epi32(all, e), 23));
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512i corr = _mm512_set1_epi32(12 * ssum[r * 4 + sb]);
-      const __m512 vh = _mm512_set1_ps(h[r]);
-      for (int j = 0; j < 4; ++j) {
-        const __m512 f =
-            _mm512_maskz_cvtepi32_ps(__mmask16(0xffff), _mm512_sub_epi32(acc[r][j], corr));
-        const __m512 t = _mm512_mul_ps(f, ws[j]);
-        float* d = tot + r * kPanelCols + 16 * j;
-        _mm512_store_ps(
-            d, first && sb == 0 ? _mm512_mul_ps(t, vh) : _mm512_fmadd_ps(t, vh, _mm512_load_ps(d)));
-      }
-    }
-  }
-}
-
-void micro_fp4_rows(int rows, const int8_t* x, const float* h, const int32_t* ssum,
-                    const uint8_t* tile, float* tot, bool first, const char* pf) {
-  switch (rows) {
-    case 6:
-      return micro_fp4<6>(x, h, ssum, tile, tot, first, pf);
-    case 5:
-      return micro_fp4<5>(x, h, ssum, tile, tot, first, pf);
-    case 4:
-      return micro_fp4<4>(x, h, ssum, tile, tot, first, pf);
-    case 3:
-      return micro_fp4<3>(x, h, ssum, tile, tot, first, pf);
-    case 2:
-      return micro_fp4<2>(x, h, ssum, tile, tot, first, pf);
-    default:
-      return micro_fp4<1>(x, h, ssum, tile, tot, first, pf);
-  }
-}
-
 // 16 BF16 -> F32 (exact).
 inline __m512 bf16x16(const uint16_t* p, __mmask16 m) {
   return _mm512_castsi512_ps(
@@ -289,15 +209,11 @@ void quantize_rows_int8_avx512(const uint16_t* x, int64_t ldx, int64_t rows, int
 
 namespace {
 
-// INT8 tiles (micro), INT4 tiles (micro4) or FP4 tiles (micro_fp4): the same loops.
-enum class Tiles { kInt8, kInt4, kFp4 };
-
-template <Tiles kTiles>
+// INT8 tiles (micro) or INT4 tiles (micro4): the same loops over half or whole tiles.
+template <bool kInt4>
 void panels_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
-  constexpr int64_t tile_bytes = kTiles == Tiles::kInt8   ? kTileBytes
-                                 : kTiles == Tiles::kInt4 ? kTileBytes / 2
-                                                          : kTileBytes / 2 + 4 * kPanelCols;
-  constexpr int64_t scale_stride = kTiles == Tiles::kInt4 ? 2 * kPanelCols : kPanelCols;
+  constexpr int64_t tile_bytes = kInt4 ? kTileBytes / 2 : kTileBytes;
+  constexpr int64_t scale_stride = kInt4 ? 2 * kPanelCols : kPanelCols;
   // Rows per block: the quantized X of the block (mb x K bytes) stays in L3 while every panel
   // passes over it.
   int64_t mb_max = (12 << 20) / job.k;
@@ -311,34 +227,11 @@ void panels_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
   auto* xs = static_cast<float*>(kept_scratch(kScratchXScale, size_t(mb_cap * kbn * 8)));
   auto* sums = reinterpret_cast<int32_t*>(xs + mb_cap * kbn);
   auto* tot = static_cast<float*>(kept_scratch(kScratchTot, size_t(mb_cap * kPanelCols * 4)));
-  // FP4: sx / 2 [kb][mb] and the sub-blocks' sums of X [kb][mb][4].
-  thread_local std::vector<float> halves;
-  thread_local std::vector<int32_t> ssums;
-  if constexpr (kTiles == Tiles::kFp4) {
-    halves.resize(size_t(mb_cap * kbn));
-    ssums.resize(size_t(mb_cap * kbn * 4));
-  }
   const uint8_t* tiles = job.tiles;
   const char* wend = reinterpret_cast<const char*>(tiles + p1 * kbn * tile_bytes);
   for (int64_t m0 = 0; m0 < job.m; m0 += mb_cap) {
     const int64_t mb = job.m - m0 < mb_cap ? job.m - m0 : mb_cap;
     quantize_rows_int8_avx512(job.x + m0 * job.ldx, job.ldx, mb, mb, job.k, xq, xs, sums);
-    if constexpr (kTiles == Tiles::kFp4) {
-      for (int64_t r = 0; r < mb * kbn; ++r) {
-        halves[size_t(r)] = xs[r] * 0.5f;
-        const __m128i* q = reinterpret_cast<const __m128i*>(xq + r * kBlockK);
-        for (int sb = 0; sb < 4; ++sb) {  // 32 signed bytes summed: sad against 0 of x + 128
-          const __m256i v =
-              _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 2 * sb)),
-                               _mm256_set1_epi8(char(0x80)));
-          const __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
-          ssums[size_t(r * 4 + sb)] =
-              int32_t(_mm256_extract_epi64(s, 0) + _mm256_extract_epi64(s, 1) +
-                      _mm256_extract_epi64(s, 2) + _mm256_extract_epi64(s, 3)) -
-              32 * 128;
-        }
-      }
-    }
     for (int64_t p = p0; p < p1; ++p) {
       for (int64_t kb0 = 0; kb0 < kbn; kb0 += chunk) {
         const int64_t kb1 = kb0 + chunk < kbn ? kb0 + chunk : kbn;
@@ -353,16 +246,11 @@ void panels_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
               const char* a = reinterpret_cast<const char*>(t + kAhead * tile_bytes);
               if (a < wend) pf = a;
             }
-            if constexpr (kTiles == Tiles::kFp4) {
-              micro_fp4_rows(rows, xq + (kb * mb + i) * kBlockK, &halves[size_t(kb * mb + i)],
-                             &ssums[size_t((kb * mb + i) * 4)], t, tot + i * kPanelCols, kb == 0,
-                             pf);
-            } else if constexpr (kTiles == Tiles::kInt4) {
-              const float* sw = job.scales + (p * kbn + kb) * scale_stride;
+            const float* sw = job.scales + (p * kbn + kb) * scale_stride;
+            if constexpr (kInt4) {
               micro4_rows(rows, xq + (kb * mb + i) * kBlockK, xs + kb * mb + i, sums + kb * mb + i,
                           t, sw, tot + i * kPanelCols, kb == 0, pf);
             } else {
-              const float* sw = job.scales + (p * kbn + kb) * scale_stride;
               micro_rows(rows, xq + (kb * mb + i) * kBlockK, xs + kb * mb + i, sums + kb * mb + i,
                          reinterpret_cast<const int8_t*>(t), sw, tot + i * kPanelCols, kb == 0, pf);
             }
@@ -377,15 +265,11 @@ void panels_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
 }  // namespace
 
 void panels_int8_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
-  panels_vnni<Tiles::kInt8>(job, p0, p1);
+  panels_vnni<false>(job, p0, p1);
 }
 
 void panels_int4_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
-  panels_vnni<Tiles::kInt4>(job, p0, p1);
-}
-
-void panels_fp4_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
-  panels_vnni<Tiles::kFp4>(job, p0, p1);
+  panels_vnni<true>(job, p0, p1);
 }
 
 }  // namespace moeserve::gemm_detail

@@ -278,7 +278,13 @@ class CheckpointBinder {
     }
     copies_->emplace_back(size_t(rows * cols));
     std::vector<float>& f = copies_->back();
-    for (size_t i = 0; i < f.size(); ++i) f[i] = f8e8m0_to_f32(s->data[i]);
+    for (size_t i = 0; i < f.size(); ++i) {
+      if (s->data[i] == 0xff) {  // UE8M0's NaN: no scale
+        return Corrupt(fmt::format("{}: tensor '{}' holds the UE8M0 NaN (0xff) at element {}",
+                                   file_of(sname), sname, i));
+      }
+      f[i] = f8e8m0_to_f32(s->data[i]);
+    }
     bytes_ += s->nbytes;
     return f.data();
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <vector>
 
@@ -12,6 +13,9 @@
 #include "cache/kv_cache.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
+#include "kernels/convert.h"
+#include "kernels/gemm_fp4.h"
+#include "kernels/gemm_fp8.h"
 #include "kernels/kv_token.h"
 #include "kernels/linear_ref.h"
 #include "model/checkpoint.h"
@@ -138,16 +142,94 @@ int64_t state_floats(const ModelConfig& c, int64_t ratio) {
 
 // ---- The model --------------------------------------------------------------------------------
 
+// The fast path's packed copies of the checkpoint's matrices (docs/deepseek-v4.md "Fast path"):
+// FP8 projections in gemm_fp8's tiles, FP4 experts in gemm_fp4's (their own 4.25 bits), BF16
+// matrices in gemm_bf16's, each found by the view it was packed from (its bytes and rows, so a
+// group's row slice of wo_a is its own entry). Activations are rounded to BF16 on the way in.
+class PackedViews {
+ public:
+  // Packs every FP8, FP4 and BF16 view of `views` (others are left to linear_ref).
+  void prepare(const std::vector<WeightView>& views, ThreadPool* pool) {
+    std::vector<std::pair<const WeightView*, Packed*>> todo;
+    for (const WeightView& v : views) {
+      if (v.dtype != DType::kF8E4M3 && v.dtype != DType::kF4E2M1 && v.dtype != DType::kBF16) {
+        continue;
+      }
+      if (v.dtype == DType::kF8E4M3 && (v.block_rows != 128 || v.block_cols != 128)) continue;
+      auto [it, fresh] = packed_.try_emplace(Key{v.data, v.rows});
+      if (fresh) todo.push_back({&v, &it->second});
+    }
+    auto run = [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const WeightView& v = *todo[size_t(i)].first;
+        Packed& p = *todo[size_t(i)].second;
+        p.dtype = v.dtype;
+        if (v.dtype == DType::kF8E4M3) {
+          p.fp8 = pack_fp8_weight(v.data, v.scale_inv, v.rows, v.cols);
+        } else if (v.dtype == DType::kBF16) {
+          p.bf16 =
+              pack_bf16_weight(reinterpret_cast<const uint16_t*>(v.data), v.rows, v.cols, v.cols);
+        } else {
+          Result<PackedFp4Weight> w = pack_fp4_weight(v, "an FP4 expert");
+          // The binder refused UE8M0's NaN: every scale is a power of two.
+          CHECK(w.ok(), "packing an FP4 expert");
+          p.fp4 = std::move(*w);
+        }
+      }
+    };
+    if (pool) {
+      pool->parallel_for(int64_t(todo.size()), run);
+    } else {
+      run(0, int64_t(todo.size()));
+    }
+  }
+
+  // y [m, w.rows] (row stride ldy) = x [m, w.cols] (row stride ldx) times w^T through the packed
+  // copy; false when w has none.
+  bool linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy,
+              ThreadPool* pool) const {
+    auto it = packed_.find(Key{w.data, w.rows});
+    if (it == packed_.end()) return false;
+    thread_local std::vector<uint16_t> xb;
+    xb.resize(size_t(m * w.cols));
+    for (int64_t i = 0; i < m; ++i)
+      f32_to_bf16_row_isa(x + i * ldx, w.cols, &xb[size_t(i * w.cols)]);
+    const Packed& p = it->second;
+    const GemmOutput out{y, DType::kF32, ldy};
+    if (p.dtype == DType::kF8E4M3) {
+      gemm_fp8(xb.data(), m, w.cols, p.fp8, out, pool);
+    } else if (p.dtype == DType::kF4E2M1) {
+      gemm_fp4(xb.data(), m, w.cols, p.fp4, out, pool);
+    } else {
+      gemm_bf16_packed(xb.data(), m, w.cols, p.bf16, y, ldy, pool);
+    }
+    return true;
+  }
+
+ private:
+  using Key = std::pair<const uint8_t*, int64_t>;
+  struct Packed {
+    DType dtype = DType::kF32;
+    PackedFp8Weight fp8;
+    PackedFp4Weight fp4;
+    PackedBf16Weight bf16;
+  };
+  std::map<Key, Packed> packed_;
+};
+
 class DeepseekV4 final : public CausalLm {
  public:
-  DeepseekV4(const ModelConfig& c, const ModelWeights& weights, ThreadPool* pool)
+  DeepseekV4(const ModelConfig& c, const ModelWeights& weights, ThreadPool* pool, bool fast)
       : c_(c),
         v_(*c.v4),
         w_(*weights.v4),
         pool_(pool),
+        fast_(fast),
         experts_(c, weights, nullptr),
         inv_main_(v4_inv_freq(c, false)),
-        inv_compressed_(v4_inv_freq(c, true)) {}
+        inv_compressed_(v4_inv_freq(c, true)) {
+    if (fast_) packed_.prepare(fast_views(), pool_);
+  }
 
   const ModelConfig& config() const override { return c_; }
   bool has_mtp() const override { return false; }
@@ -158,6 +240,7 @@ class DeepseekV4 final : public CausalLm {
   bool collective() const override { return false; }
   ExpertStore& experts() override { return experts_; }
   void set_tracer(Tracer*) override {}
+  void set_choice_observer(V4ChoiceObserver o) { observer_ = std::move(o); }
   void set_overlap_min_tokens(int64_t) override {}
 
   Status forward(std::span<const StepSequence> batch, KvCache& cache, StepOutput* out) override {
@@ -176,7 +259,37 @@ class DeepseekV4 final : public CausalLm {
   };
 
   void linear(const float* x, int64_t m, const WeightView& w, float* y) const {
-    linear_ref(x, m, w.cols, w, y, w.rows, pool_);
+    linear(x, m, w.cols, w, y, w.rows);
+  }
+  void linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y,
+              int64_t ldy) const {
+    if (fast_ && packed_.linear(x, m, ldx, w, y, ldy, pool_)) return;
+    linear_ref(x, m, ldx, w, y, ldy, pool_);
+  }
+
+  // The grouped output projection's slices of wo_a: group g's o_lora_rank rows.
+  WeightView wo_a_group(const V4LayerWeights& L, int64_t g) const {
+    return L.wo_a.row_slice(g * v_.o_lora_rank, v_.o_lora_rank);
+  }
+  bool wo_a_sliceable() const { return v_.o_lora_rank % 128 == 0; }
+
+  // Every matrix the fast path packs: the FP8 projections, the FP4 experts and the BF16 head.
+  // The router, the compressors and the indexer's head weights stay F32 products, as model.py
+  // computes them (docs/deepseek-v4.md "Fast path").
+  std::vector<WeightView> fast_views() const {
+    std::vector<WeightView> v = {w_.head};
+    for (const V4LayerWeights& L : w_.layers) {
+      for (const WeightView* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_b}) v.push_back(*w);
+      if (wo_a_sliceable()) {
+        for (int64_t g = 0; g < v_.o_groups; ++g) v.push_back(wo_a_group(L, g));
+      }
+      if (L.indexer) v.push_back(L.indexer->wq_b);
+      v.insert(v.end(), {L.shared.gate, L.shared.up, L.shared.down});
+      for (const auto& e : L.experts) {
+        if (e) v.insert(v.end(), {e->gate, e->up, e->down});
+      }
+    }
+    return v;
   }
 
   Status forward_one(const StepSequence& s, KvCache& kv, StepOutput* out) {
@@ -400,6 +513,7 @@ class DeepseekV4 final : public CausalLm {
         std::iota(picked.begin(), picked.end(), 0);
       } else if (ratio == 4) {
         picked = index_select(l, q, &qlat[size_t(i * qr)], x + i * c_.hidden_size, t);
+        if (observer_) observer_(l, 1, i, picked);
       }
       keys.resize(size_t((nk + int64_t(picked.size())) * Dh));
       for (int64_t j = 0; j < nk; ++j)
@@ -434,6 +548,13 @@ class DeepseekV4 final : public CausalLm {
     // The grouped output projection: group g's heads through its own o_lora_rank rows of wo_a.
     const int64_t G = v_.o_groups, R = v_.o_lora_rank, gw = H * Dh / G;
     std::vector<float> u(static_cast<size_t>(n * G * R));
+    if (fast_ && wo_a_sliceable()) {
+      for (int64_t g = 0; g < G; ++g) {
+        linear(&o[size_t(g * gw)], n, H * Dh, wo_a_group(L, g), &u[size_t(g * R)], G * R);
+      }
+      linear(u.data(), n, L.wo_b, out);
+      return;
+    }
     auto rows = [&](int64_t r0, int64_t r1) {
       std::vector<float> wr(static_cast<size_t>(gw));
       for (int64_t r = r0; r < r1; ++r) {
@@ -613,6 +734,11 @@ class DeepseekV4 final : public CausalLm {
           return sa != sb ? sa > sb : a < b;
         });
         std::copy(order.begin(), order.begin() + k, idx.begin());
+        if (observer_) {
+          std::vector<int64_t> picked(idx.begin(), idx.end());
+          std::sort(picked.begin(), picked.end());
+          observer_(l, 0, i, picked);
+        }
       }
       float sum = 0;
       for (int32_t e : idx) sum += s[size_t(e)];
@@ -666,6 +792,9 @@ class DeepseekV4 final : public CausalLm {
   const V4Config& v_;
   const V4Weights& w_;
   ThreadPool* pool_;
+  bool fast_;
+  PackedViews packed_;
+  V4ChoiceObserver observer_;
   ExpertStore experts_;
   std::vector<float> inv_main_, inv_compressed_;
 };
@@ -690,9 +819,13 @@ KvLayout v4_kv_layout(const ModelConfig& c, DType kv_dtype, bool mtp) {
   return KvLayout(std::move(layers));
 }
 
+void set_v4_choice_observer(CausalLm& model, V4ChoiceObserver observer) {
+  static_cast<DeepseekV4&>(model).set_choice_observer(std::move(observer));
+}
+
 std::unique_ptr<CausalLm> make_deepseek_v4(const ModelConfig& config, const ModelWeights& weights,
-                                           ThreadPool* pool) {
-  return std::make_unique<DeepseekV4>(config, weights, pool);
+                                           ThreadPool* pool, bool fast) {
+  return std::make_unique<DeepseekV4>(config, weights, pool, fast);
 }
 
 }  // namespace moeserve

@@ -21,10 +21,15 @@
 // an unfinished group (running per-channel softmax sums), so that any block boundary is a place
 // to resume from and a prefix hit needs nothing else.
 //
-// The reference path only, for now: FP32 activations times weights dequantized on the fly.
+// Two paths. The reference: FP32 activations times weights dequantized on the fly. The fast path:
+// the same code with its matrices packed for gemm_fp8 / gemm_fp4 / gemm_bf16 (activations rounded
+// to BF16 on the way in, FP4 experts read as the checkpoint holds them); attention, the
+// compressors, the indexer and mHC stay the reference's F32 code, their loops split over heads.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 
 #include "cache/kv_layout.h"
 #include "model/causal_lm.h"
@@ -37,7 +42,17 @@ struct ModelWeights;
 
 KvLayout v4_kv_layout(const ModelConfig& config, DType kv_dtype, bool mtp);
 
+// For tests that compare compute paths: called with each discrete choice a layer makes for a row
+// of the step (kind 0: the routed experts of a top-k MoE layer, sorted; kind 1: the compressed
+// entries a lightning indexer picked), so that a row where rounding flipped a near-tie can be
+// told from a kernel error.
+using V4ChoiceObserver =
+    std::function<void(int64_t layer, int kind, int64_t row, std::span<const int64_t> picked)>;
+// `model` from make_deepseek_v4.
+void set_v4_choice_observer(CausalLm& model, V4ChoiceObserver observer);
+
+// fast: the fast path (docs/deepseek-v4.md "Fast path"); else the reference path.
 std::unique_ptr<CausalLm> make_deepseek_v4(const ModelConfig& config, const ModelWeights& weights,
-                                           ThreadPool* pool);
+                                           ThreadPool* pool, bool fast);
 
 }  // namespace moeserve

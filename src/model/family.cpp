@@ -20,20 +20,25 @@ std::unique_ptr<CausalLm> make_deepseek(const ModelConfig& config, const ModelWe
                                          o.overlap, o.progress, o.int8, weight_cache);
 }
 
-Status v4_supports(const ModelConfig& config, ComputePath path) {
-  if (path != ComputePath::kReference) {
+Status v3_supports(const ModelConfig& config, const ForwardOptions& o) {
+  return DeepseekModel::supports(config, o.compute);
+}
+
+// V4's experts are FP4 as published and its projections FP8; the requantizing options (built
+// for V3's FP8 experts) are not wired to its forward pass.
+Status v4_supports(const ModelConfig&, const ForwardOptions& o) {
+  if (o.int8.projections || o.int8.lm_head || o.int8.experts) {
     return InvalidArgument(
-        "DeepSeek-V4 runs on the reference path only for now: pass --compute reference "
-        "(docs/deepseek-v4.md)");
+        "DeepSeek-V4 runs its FP8 projections and FP4 experts as published: --gemm-int8, "
+        "--lm-head-int8 and --expert-dtype are not supported for it yet (docs/deepseek-v4.md)");
   }
-  (void)config;
   return Status::Ok();
 }
 
 std::unique_ptr<CausalLm> make_v4(const ModelConfig& config, const ModelWeights& weights,
-                                  Dispatcher&, ThreadPool* pool, const ForwardOptions&,
+                                  Dispatcher&, ThreadPool* pool, const ForwardOptions& o,
                                   const WeightCacheOptions&) {
-  return make_deepseek_v4(config, weights, pool);
+  return make_deepseek_v4(config, weights, pool, o.compute == ComputePath::kFast);
 }
 
 // The table. V2 and V3 share MLA, the MoE layer and the checkpoint's tensor names; they differ
@@ -44,7 +49,7 @@ const std::vector<ModelFamily>& families() {
        .models = "DeepSeek-V3, R1, V3.1, V2, V2-Lite (MLA, MoE)",
        .model_types = {"deepseek_v3", "deepseek_v2"},
        .architectures = {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"},
-       .supports = &DeepseekModel::supports,
+       .supports = &v3_supports,
        .kv_layout = &DeepseekModel::kv_layout,
        .make = &make_deepseek},
       // V3.1 with DeepSeek Sparse Attention: the same forward pass with the lightning indexer
@@ -53,7 +58,7 @@ const std::vector<ModelFamily>& families() {
        .models = "DeepSeek-V3.2-Exp, V3.2, V3.2-Speciale (MLA with sparse attention, MoE)",
        .model_types = {"deepseek_v32"},
        .architectures = {"DeepseekV32ForCausalLM"},
-       .supports = &DeepseekModel::supports,
+       .supports = &v3_supports,
        .kv_layout = &DeepseekModel::kv_layout,
        .make = &make_deepseek},
       // Per-layer sliding-window, compressed sparse and heavily compressed attention over one

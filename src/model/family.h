@@ -43,15 +43,15 @@ struct ModelFamily {
   std::string_view models;                      // what users call the checkpoints it runs
   std::vector<std::string_view> model_types;    // config.json model_type values
   std::vector<std::string_view> architectures;  // config.json architectures[0] values
-  // Ok when the family's forward pass runs `config` on `path`; else InvalidArgument naming the
-  // config field that stops it.
-  Status (*supports)(const ModelConfig& config, ComputePath path);
+  // Ok when the family's forward pass runs `config` with `options` (its path, its requantized
+  // formats); else InvalidArgument naming the config field or option that stops it.
+  Status (*supports)(const ModelConfig& config, const ForwardOptions& options);
   // What each layer keeps per token in the paged KV cache with `kv_dtype` as its main format
   // (kv_layout_status says whether the family can use it); with mtp, the MTP module's layer
   // after the main ones.
   KvLayout (*kv_layout)(const ModelConfig& config, DType kv_dtype, bool mtp);
   // The forward pass over `weights` (borrowed, as are dispatcher, pool and config: they outlive
-  // it). The family's supports() is ok for (config, options.compute).
+  // it). The family's supports() is ok for (config, options).
   std::unique_ptr<CausalLm> (*make)(const ModelConfig& config, const ModelWeights& weights,
                                     Dispatcher& dispatcher, ThreadPool* pool,
                                     const ForwardOptions& options,

@@ -22,7 +22,8 @@ Result<std::unique_ptr<LoadedModel>> LoadedModel::open(const ModelOptions& o, Di
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::open(o.model_dir, load));
   const ModelConfig& c = ck->config();
-  RETURN_IF_ERROR(family->supports(c, o.compute).with_context(o.model_dir));
+  const ForwardOptions forward{o.compute, o.attention, o.int8, o.overlap, o.progress};
+  RETURN_IF_ERROR(family->supports(c, forward).with_context(o.model_dir));
   const KvLayout layout = family->kv_layout(c, o.kv_dtype, o.mtp);
   RETURN_IF_ERROR(kv_layout_status(layout).with_context(o.model_dir));
   int64_t num_blocks = 0;

@@ -5,7 +5,8 @@
 #     and top-5 logprobs within 2e-3 (the engine's scheduler chunks the prompt);
 #   - the BF16 cache: a batch gives each prompt what it gets alone, and the disk tier (a second
 #     process reading the prompt's blocks, compressor state included) gives the same bits;
-#   - the fast path and MTP speculative decoding (not run for V4 yet) are refused by name;
+#   - the fast path: a batch gives each prompt what it gets alone; --expert-dtype and MTP
+#     speculative decoding (not run for V4 yet) are refused by name;
 #   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) runs from text;
 #     an EP group of 2 ranks is refused by name;
 #   - PD: a router with a prefill and a decode unit gives one server's output on prompts whose
@@ -17,11 +18,11 @@ model=tests/data/v4/tiny
 fixture=$model/expected.json
 p1=$(python3 -c 'import json,sys; print(",".join(map(str, json.load(open(sys.argv[1]))["prompts"][0]["prompt_ids"])))' "$fixture")
 p2=$(python3 -c 'import sys; print(",".join(reversed(sys.argv[1].split(",")[:150])))' "$p1")
-gen() {  # OUT ARGS...: greedy JSON with top-5 logprobs, 12 tokens, reference path
+gen() {  # OUT ARGS...: greedy JSON with top-5 logprobs, 12 tokens, reference path ($compute)
   local out=$1
   shift
   "$bin" generate --model "$model" --max-tokens 12 --json --logprobs 5 --ignore-eos --threads 1 \
-    --compute reference "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "generate $*"; }
+    --compute "${compute:-reference}" "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "generate $*"; }
 }
 gen "$dir/f32.jsonl" --prompt-ids "$p1" --kv-cache-dtype f32
 python3 - "$fixture" "$dir/f32.jsonl" <<'PY' || fail "the reference path against transformers' deepseek_v4"
@@ -48,10 +49,17 @@ done
 grep -q 'kv-disk: [1-9][0-9]* hits' "$dir/disk2.jsonl.err" || fail "no disk hits: $(cat "$dir/disk2.jsonl.err")"
 cmp -s "$dir/disk1.jsonl" "$dir/disk2.jsonl" || fail "the disk tier changed the output"
 cmp -s "$dir/disk1.jsonl" "$dir/batch.jsonl" || fail "the disk tier run differs from the plain run"
-if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 > "$dir/fast.out" 2>&1; then
-  fail "the fast path ran V4"
+# The fast path (the default: FP8 projections through gemm_fp8, FP4 experts through gemm_fp4):
+# a batch gives each prompt what it gets alone; the requantizing options are refused by name.
+compute=fast gen "$dir/fbatch.jsonl" --prompt-ids "$p1" --prompt-ids "$p2"
+compute=fast gen "$dir/falone.jsonl" --prompt-ids "$p2"
+sed -n 2p "$dir/fbatch.jsonl" | cmp -s - "$dir/falone.jsonl" || fail "fast path: batch != alone"
+cmp -s "$dir/fbatch.jsonl" "$dir/batch.jsonl" && fail "the fast path gave the reference path's bits"
+if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --expert-dtype int4 \
+  > "$dir/int4.out" 2>&1; then
+  fail "--expert-dtype int4 ran V4"
 fi
-grep -q -- "--compute reference" "$dir/fast.out" || fail "no clear refusal: $(cat "$dir/fast.out")"
+grep -q -- "--expert-dtype are not supported" "$dir/int4.out" || fail "no clear refusal: $(cat "$dir/int4.out")"
 if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --compute reference \
   --speculative mtp > "$dir/mtp.out" 2>&1; then
   fail "MTP ran with V4"
@@ -75,4 +83,4 @@ grep -q "does not run as an EP group yet" "$dir/ep.out" || fail "no clear EP ref
 pd_beside_one "$dir/v4t" --threads 1 --kv-cache-gb 0.2 --compute reference
 pd_equals_one "$p1" "$p2"
 echo "v4: PD (router, prefill and decode unit) = one server"
-echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path and MTP refused by name, make-model v4-tiny runs"
+echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path batch == alone, --expert-dtype and MTP refused by name, make-model v4-tiny runs"
