@@ -13,6 +13,7 @@
 #include "cache/kv_cache.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
+#include "kernels/attend_f32.h"
 #include "kernels/convert.h"
 #include "kernels/gemm_fp4.h"
 #include "kernels/gemm_fp8.h"
@@ -523,6 +524,13 @@ class DeepseekV4 final : public CausalLm {
                       &keys[size_t(nk * Dh)]);
         ++nk;
       }
+      if (fast_) {
+        attend_fast(L, &qh[size_t(i * H * Dh)], keys.data(), nk, &o[size_t(i * H * Dh)]);
+        for (int64_t hh = 0; hh < H; ++hh) {
+          rope_tail(&o[size_t((i * H + hh) * Dh)], Dh, inv, t, /*inverse=*/true);
+        }
+        continue;
+      }
       scores.resize(size_t(nk));
       for (int64_t hh = 0; hh < H; ++hh) {
         const float* qv = &qh[size_t((i * H + hh) * Dh)];
@@ -574,6 +582,53 @@ class DeepseekV4 final : public CausalLm {
       rows(0, G * R);
     }
     linear(u.data(), n, L.wo_b, out);
+  }
+
+  // The fast path's attention of one query's heads q [H][Dh] over keys [nk][Dh] (K = V) with the
+  // sinks: the same softmax as the reference's loops, its dot products and sums on attend_f32
+  // and the threads. Keys are taken in chunks of 64 (in L2) for every head, so the keys are read
+  // once for the scores and once per thread for the output.
+  void attend_fast(const V4LayerWeights& L, const float* q, const float* keys, int64_t nk,
+                   float* o) const {
+    const int64_t H = c_.num_attention_heads, Dh = v_.head_dim;
+    constexpr int64_t kChunk = 64;
+    const float scale = 1.0f / std::sqrt(float(Dh));
+    thread_local std::vector<float> s;  // [H][nk] scores, then weights
+    s.resize(size_t(H * nk));
+    float* sp = s.data();
+    auto scores = [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t j0 = c * kChunk, cnt = std::min(kChunk, nk - j0);
+        for (int64_t h = 0; h < H; ++h) {
+          dot_rows_f32(q + h * Dh, keys + j0 * Dh, cnt, Dh, Dh, sp + h * nk + j0);
+        }
+      }
+    };
+    const int64_t chunks = (nk + kChunk - 1) / kChunk;
+    auto per_heads = [&](int64_t h0, int64_t h1) {
+      for (int64_t h = h0; h < h1; ++h) {  // softmax with the sink, then the weighted keys
+        float* sh = sp + h * nk;
+        float m = L.attn_sink[size_t(h)];
+        for (int64_t j = 0; j < nk; ++j) m = std::max(m, sh[j] *= scale);
+        float denom = std::exp(L.attn_sink[size_t(h)] - m);
+        for (int64_t j = 0; j < nk; ++j) denom += (sh[j] = std::exp(sh[j] - m));
+        for (int64_t j = 0; j < nk; ++j) sh[j] /= denom;
+        std::fill(o + h * Dh, o + (h + 1) * Dh, 0.0f);
+      }
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t j0 = c * kChunk, cnt = std::min(kChunk, nk - j0);
+        for (int64_t h = h0; h < h1; ++h) {
+          axpy_rows_f32(sp + h * nk + j0, keys + j0 * Dh, cnt, Dh, Dh, o + h * Dh);
+        }
+      }
+    };
+    if (pool_) {
+      pool_->parallel_for(chunks, scores);
+      pool_->parallel_for(H, per_heads);
+    } else {
+      scores(0, chunks);
+      per_heads(0, H);
+    }
   }
 
   // The compressors of layer l over the step's tokens, in order: each token's kv and gate pooled
@@ -683,13 +738,27 @@ class DeepseekV4 final : public CausalLm {
     std::iota(all.begin(), all.end(), 0);
     if (valid <= ix.topk) return all;
     std::vector<float> iq(static_cast<size_t>(nh * d)), wgt(static_cast<size_t>(nh));
-    linear_ref(qlat, 1, *c_.q_lora_rank, L.indexer->wq_b, iq.data(), nh * d, nullptr);
+    linear(qlat, 1, L.indexer->wq_b, iq.data());
     for (int64_t hh = 0; hh < nh; ++hh) rope_tail(&iq[size_t(hh * d)], d, inv_compressed_, t);
-    linear_ref(x, 1, c_.hidden_size, L.indexer->weights_proj, wgt.data(), nh, nullptr);
+    linear(x, 1, L.indexer->weights_proj, wgt.data());
     const float ws = 1.0f / std::sqrt(float(d) * float(nh));
     const Parts p = parts(q.kv, l);
     std::vector<float> score(static_cast<size_t>(valid));
-    for (int64_t w = 0; w < valid; ++w) {
+    if (fast_) {  // relu_scores_f32 over each block's 16 keys (contiguous), blocks on the threads
+      for (float& v : wgt) v *= ws;
+      constexpr int64_t kPerBlock = kKvBlockSize / 4;
+      auto blocks = [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t w0 = b * kPerBlock, cnt = std::min(kPerBlock, valid - w0);
+          const float* k =
+              reinterpret_cast<const float*>(group_entry(q.kv, q.s, l, p.index_key, 4, w0));
+          relu_scores_f32(iq.data(), wgt.data(), nh, k, cnt, d, d, &score[size_t(w0)]);
+        }
+      };
+      const int64_t nb = (valid + kPerBlock - 1) / kPerBlock;
+      pool_ ? pool_->parallel_for(nb, blocks, 16) : blocks(0, nb);
+    }
+    for (int64_t w = 0; w < valid && !fast_; ++w) {
       const float* k = reinterpret_cast<const float*>(group_entry(q.kv, q.s, l, p.index_key, 4, w));
       float sum = 0;
       for (int64_t hh = 0; hh < nh; ++hh) {
