@@ -9,6 +9,7 @@
 #include "bench_dsa.h"
 #include "bench_mla.h"
 #include "bench_small_ops.h"
+#include "bench_v4.h"
 #include "core/thread_pool.h"
 #include "e2e_bench.h"
 #include "gemm_bench.h"
@@ -43,6 +44,16 @@ int main(int argc, char** argv) {
          "the routed experts' format: fp8 | int8 | int4")
       ->check(CLI::IsMember({"fp8", "int8", "int4"}));
   e2e->add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024));
+  CLI::App* v4 = app.add_subcommand(
+      "v4", "DeepSeek-V4 decode at long contexts and prefill against the roofline");
+  bench::V4BenchOptions v4_options;
+  v4->add_option("--model", v4_options.model_dir, "checkpoint (make-model --preset v4-flash-bench)")
+      ->required();
+  v4->add_flag("--json", v4_options.json, "one JSON object");
+  v4->add_option("--contexts", v4_options.contexts, "decode contexts")->delimiter(',');
+  v4->add_option("--prefill", v4_options.prefill, "prefill lengths")->delimiter(',');
+  v4->add_option("--repeats", v4_options.repeats, "timed decode steps per context (best)");
+  v4->add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -51,6 +62,7 @@ int main(int argc, char** argv) {
   ThreadPool pool(threads);
   bench::Ceilings ceil = bench::measure_ceilings(pool);
   if (e2e->parsed()) return bench::run_e2e_bench(e2e_options, ceil, pool);
+  if (v4->parsed()) return bench::run_v4_bench(v4_options, ceil, pool);
   if (!json) {
     fmt::print("isa {}  threads {}  DRAM read {:.1f} GB/s  BF16 peak {:.1f} GFLOP/s",
                isa_name(active_isa()), threads, ceil.dram_read_gbps, ceil.bf16_peak_gflops);

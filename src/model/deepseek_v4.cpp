@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "kernels/attend_f32.h"
 #include "kernels/convert.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm_fp4.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/kv_token.h"
@@ -149,8 +150,10 @@ int64_t state_floats(const ModelConfig& c, int64_t ratio) {
 // group's row slice of wo_a is its own entry). Activations are rounded to BF16 on the way in.
 class PackedViews {
  public:
-  // Packs every FP8, FP4 and BF16 view of `views` (others are left to linear_ref).
-  void prepare(const std::vector<WeightView>& views, ThreadPool* pool) {
+  // Packs every FP8, FP4 and BF16 view of `views`, and widens every view of `f32_views` to an
+  // F32 copy for gemm_f32 (F32 inputs, nothing rounded); others are left to linear_ref.
+  void prepare(const std::vector<WeightView>& views, const std::vector<WeightView>& f32_views,
+               ThreadPool* pool) {
     std::vector<std::pair<const WeightView*, Packed*>> todo;
     for (const WeightView& v : views) {
       if (v.dtype != DType::kF8E4M3 && v.dtype != DType::kF4E2M1 && v.dtype != DType::kBF16) {
@@ -158,14 +161,20 @@ class PackedViews {
       }
       if (v.dtype == DType::kF8E4M3 && (v.block_rows != 128 || v.block_cols != 128)) continue;
       auto [it, fresh] = packed_.try_emplace(Key{v.data, v.rows});
-      if (fresh) todo.push_back({&v, &it->second});
+      if (fresh) it->second.dtype = v.dtype, todo.push_back({&v, &it->second});
+    }
+    for (const WeightView& v : f32_views) {
+      auto [it, fresh] = packed_.try_emplace(Key{v.data, v.rows});
+      if (fresh) it->second.dtype = DType::kF32, todo.push_back({&v, &it->second});
     }
     auto run = [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const WeightView& v = *todo[size_t(i)].first;
         Packed& p = *todo[size_t(i)].second;
-        p.dtype = v.dtype;
-        if (v.dtype == DType::kF8E4M3) {
+        if (p.dtype == DType::kF32) {
+          p.f32.resize(size_t(v.rows * v.cols));
+          for (int64_t r = 0; r < v.rows; ++r) v.row_to_f32(r, &p.f32[size_t(r * v.cols)]);
+        } else if (v.dtype == DType::kF8E4M3) {
           p.fp8 = pack_fp8_weight(v.data, v.scale_inv, v.rows, v.cols);
         } else if (v.dtype == DType::kBF16) {
           p.bf16 =
@@ -191,11 +200,15 @@ class PackedViews {
               ThreadPool* pool) const {
     auto it = packed_.find(Key{w.data, w.rows});
     if (it == packed_.end()) return false;
+    const Packed& p = it->second;
+    if (p.dtype == DType::kF32) {
+      gemm_f32(x, m, ldx, p.f32.data(), w.rows, w.cols, w.cols, y, ldy, pool);
+      return true;
+    }
     thread_local std::vector<uint16_t> xb;
     xb.resize(size_t(m * w.cols));
     for (int64_t i = 0; i < m; ++i)
       f32_to_bf16_row_isa(x + i * ldx, w.cols, &xb[size_t(i * w.cols)]);
-    const Packed& p = it->second;
     const GemmOutput out{y, DType::kF32, ldy};
     if (p.dtype == DType::kF8E4M3) {
       gemm_fp8(xb.data(), m, w.cols, p.fp8, out, pool);
@@ -214,6 +227,7 @@ class PackedViews {
     PackedFp8Weight fp8;
     PackedFp4Weight fp4;
     PackedBf16Weight bf16;
+    std::vector<float> f32;
   };
   std::map<Key, Packed> packed_;
 };
@@ -229,7 +243,7 @@ class DeepseekV4 final : public CausalLm {
         experts_(c, weights, nullptr),
         inv_main_(v4_inv_freq(c, false)),
         inv_compressed_(v4_inv_freq(c, true)) {
-    if (fast_) packed_.prepare(fast_views(), pool_);
+    if (fast_) packed_.prepare(fast_views(), f32_views(), pool_);
   }
 
   const ModelConfig& config() const override { return c_; }
@@ -274,9 +288,23 @@ class DeepseekV4 final : public CausalLm {
   }
   bool wo_a_sliceable() const { return v_.o_lora_rank % 128 == 0; }
 
+  // The matrices whose products model.py takes in F32 (the router, the compressors, the indexer's
+  // head weights, mHC's mixes): widened to F32 copies for gemm_f32 (docs/deepseek-v4.md "Fast
+  // path").
+  std::vector<WeightView> f32_views() const {
+    std::vector<WeightView> v;
+    for (const V4LayerWeights& L : w_.layers) {
+      v.insert(v.end(), {L.gate, L.hc_attn.fn, L.hc_ffn.fn});
+      for (const V4CompressorWeights* cw : {L.compressor ? &*L.compressor : nullptr,
+                                            L.indexer ? &L.indexer->compressor : nullptr}) {
+        if (cw) v.insert(v.end(), {cw->wkv, cw->wgate});
+      }
+      if (L.indexer) v.push_back(L.indexer->weights_proj);
+    }
+    return v;
+  }
+
   // Every matrix the fast path packs: the FP8 projections, the FP4 experts and the BF16 head.
-  // The router, the compressors and the indexer's head weights stay F32 products, as model.py
-  // computes them (docs/deepseek-v4.md "Fast path").
   std::vector<WeightView> fast_views() const {
     std::vector<WeightView> v = {w_.head};
     for (const V4LayerWeights& L : w_.layers) {
