@@ -1,7 +1,6 @@
 #include "kernels/attend_f32.h"
 
 #include <algorithm>
-#include <vector>
 
 namespace moeserve {
 
@@ -33,16 +32,26 @@ void axpy_rows_f32(const float* p, const float* rows, int64_t n, int64_t d, int6
   }
 }
 
-void relu_scores_f32(const float* q, const float* w, int64_t heads, const float* rows, int64_t n,
+void relu_scores_transpose(const float* q, int64_t heads, int64_t d, float* qt) {
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t k = 0; k < d; ++k) qt[k * heads + h] = q[h * d + k];
+  }
+}
+
+void relu_scores_f32(const float* qt, const float* w, int64_t heads, const float* rows, int64_t n,
                      int64_t d, int64_t ld, float* out, Isa isa) {
   if (avx512(isa) && heads % 16 == 0) {
-    return attend_f32_detail::relu_scores_avx512(q, w, heads, rows, n, d, ld, out);
+    return attend_f32_detail::relu_scores_avx512(qt, w, heads, rows, n, d, ld, out);
   }
-  std::vector<float> dots(static_cast<size_t>(n));
-  std::fill(out, out + n, 0.0f);
-  for (int64_t h = 0; h < heads; ++h) {
-    dot_rows_f32(q + h * d, rows, n, d, ld, dots.data(), isa);
-    for (int64_t j = 0; j < n; ++j) out[j] += w[h] * std::max(dots[size_t(j)], 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* r = rows + j * ld;
+    float sum = 0;
+    for (int64_t h = 0; h < heads; ++h) {
+      float dot = 0;
+      for (int64_t k = 0; k < d; ++k) dot += qt[k * heads + h] * r[k];
+      sum += w[h] * std::max(dot, 0.0f);
+    }
+    out[j] = sum;
   }
 }
 

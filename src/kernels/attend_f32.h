@@ -19,11 +19,14 @@ void dot_rows_f32(const float* q, const float* rows, int64_t n, int64_t d, int64
 void axpy_rows_f32(const float* p, const float* rows, int64_t n, int64_t d, int64_t ld, float* out,
                    Isa isa = active_isa());
 
-// The lightning indexer's score of each row: out[j] = sum_h w[h] * max(q[h] . rows[j], 0), q
-// [heads][d] (row stride d). The AVX-512F level holds the heads across the lanes (heads a
-// multiple of 16, d anything), four rows at a time, so a row is read once for all heads.
-void relu_scores_f32(const float* q, const float* w, int64_t heads, const float* rows, int64_t n,
+// The lightning indexer's score of each row: out[j] = sum_h w[h] * max(q[h] . rows[j], 0), with
+// the query transposed: qt [d][heads] (relu_scores_transpose makes it, once per query). The
+// AVX-512F level holds the heads across the lanes (heads a multiple of 16, d anything), four rows
+// at a time, so a row is read once for all heads.
+void relu_scores_f32(const float* qt, const float* w, int64_t heads, const float* rows, int64_t n,
                      int64_t d, int64_t ld, float* out, Isa isa = active_isa());
+// qt [d][heads] from q [heads][d].
+void relu_scores_transpose(const float* q, int64_t heads, int64_t d, float* qt);
 
 namespace attend_f32_detail {
 void dot_rows_avx512(const float* q, const float* rows, int64_t n, int64_t d, int64_t ld,

@@ -67,36 +67,50 @@ void axpy_rows_avx512(const float* p, const float* rows, int64_t n, int64_t d, i
   }
 }
 
-void relu_scores_avx512(const float* q, const float* w, int64_t heads, const float* rows, int64_t n,
-                        int64_t d, int64_t ld, float* out) {
-  // q transposed to [d][heads] once, so each of a row's values multiplies 16 heads at a time.
-  thread_local std::vector<float> qt;
-  qt.resize(size_t(d * heads));
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t k = 0; k < d; ++k) qt[size_t(k * heads + h)] = q[h * d + k];
+namespace {
+
+// kRows rows against G groups of 16 heads: per value k of the rows, G loads of the queries'
+// values (qt [d][heads]) and one broadcast per row feed G * kRows FMAs.
+template <int G, int kRows>
+void relu_rows(const float* qt, const float* w, int64_t heads, int64_t h0, const float* const* r,
+               int64_t d, __m512* tot) {
+  __m512 a[kRows][G];
+  for (int i = 0; i < kRows; ++i) {
+    for (int g = 0; g < G; ++g) a[i][g] = _mm512_setzero_ps();
   }
-  const int64_t groups = heads / 16;
-  for (int64_t j = 0; j < n; j += 4) {
-    const int rn = n - j < 4 ? int(n - j) : 4;
-    const float* r[4];
-    for (int i = 0; i < 4; ++i) r[i] = rows + (j + (i < rn ? i : 0)) * ld;
-    __m512 tot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                     _mm512_setzero_ps()};
-    for (int64_t g = 0; g < groups; ++g) {
-      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                     _mm512_setzero_ps()};
-      const float* qg = qt.data() + 16 * g;
-      for (int64_t k = 0; k < d; ++k) {
-        const __m512 qv = _mm512_loadu_ps(qg + k * heads);
-        for (int i = 0; i < 4; ++i) a[i] = _mm512_fmadd_ps(qv, _mm512_set1_ps(r[i][k]), a[i]);
-      }
-      const __m512 wv = _mm512_loadu_ps(w + 16 * g);
-      for (int i = 0; i < 4; ++i) {
-        tot[i] = _mm512_fmadd_ps(wv, _mm512_max_ps(a[i], _mm512_setzero_ps()), tot[i]);
-      }
+  for (int64_t k = 0; k < d; ++k) {
+    __m512 qv[G];
+    for (int g = 0; g < G; ++g) qv[g] = _mm512_loadu_ps(qt + k * heads + h0 + 16 * g);
+    for (int i = 0; i < kRows; ++i) {
+      const __m512 x = _mm512_set1_ps(r[i][k]);
+      for (int g = 0; g < G; ++g) a[i][g] = _mm512_fmadd_ps(qv[g], x, a[i][g]);
     }
-    for (int i = 0; i < rn; ++i) out[j + i] = _mm512_reduce_add_ps(tot[i]);
   }
+  for (int g = 0; g < G; ++g) {
+    const __m512 wv = _mm512_loadu_ps(w + h0 + 16 * g);
+    for (int i = 0; i < kRows; ++i) {
+      tot[i] = _mm512_fmadd_ps(wv, _mm512_max_ps(a[i][g], _mm512_setzero_ps()), tot[i]);
+    }
+  }
+}
+
+}  // namespace
+
+void relu_scores_avx512(const float* qt, const float* w, int64_t heads, const float* rows,
+                        int64_t n, int64_t d, int64_t ld, float* out) {
+  auto block = [&]<int R>(int64_t j) {
+    const float* r[R];
+    for (int i = 0; i < R; ++i) r[i] = rows + (j + i) * ld;
+    __m512 tot[R];
+    for (int i = 0; i < R; ++i) tot[i] = _mm512_setzero_ps();
+    int64_t h0 = 0;
+    for (; h0 + 64 <= heads; h0 += 64) relu_rows<4, R>(qt, w, heads, h0, r, d, tot);
+    for (; h0 < heads; h0 += 16) relu_rows<1, R>(qt, w, heads, h0, r, d, tot);
+    for (int i = 0; i < R; ++i) out[j + i] = _mm512_reduce_add_ps(tot[i]);
+  };
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) block.template operator()<4>(j);  // 16 accumulators, 4 queries
+  for (; j < n; ++j) block.template operator()<1>(j);
 }
 
 }  // namespace moeserve::attend_f32_detail

@@ -774,13 +774,15 @@ class DeepseekV4 final : public CausalLm {
     std::vector<float> score(static_cast<size_t>(valid));
     if (fast_) {  // relu_scores_f32 over each block's 16 keys (contiguous), blocks on the threads
       for (float& v : wgt) v *= ws;
+      std::vector<float> iqt(iq.size());
+      relu_scores_transpose(iq.data(), nh, d, iqt.data());
       constexpr int64_t kPerBlock = kKvBlockSize / 4;
       auto blocks = [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t w0 = b * kPerBlock, cnt = std::min(kPerBlock, valid - w0);
           const float* k =
               reinterpret_cast<const float*>(group_entry(q.kv, q.s, l, p.index_key, 4, w0));
-          relu_scores_f32(iq.data(), wgt.data(), nh, k, cnt, d, d, &score[size_t(w0)]);
+          relu_scores_f32(iqt.data(), wgt.data(), nh, k, cnt, d, d, &score[size_t(w0)]);
         }
       };
       const int64_t nb = (valid + kPerBlock - 1) / kPerBlock;

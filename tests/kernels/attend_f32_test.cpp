@@ -65,8 +65,9 @@ TEST(AttendF32, ReluScoresWithinTheSummationBound) {
       const std::vector<float> w = random_f32(size_t(heads), rng);
       const std::vector<float> rows = random_f32(size_t(n * ld), rng);
       for (Isa isa : testing::isa_levels()) {
-        std::vector<float> out(static_cast<size_t>(n), -1.0f);
-        relu_scores_f32(q.data(), w.data(), heads, rows.data(), n, d, ld, out.data(), isa);
+        std::vector<float> out(static_cast<size_t>(n), -1.0f), qt(q.size());
+        relu_scores_transpose(q.data(), heads, d, qt.data());
+        relu_scores_f32(qt.data(), w.data(), heads, rows.data(), n, d, ld, out.data(), isa);
         for (int64_t j = 0; j < n; ++j) {
           double exact = 0, mag = 0;
           for (int64_t h = 0; h < heads; ++h) {
