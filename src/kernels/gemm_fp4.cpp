@@ -3,6 +3,7 @@
 // ones gemm_fp4.h states, which the AVX-512 BF16 level reproduces.
 #include "kernels/gemm_fp4.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -78,13 +79,19 @@ Result<PackedFp4Weight> pack_fp4_weight(const WeightView& w, const std::string& 
       t[PackedFp4Weight::kNibbleBytes + ((s * kSub) % kBk / kSub) * kCols + c] =
           scale == 0.0f ? 0 : uint8_t(e + 126);
     }
-    for (int64_t col = 0; col < w.cols; ++col) {
-      const uint8_t code = (src[col / 2] >> (4 * (col % 2))) & 15;
-      uint8_t* t = p.data.get() + (panel * kbn + col / kBk) * PackedFp4Weight::kTileBytes;
-      int64_t byte = 0;
-      int shift = 0;
-      PackedFp4Weight::byte_of(c, col % kBk, &byte, &shift);
-      t[byte] = uint8_t(t[byte] | (code << shift));
+    // A source byte is a k-pair (k even in its low nibble): byte_of puts the pair's two codes
+    // into neighbouring bytes, at the same nibble, 64 bytes on per pair.
+    int64_t first = 0;
+    int shift = 0;
+    PackedFp4Weight::byte_of(c, 0, &first, &shift);
+    for (int64_t kb = 0; kb < kbn; ++kb) {
+      uint8_t* t = p.data.get() + (panel * kbn + kb) * PackedFp4Weight::kTileBytes + first;
+      const int64_t pairs = std::min<int64_t>(kBk, w.cols - kb * kBk) / 2;
+      const uint8_t* s = src + kb * (kBk / 2);
+      for (int64_t q = 0; q < pairs; ++q) {
+        t[q * 64] = uint8_t(t[q * 64] | ((s[q] & 15) << shift));
+        t[q * 64 + 1] = uint8_t(t[q * 64 + 1] | ((s[q] >> 4) << shift));
+      }
     }
   }
   return p;

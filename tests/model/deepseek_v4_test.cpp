@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "cache/kv_cache.h"
 #include "core/thread_pool.h"
+#include "engine/engine_core.h"
 #include "model/checkpoint.h"
 #include "model/deepseek_v4.h"
 #include "model/family.h"
@@ -74,6 +76,14 @@ float row_error(const std::vector<float>& lp, const std::vector<Top>& top) {
   float e = 0;
   for (const Top& t : top) e = std::max(e, std::fabs(lp[size_t(t.id)] - t.logprob));
   return e;
+}
+
+// The discrete choices a model reports (set_v4_choice_observer), in order.
+using Choices = std::vector<std::tuple<int64_t, int, std::vector<int64_t>>>;
+V4ChoiceObserver record(Choices* out) {
+  return [out](int64_t layer, int kind, int64_t, std::span<const int64_t> picked) {
+    out->emplace_back(layer, kind, std::vector<int64_t>(picked.begin(), picked.end()));
+  };
 }
 
 class V4Model : public ::testing::Test {
@@ -152,13 +162,7 @@ TEST_F(V4Model, FastPathMatchesTransformersFromExactPrefixes) {
   const int64_t n = int64_t(f.prompt.size());
   run(f.prompt, 0, 1);
   std::unique_ptr<CausalLm> fast = make_deepseek_v4(ck_->config(), ck_->weights(), &pool_, true);
-  using Choices = std::vector<std::tuple<int64_t, int, std::vector<int64_t>>>;
   Choices fast_choices, ref_choices;
-  auto record = [](Choices* out) {
-    return [out](int64_t layer, int kind, int64_t, std::span<const int64_t> picked) {
-      out->emplace_back(layer, kind, std::vector<int64_t>(picked.begin(), picked.end()));
-    };
-  };
   set_v4_choice_observer(*fast, record(&fast_choices));
   set_v4_choice_observer(*model_, record(&ref_choices));
   // Position t's logits from `m` after the reference path's prefix: the reference run's blocks
@@ -353,6 +357,93 @@ TEST(V4Config, MakeModelPresetsRoundTripThroughConfigJson) {
     EXPECT_EQ(back->v4->compress_ratios, c->v4->compress_ratios);
     EXPECT_EQ(int64_t(back->v4->compress_ratios.size()), back->num_hidden_layers + 1);
   }
+}
+
+}  // namespace
+}  // namespace moeserve
+
+namespace moeserve {
+namespace {
+
+// A million tokens of context (issue 48: "test the bound with a tiny model at the full context
+// length"): make-model's v4-tiny (max_position_embeddings 1,048,576, as V4's) cut to one heavily
+// compressed and one compressed sparse layer, its KV cache holding all 16,384 blocks of the
+// context (each a copy of a block the model wrote, at 33 KB: 0.5 GB). At the last block the
+// reference and the fast path both run the block's first position over all 262,128 indexer keys
+// and 8,191 compressed entries, with the same choices and logprobs within the fast path's bound;
+// the fast path then runs the block to the last position, 1,048,575; and the engine takes a
+// prompt that ends there and refuses one a token longer.
+TEST(V4LongContext, RunsAtTheLastOfAMillionPositions) {
+  const std::string dir = (std::filesystem::path(::testing::TempDir()) /
+                           ("moeserve_v4_1m_" + std::to_string(::getpid())))
+                              .string();
+  MakeModelOptions mo;
+  mo.preset = "v4-tiny";
+  mo.overrides = {"num_hidden_layers=2", "num_hash_layers=1", "compress_ratios=[128,4,0]",
+                  "head_dim=64", "qk_rope_head_dim=32"};
+  ThreadPool pool(2);
+  Result<uint64_t> made = make_model(mo, dir, &pool);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  auto ck = Checkpoint::open(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const ModelConfig& c = (*ck)->config();
+  constexpr int64_t kMillion = 1048576;
+  ASSERT_EQ(c.max_position_embeddings, kMillion);
+  const int64_t last_block = kMillion / kKvBlockSize - 1;
+  KvCache cache(v4_kv_layout(c, DType::kBF16, false), int32_t(last_block + 3));
+  std::unique_ptr<CausalLm> ref = make_deepseek_v4(c, (*ck)->weights(), &pool, false);
+  std::unique_ptr<CausalLm> fast = make_deepseek_v4(c, (*ck)->weights(), &pool, true);
+  std::vector<int32_t> ids(static_cast<size_t>(kKvBlockSize));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(100 + 37 * i);
+  auto forward = [&](CausalLm& m, std::span<const int32_t> tokens, int64_t pos,
+                     std::vector<int32_t>& table) {
+    StepSequence s{tokens, pos, table, 1};
+    StepOutput out;
+    EXPECT_TRUE(m.forward({&s, 1}, cache, &out).ok());
+    return out.logits;
+  };
+  std::vector<int32_t> seed;
+  ASSERT_TRUE(cache.allocate(1, &seed));
+  forward(*ref, ids, 0, seed);
+  std::vector<int32_t> table;
+  for (int64_t b = 0; b < last_block; ++b) {
+    ASSERT_TRUE(cache.import_bytes(cache.block_view(seed[0]), &table)) << b;
+  }
+  std::vector<int32_t> ref_table = table, fast_table = table;
+  ASSERT_TRUE(cache.allocate(1, &ref_table));
+  ASSERT_TRUE(cache.allocate(1, &fast_table));
+  Choices ref_choices, fast_choices;
+  set_v4_choice_observer(*ref, record(&ref_choices));
+  set_v4_choice_observer(*fast, record(&fast_choices));
+  const int64_t p0 = last_block * kKvBlockSize;  // 1,048,512
+  const std::span<const int32_t> first(ids.data(), 1);
+  const std::vector<float> a = forward(*ref, first, p0, ref_table);
+  const std::vector<float> b = forward(*fast, first, p0, fast_table);
+  // The CSA layer's indexer pick and its top-k routing (the HCA layer routes by hash).
+  ASSERT_EQ(ref_choices.size(), 2u);
+  EXPECT_EQ(std::get<1>(ref_choices[0]), 1);
+  EXPECT_EQ(std::get<2>(ref_choices[0]).size(), size_t(c.indexer->topk));
+  EXPECT_EQ(fast_choices, ref_choices);
+  const std::vector<float> la = log_softmax(a.data(), c.vocab_size);
+  const std::vector<float> lb = log_softmax(b.data(), c.vocab_size);
+  float worst = 0;
+  for (int64_t v = 0; v < c.vocab_size; ++v) {
+    ASSERT_TRUE(std::isfinite(la[size_t(v)]) && std::isfinite(lb[size_t(v)])) << v;
+    worst = std::max(worst, std::fabs(la[size_t(v)] - lb[size_t(v)]));
+  }
+  EXPECT_LT(worst, 0.15f);  // the fast path's bound on random weights (above)
+  std::printf("V4 at position %ld: fast vs reference max |dlogprob| %.2e\n", long(p0), worst);
+  // The rest of the block, to the last position.
+  const std::vector<float> z =
+      forward(*fast, std::span<const int32_t>(ids).subspan(1), p0 + 1, fast_table);
+  ASSERT_EQ(int64_t(z.size()), c.vocab_size);
+  EXPECT_TRUE(std::all_of(z.begin(), z.end(), [](float v) { return std::isfinite(v); }));
+  // The engine's bound: prompt + max_tokens up to the model's 1,048,576 positions.
+  std::vector<int32_t> prompt(size_t(kMillion - 1), 5);
+  EXPECT_TRUE(validate_prompt(c, prompt, 1, c.max_position_embeddings).ok());
+  prompt.push_back(5);
+  EXPECT_FALSE(validate_prompt(c, prompt, 1, c.max_position_embeddings).ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
