@@ -432,7 +432,8 @@ std::optional<ApiError> parse_messages(const json& j, std::vector<Message>& out)
         return bad_request(where + ": an assistant message needs 'content' or 'tool_calls'",
                            where + ".content");
       }
-    } else if (m.role == "system" || m.role == "user" || m.role == "tool") {
+    } else if (m.role == "system" || m.role == "user" || m.role == "tool" ||
+               m.role == "latest_reminder") {
       if (!m.content) {
         return bad_request(fmt::format("{}: a {} message needs 'content'", where, m.role),
                            where + ".content");
@@ -442,8 +443,8 @@ std::optional<ApiError> parse_messages(const json& j, std::vector<Message>& out)
                            where + ".tool_calls");
       }
     } else {
-      return bad_request(fmt::format("{}: unknown role '{}' (expected system, user, assistant "
-                                     "or tool)",
+      return bad_request(fmt::format("{}: unknown role '{}' (expected system, user, assistant, "
+                                     "tool or latest_reminder)",
                                      where, m.role),
                          where + ".role");
     }
@@ -633,12 +634,25 @@ ApiResult<ChatCompletionRequest> parse_chat_request(std::string_view body,
   RETURN_IF_API_ERROR(parse_tools(f, body, r));
   // vLLM's and SGLang's chat_template_kwargs; the one the DeepSeek templates read is V3.1's
   // `thinking` switch (other keys are ignored).
+  bool thinking_given = false;
   if (const json* k = f.find("chat_template_kwargs")) {
     if (!k->is_object()) return wrong_type("chat_template_kwargs", "an object", *k);
     if (auto t = k->find("thinking"); t != k->end() && !t->is_null()) {
       if (!t->is_boolean()) return wrong_type("chat_template_kwargs.thinking", "a boolean", *t);
       r.thinking = t->get<bool>();
+      thinking_given = true;
     }
+  }
+  if (const json* e = f.find("reasoning_effort"); e && !e->is_null()) {
+    if (!e->is_string()) return wrong_type("reasoning_effort", "a string", *e);
+    const std::string& v = e->get_ref<const std::string&>();
+    if (v != "none" && v != "minimal" && v != "low" && v != "medium" && v != "high" &&
+        v != "xhigh" && v != "max") {
+      return bad_request("reasoning_effort must be none, minimal, low, medium, high, xhigh or max",
+                         "reasoning_effort");
+    }
+    r.reasoning_effort = v;
+    if (!thinking_given) r.thinking = v != "none";
   }
   return r;
 }

@@ -73,14 +73,18 @@ struct ToolChoice {
 
 struct ChatCompletionRequest {
   std::optional<std::string> model;  // nullopt: the served model
-  // Non-empty; roles system/user/assistant/tool; a tool message has a tool_call_id; assistant
-  // tool calls are of type "function".
+  // Non-empty; roles system/user/assistant/tool (and DeepSeek-V4's latest_reminder); a tool
+  // message has a tool_call_id; assistant tool calls are of type "function".
   std::vector<Message> messages;
   GenerationOptions gen;
   std::vector<ToolDefinition> tools;  // names unique, [A-Za-z0-9_-]{1,64}
   ToolChoice tool_choice;             // kRequired / kFunction only with tools
   bool parallel_tool_calls = true;    // false: at most one call is returned
   bool thinking = false;              // chat_template_kwargs.thinking (DeepSeek-V3.1's switch)
+  // OpenAI's reasoning_effort (none, minimal, low, medium, high, xhigh) or DeepSeek's max: turns
+  // thinking on unless "none" (chat_template_kwargs.thinking, when given, decides); DeepSeek-V4's
+  // prompt takes max (and xhigh) as its "max" effort, the rest as "high" (docs/server.md).
+  std::optional<std::string> reasoning_effort;
 };
 
 struct CompletionRequest {

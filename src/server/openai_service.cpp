@@ -322,10 +322,26 @@ ApiResult<PreparedRequest> OpenAiService::prepare_chat(ChatCompletionRequest& re
         "'none')",
         "response_format");
   }
+  // DeepSeek-V4's prompt has a latest_reminder role and a "max" reasoning effort (its encoder
+  // takes high or max; DeepSeek's API maps low and medium to high); other templates have neither.
+  const bool v4 = template_.variant() == ChatTemplate::Variant::kDeepSeekV4;
+  for (size_t i = 0; i < req.messages.size() && !v4; ++i) {
+    if (req.messages[i].role == "latest_reminder") {
+      return bad_request(fmt::format("messages[{}]: the latest_reminder role is DeepSeek-V4's; "
+                                     "this model's chat template has no such turn",
+                                     i),
+                         fmt::format("messages[{}].role", i));
+    }
+  }
+  std::string_view effort;
+  if (v4 && req.reasoning_effort && *req.reasoning_effort != "none" &&
+      *req.reasoning_effort != "minimal") {
+    effort = *req.reasoning_effort == "max" || *req.reasoning_effort == "xhigh" ? "max" : "high";
+  }
   Result<std::string> text = template_.render(
       req.messages, /*add_generation_prompt=*/true,
       use_tools ? std::span<const ToolDefinition>(req.tools) : std::span<const ToolDefinition>(),
-      req.thinking);
+      req.thinking, effort);
   if (!text.ok()) return bad_request(text.status().message(), "messages");
   PreparedRequest p;
   p.chat = true;

@@ -340,8 +340,10 @@ ApiResult<Translated> translate(std::string_view text, ResponsesApi::Store& stor
     auto effort = r->find("effort");
     if (effort != r->end() && !effort->is_null()) {
       if (!effort->is_string()) return wrong_type("reasoning.effort", "a string");
-      // A hybrid model (DeepSeek-V3.1) thinks unless told "none"; R1 always does.
+      // A hybrid model (DeepSeek-V3.1) thinks unless told "none"; R1 always does. The effort
+      // itself is chat completions' reasoning_effort (DeepSeek-V4's prompt takes max).
       chat["chat_template_kwargs"] = {{"thinking", *effort != "none"}};
+      chat["reasoning_effort"] = *effort;
     }
   }
   if (auto s = body.find("store"); s != body.end() && !s->is_null()) {

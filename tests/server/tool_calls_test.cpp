@@ -611,3 +611,60 @@ TEST(ToolCalls, CallsCarryTheirGrammar) {
 
 }  // namespace
 }  // namespace moeserve::testing
+
+namespace moeserve::testing {
+namespace {
+
+// reasoning_effort and the latest_reminder role reach DeepSeek-V4's prompt as encoding_dsv4.py
+// writes them: "max" (and xhigh) puts its effort text before the first turn in thinking mode;
+// low, medium and high are DeepSeek's "high", which the encoder writes as no effort at all; any
+// effort but "none" turns thinking on unless chat_template_kwargs says otherwise. A template
+// without the role refuses a latest_reminder turn by name; an unknown effort is a 400.
+TEST(ToolCalls, V4ReasoningEffortAndLatestReminderReachThePrompt) {
+  const std::string user = R"({"role":"user","content":"Is 91 prime?"})";
+  auto prompt_of = [&](const std::string& extra, const std::string& more_messages = "") {
+    Harness h(scripted("No."), {}, {}, v4());
+    auto r = h.post("/v1/chat/completions",
+                    R"({"messages":[)" + user + more_messages + "]" + extra + "}");
+    EXPECT_EQ(r->status, 200) << r->body;
+    return prompt_text(h);
+  };
+  const std::string thinking = prompt_of(R"(,"chat_template_kwargs":{"thinking":true})");
+  EXPECT_TRUE(thinking.ends_with("<｜Assistant｜><think>")) << thinking;
+  for (const char* effort : {"low", "medium", "high"}) {
+    EXPECT_EQ(prompt_of(std::string(R"(,"reasoning_effort":")") + effort + "\""), thinking)
+        << effort;
+  }
+  const std::string max = prompt_of(R"(,"reasoning_effort":"max")");
+  EXPECT_EQ(max.find("Reasoning Effort: Absolute maximum with no shortcuts permitted."),
+            std::string("<｜begin▁of▁sentence｜>").size())
+      << max;
+  EXPECT_EQ(prompt_of(R"(,"reasoning_effort":"xhigh")"), max);
+  EXPECT_TRUE(max.ends_with("<｜Assistant｜><think>"));
+  // "none" and an explicit switch keep thinking off.
+  const std::string off = prompt_of("");
+  EXPECT_TRUE(off.ends_with("<｜Assistant｜></think>")) << off;
+  EXPECT_EQ(prompt_of(R"(,"reasoning_effort":"none")"), off);
+  EXPECT_EQ(prompt_of(R"(,"reasoning_effort":"max","chat_template_kwargs":{"thinking":false})"),
+            off);
+  const std::string reminder =
+      prompt_of("", R"(,{"role":"latest_reminder","content":"Answer in one word."})");
+  EXPECT_NE(reminder.find("<｜latest_reminder｜>Answer in one word."), std::string::npos)
+      << reminder;
+  {
+    Harness h(scripted("No."), {}, {}, v4());
+    auto r = h.post("/v1/chat/completions",
+                    R"({"messages":[)" + user + R"(],"reasoning_effort":"extreme"})");
+    EXPECT_EQ(r->status, 400);
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "reasoning_effort") << r->body;
+  }
+  Harness v3(scripted("No."));
+  auto r = v3.post("/v1/chat/completions",
+                   R"({"messages":[)" + user +
+                       R"(,{"role":"latest_reminder","content":"Answer in one word."}]})");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "messages[1].role") << r->body;
+}
+
+}  // namespace
+}  // namespace moeserve::testing
