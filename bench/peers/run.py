@@ -26,8 +26,17 @@ llama.cpp's, lower is better). Prints progress on stderr and one JSON object on 
 log-probabilities agree within 0.01 nats up to the first different token and that difference is
 a tie (moeserve's logprobs of the two tokens within 0.01 nats).
 
+ik_llama.cpp (ikawrakow's fork: IQK CPU kernels, MLA variants, fused MoE) runs beside them when
+given --ik-git (a git mirror for build_ik_llama_cpp.sh, which builds its pinned commit) or
+--ik-bin (a directory with its llama-bench, llama-server and llama-quantize): its own
+llama-quantize makes the same two types from the same F32 file, and it runs with its defaults
+(-mla 3, -fa 1, -fmoe 1) plus its run-time repacking into its interleaved CPU layouts (-rtr 1:
+its best CPU option; repacking is what llama.cpp's defaults do too). Its figures appear as
+"ik_llama_cpp" beside each row, with `<figure>_vs_best`: moeserve over the better of the two
+llama.cpps (above 1: moeserve faster; for rss, below 1: moeserve smaller).
+
 Usage: python3 bench/peers/run.py [--model DIR] [--rounds 2] [--widths 8,4] [--check]
-       [--threads 2] [--work build/peers] [--skip-serve]
+       [--threads 2] [--work build/peers] [--skip-serve] [--ik-git DIR | --ik-bin DIR]
 """
 import argparse
 import json
@@ -80,6 +89,37 @@ def peak_rss_kb(cmd):
 
 # ---- files ----
 
+def ik_files(args, ik_bin, f32, widths):
+    """ik_llama.cpp's own quantizations of the same F32 file."""
+    files = {}
+    for w in widths:
+        for _, qtype, _ in CONFIGS[w]:
+            out = f"{f32[:-len('-F32.gguf')]}-ik-{qtype}.gguf"
+            if not os.path.exists(out):
+                log(f"ik_llama.cpp llama-quantize {qtype}")
+                run([os.path.join(ik_bin, "llama-quantize"), f32, out + ".tmp", qtype,
+                     str(args.threads)])
+                os.rename(out + ".tmp", out)
+            files[qtype] = out
+    return files
+
+
+def ik_binaries(args):
+    """ik_llama.cpp's bin directory, or (None, why not)."""
+    if args.ik_bin:
+        need = ["llama-bench", "llama-server", "llama-quantize"]
+        missing = [t for t in need if not os.access(os.path.join(args.ik_bin, t), os.X_OK)]
+        return (None, f"--ik-bin {args.ik_bin} lacks {', '.join(missing)}") if missing \
+            else (args.ik_bin, None)
+    if args.ik_git:
+        try:
+            return run(["bash", os.path.join(ROOT, "bench", "peers", "build_ik_llama_cpp.sh"),
+                        args.ik_git, args.work]).stdout.strip(), None
+        except subprocess.CalledProcessError as e:
+            return None, f"build_ik_llama_cpp.sh failed: {e.stderr[-500:]}"
+    return None, "not asked for (--ik-git or --ik-bin)"
+
+
 def prepare_files(args, llama_bin, widths):
     os.makedirs(args.work, exist_ok=True)
     if not os.path.isdir(args.model):
@@ -124,13 +164,6 @@ def llama_flags(llama_bin, gguf, tool):
     if not NO_REPACK[gguf]:
         return []
     return ["--repack", "0"] if tool == "llama-bench" else ["--no-repack"]
-
-
-def llama_bench(llama_bin, gguf, threads, p, n):
-    out = run([os.path.join(llama_bin, "llama-bench"), "-m", gguf, "-t", str(threads),
-               "-p", str(p), "-n", str(n), "-r", "2", "-o", "json",
-               *llama_flags(llama_bin, gguf, "llama-bench")]).stdout
-    return float(json.loads(out)[0]["avg_ts"])
 
 
 class Server:
@@ -187,19 +220,28 @@ def serve_figures(cmd, port, log_path, seed):
 
 # ---- one round ----
 
-def llama_round(args, llama_bin, gguf, seed):
-    r = {"decode": llama_bench(llama_bin, gguf, args.threads, 0, 64),
-         "prefill": llama_bench(llama_bin, gguf, args.threads, 512, 0),
+def llama_round(args, llama_bin, gguf, seed, ik=False):
+    """One round of llama.cpp's figures, or ik_llama.cpp's (its run-time repacking on)."""
+    if ik:
+        bench_flags, server_flags, name = ["-rtr", "1"], ["-rtr"], "ik-llama-server"
+    else:
+        bench_flags = llama_flags(llama_bin, gguf, "llama-bench")
+        server_flags, name = llama_flags(llama_bin, gguf, "llama-server"), "llama-server"
+
+    def bench(p, n):
+        out = run([os.path.join(llama_bin, "llama-bench"), "-m", gguf, "-t", str(args.threads),
+                   "-p", str(p), "-n", str(n), "-r", "2", "-o", "json", *bench_flags]).stdout
+        return float(json.loads(out)[0]["avg_ts"])
+
+    r = {"decode": bench(0, 64), "prefill": bench(512, 0),
          "rss": peak_rss_kb([os.path.join(llama_bin, "llama-bench"), "-m", gguf, "-t",
-                             str(args.threads), "-p", "0", "-n", "16", "-r", "1",
-                             *llama_flags(llama_bin, gguf, "llama-bench")])}
+                             str(args.threads), "-p", "0", "-n", "16", "-r", "1", *bench_flags])}
     if not args.skip_serve:
         port = free_port()
         r.update(serve_figures([os.path.join(llama_bin, "llama-server"), "-m", gguf, "-t",
                                 str(args.threads), "--parallel", "32", "-c", str(32 * 256),
-                                "--host", "127.0.0.1", "--port", str(port),
-                                *llama_flags(llama_bin, gguf, "llama-server")],
-                               port, os.path.join(args.work, "llama-server.log"), seed))
+                                "--host", "127.0.0.1", "--port", str(port), *server_flags],
+                               port, os.path.join(args.work, name + ".log"), seed))
     return r
 
 
@@ -287,6 +329,8 @@ def main():
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "peers"))
     ap.add_argument("--skip-serve", action="store_true")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--ik-git", help="git mirror of ik_llama.cpp (build_ik_llama_cpp.sh builds it)")
+    ap.add_argument("--ik-bin", help="a built ik_llama.cpp bin directory instead")
     args = ap.parse_args()
     args.work = os.path.abspath(args.work)
     widths = [w for w in args.widths.split(",") if w]
@@ -296,7 +340,10 @@ def main():
     llama_bin = run(["bash", os.path.join(ROOT, "bench", "peers", "build_llama_cpp.sh"),
                      args.work]).stdout.strip()
     files = prepare_files(args, llama_bin, widths)
-    result = {"model": args.model, "threads": args.threads, "rounds": args.rounds}
+    ik_bin, ik_why = ik_binaries(args)
+    ik = ik_files(args, ik_bin, files["F32"], widths) if ik_bin else None
+    result = {"model": args.model, "threads": args.threads, "rounds": args.rounds,
+              "ik_llama_cpp": {"bin": ik_bin} if ik_bin else {"skipped": ik_why}}
     result["llama_cpp_no_repack"] = NO_REPACK  # filled in as the files are first run
     if args.check:
         result["conversion_check"] = check_conversion(args, llama_bin, files["F32"])
@@ -313,16 +360,24 @@ def main():
                 for name, qtype, flags in CONFIGS[w]:
                     ll = llama_round(args, llama_bin, files[qtype], 100 + r)
                     ms = moeserve_round(args, flags, 100 + r)
-                    log(f"round {r + 1} {name}: llama.cpp {json.dumps(ll)} moeserve {json.dumps(ms)}")
-                    rows.setdefault(name, []).append((ll, ms))
+                    ikr = llama_round(args, ik_bin, ik[qtype], 100 + r, ik=True) if ik else None
+                    log(f"round {r + 1} {name}: llama.cpp {json.dumps(ll)} moeserve "
+                        f"{json.dumps(ms)} ik_llama.cpp {json.dumps(ikr)}")
+                    rows.setdefault(name, []).append((ll, ms, ikr))
     for name, pairs in rows.items():
         fig = {}
-        for engine, i in (("llama_cpp", 0), ("moeserve", 1)):
+        engines = (("llama_cpp", 0), ("moeserve", 1)) + ((("ik_llama_cpp", 2),) if ik else ())
+        for engine, i in engines:
             keys = pairs[0][i].keys()
             fig[engine] = {k: round(statistics.median(p[i][k] for p in pairs), 2) for k in keys}
         for k in ("decode", "prefill", "serve32", "serve1", "rss"):
-            if k in fig["llama_cpp"]:
-                fig[f"{k}_ratio"] = round(fig["moeserve"][k] / fig["llama_cpp"][k], 3)
+            if k not in fig["llama_cpp"]:
+                continue
+            fig[f"{k}_ratio"] = round(fig["moeserve"][k] / fig["llama_cpp"][k], 3)
+            if ik:  # the best peer at these bits: the faster (for rss, the smaller) llama.cpp
+                peers = [fig["llama_cpp"][k], fig["ik_llama_cpp"][k]]
+                best = min(peers) if k == "rss" else max(peers)
+                fig[f"{k}_vs_best"] = round(fig["moeserve"][k] / best, 3)
         result[name] = fig
     print(json.dumps(result))
 
