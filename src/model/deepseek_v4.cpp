@@ -526,23 +526,39 @@ class DeepseekV4 final : public CausalLm {
       q.kv.write(l, q.s.block_table, q.pos(i), v);
     }
     if (ratio != 0) compress(l, q, x);
-    // Per query: the window, then the compressed entries it sees; one softmax with the sink.
+    // The indexer's queries and head weights for every query row at once (each row's bits are
+    // what a one-row product gives).
+    const int64_t nh = ratio == 4 ? c_.indexer->n_heads : 0,
+                  id = ratio == 4 ? c_.indexer->head_dim : 0;
+    std::vector<float> iq(static_cast<size_t>(n * nh * id)), iw(static_cast<size_t>(n * nh));
+    if (ratio == 4) {
+      linear(qlat.data(), n, L.indexer->wq_b, iq.data());
+      linear(x, n, L.indexer->weights_proj, iw.data());
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          rope_tail(&iq[size_t((i * nh + hh) * id)], id, inv_compressed_, q.pos(i));
+        }
+      }
+    }
+    // Per query: the window, then the compressed entries it sees; one softmax with the sink. A
+    // query's result does not depend on the others (every KV entry of the step is written), so a
+    // prefill spreads its queries over the threads; a few queries spread each one's work.
     const Parts p = parts(q.kv, l);
     const KvTokenFormat fmt = q.kv.layout().token;
     const float scale = 1.0f / std::sqrt(float(Dh));
     std::vector<float> o(static_cast<size_t>(n * H * Dh));
-    std::vector<float> keys, scores;
-    for (int64_t i = 0; i < n; ++i) {
+    std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n));
+    auto query = [&](int64_t i, ThreadPool* inner) {
+      thread_local std::vector<float> keys, scores;
       const int64_t t = q.pos(i);
       const int64_t first = std::max<int64_t>(0, t - v_.sliding_window + 1);
       int64_t nk = t - first + 1;
-      std::vector<int64_t> picked;
+      std::vector<int64_t>& picked = picks[size_t(i)];
       if (ratio == 128) {
         picked.resize(size_t((t + 1) / ratio));
         std::iota(picked.begin(), picked.end(), 0);
       } else if (ratio == 4) {
-        picked = index_select(l, q, &qlat[size_t(i * qr)], x + i * c_.hidden_size, t);
-        if (observer_) observer_(l, 1, i, picked);
+        picked = index_select(l, q, &iq[size_t(i * nh * id)], &iw[size_t(i * nh)], t, inner);
       }
       keys.resize(size_t((nk + int64_t(picked.size())) * Dh));
       for (int64_t j = 0; j < nk; ++j)
@@ -553,11 +569,11 @@ class DeepseekV4 final : public CausalLm {
         ++nk;
       }
       if (fast_) {
-        attend_fast(L, &qh[size_t(i * H * Dh)], keys.data(), nk, &o[size_t(i * H * Dh)]);
+        attend_fast(L, &qh[size_t(i * H * Dh)], keys.data(), nk, &o[size_t(i * H * Dh)], inner);
         for (int64_t hh = 0; hh < H; ++hh) {
           rope_tail(&o[size_t((i * H + hh) * Dh)], Dh, inv, t, /*inverse=*/true);
         }
-        continue;
+        return;
       }
       scores.resize(size_t(nk));
       for (int64_t hh = 0; hh < H; ++hh) {
@@ -580,6 +596,16 @@ class DeepseekV4 final : public CausalLm {
         for (int64_t d = 0; d < Dh; ++d) ov[d] /= denom;
         rope_tail(ov, Dh, inv, t, /*inverse=*/true);
       }
+    };
+    if (pool_ && n >= 2 * int64_t(pool_->size())) {
+      pool_->parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) query(i, nullptr);
+      });
+    } else {
+      for (int64_t i = 0; i < n; ++i) query(i, pool_);
+    }
+    if (observer_ && ratio == 4) {
+      for (int64_t i = 0; i < n; ++i) observer_(l, 1, i, picks[size_t(i)]);
     }
     // The grouped output projection: group g's heads through its own o_lora_rank rows of wo_a.
     const int64_t G = v_.o_groups, R = v_.o_lora_rank, gw = H * Dh / G;
@@ -616,8 +642,8 @@ class DeepseekV4 final : public CausalLm {
   // sinks: the same softmax as the reference's loops, its dot products and sums on attend_f32
   // and the threads. Keys are taken in chunks of 64 (in L2) for every head, so the keys are read
   // once for the scores and once per thread for the output.
-  void attend_fast(const V4LayerWeights& L, const float* q, const float* keys, int64_t nk,
-                   float* o) const {
+  void attend_fast(const V4LayerWeights& L, const float* q, const float* keys, int64_t nk, float* o,
+                   ThreadPool* pool) const {
     const int64_t H = c_.num_attention_heads, Dh = v_.head_dim;
     constexpr int64_t kChunk = 64;
     const float scale = 1.0f / std::sqrt(float(Dh));
@@ -650,9 +676,9 @@ class DeepseekV4 final : public CausalLm {
         }
       }
     };
-    if (pool_) {
-      pool_->parallel_for(chunks, scores);
-      pool_->parallel_for(H, per_heads);
+    if (pool) {
+      pool->parallel_for(chunks, scores);
+      pool->parallel_for(H, per_heads);
     } else {
       scores(0, chunks);
       per_heads(0, H);
@@ -756,19 +782,17 @@ class DeepseekV4 final : public CausalLm {
 
   // The lightning indexer of a compressed sparse layer for the query at position t: the
   // index_topk entries (of those wholly at or before t) with the largest
-  // sum_h w[h] * ReLU(q[h] . k), in entry order.
-  std::vector<int64_t> index_select(int64_t l, Seq& q, const float* qlat, const float* x,
-                                    int64_t t) {
-    const V4LayerWeights& L = w_.layers[size_t(l)];
+  // sum_h w[h] * ReLU(q[h] . k), in entry order. iq_row: the query's indexer heads [nh][d] (RoPE
+  // applied), w_row: their weights [nh]; `pool` (may be null) splits the fast path's scoring.
+  std::vector<int64_t> index_select(int64_t l, Seq& q, const float* iq_row, const float* w_row,
+                                    int64_t t, ThreadPool* pool) {
     const IndexerConfig& ix = *c_.indexer;
     const int64_t nh = ix.n_heads, d = ix.head_dim, valid = (t + 1) / 4;
     std::vector<int64_t> all(static_cast<size_t>(valid));
     std::iota(all.begin(), all.end(), 0);
     if (valid <= ix.topk) return all;
-    std::vector<float> iq(static_cast<size_t>(nh * d)), wgt(static_cast<size_t>(nh));
-    linear(qlat, 1, L.indexer->wq_b, iq.data());
-    for (int64_t hh = 0; hh < nh; ++hh) rope_tail(&iq[size_t(hh * d)], d, inv_compressed_, t);
-    linear(x, 1, L.indexer->weights_proj, wgt.data());
+    const std::vector<float> iq(iq_row, iq_row + nh * d);
+    std::vector<float> wgt(w_row, w_row + nh);
     const float ws = 1.0f / std::sqrt(float(d) * float(nh));
     const Parts p = parts(q.kv, l);
     std::vector<float> score(static_cast<size_t>(valid));
@@ -786,7 +810,7 @@ class DeepseekV4 final : public CausalLm {
         }
       };
       const int64_t nb = (valid + kPerBlock - 1) / kPerBlock;
-      pool_ ? pool_->parallel_for(nb, blocks, 16) : blocks(0, nb);
+      pool ? pool->parallel_for(nb, blocks, 16) : blocks(0, nb);
     }
     for (int64_t w = 0; w < valid && !fast_; ++w) {
       const float* k = reinterpret_cast<const float*>(group_entry(q.kv, q.s, l, p.index_key, 4, w));
