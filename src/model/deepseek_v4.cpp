@@ -3,15 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <numeric>
 #include <vector>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include "cache/kv_cache.h"
 #include "core/check.h"
+#include "core/file_pages.h"
 #include "core/thread_pool.h"
 #include "kernels/attend_f32.h"
 #include "kernels/convert.h"
@@ -23,6 +26,7 @@
 #include "model/checkpoint.h"
 #include "model/deepseek_v4_weights.h"
 #include "model/expert_store.h"
+#include "model/weight_cache.h"
 
 namespace moeserve {
 
@@ -151,9 +155,12 @@ int64_t state_floats(const ModelConfig& c, int64_t ratio) {
 class PackedViews {
  public:
   // Packs every FP8, FP4 and BF16 view of `views`, and widens every view of `f32_views` to an
-  // F32 copy for gemm_f32 (F32 inputs, nothing rounded); others are left to linear_ref.
+  // F32 copy for gemm_f32 (F32 inputs, nothing rounded); others are left to linear_ref. With a
+  // cache directory the packed matrices are mapped from its file when it holds them (written at
+  // the first start, docs/memory.md); the F32 copies are made at every start (a pass over a few
+  // BF16 matrices). The checkpoint's pages of what was packed are released.
   void prepare(const std::vector<WeightView>& views, const std::vector<WeightView>& f32_views,
-               ThreadPool* pool) {
+               ThreadPool* pool, const WeightCacheOptions& cache) {
     std::vector<std::pair<const WeightView*, Packed*>> todo;
     for (const WeightView& v : views) {
       if (v.dtype != DType::kF8E4M3 && v.dtype != DType::kF4E2M1 && v.dtype != DType::kBF16) {
@@ -163,9 +170,29 @@ class PackedViews {
       auto [it, fresh] = packed_.try_emplace(Key{v.data, v.rows});
       if (fresh) it->second.dtype = v.dtype, todo.push_back({&v, &it->second});
     }
+    const size_t n_packed = todo.size();
     for (const WeightView& v : f32_views) {
       auto [it, fresh] = packed_.try_emplace(Key{v.data, v.rows});
       if (fresh) it->second.dtype = DType::kF32, todo.push_back({&v, &it->second});
+    }
+    std::vector<CachedWeight> items(n_packed);
+    for (size_t i = 0; i < n_packed; ++i) {
+      Packed& p = *todo[i].second;
+      if (p.dtype == DType::kF8E4M3) items[i].fp8 = &p.fp8;
+      if (p.dtype == DType::kF4E2M1) items[i].fp4 = &p.fp4;
+      if (p.dtype == DType::kBF16) items[i].bf16 = &p.bf16;
+    }
+    std::optional<uint64_t> key;
+    if (!cache.dir.empty()) key = cache_key(cache.model_key, todo, n_packed);
+    std::string file;
+    size_t from = 0;  // todo entries still to prepare
+    if (key) {
+      file = weight_cache_path(cache.dir, *key);
+      const Status loaded = load_weight_cache(file, *key, items, pool);
+      if (loaded.ok()) from = n_packed;
+      if (!loaded.ok() && loaded.code() != StatusCode::kNotFound) {
+        fmt::print(stderr, "weight cache: {}; preparing the weights again\n", loaded.message());
+      }
     }
     auto run = [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
@@ -185,12 +212,20 @@ class PackedViews {
           CHECK(w.ok(), "packing an FP4 expert");
           p.fp4 = std::move(*w);
         }
+        if (p.dtype != DType::kF32) release_file_pages(v.data, v.bytes());
       }
     };
-    if (pool) {
-      pool->parallel_for(int64_t(todo.size()), run);
-    } else {
-      run(0, int64_t(todo.size()));
+    const int64_t b = int64_t(from), e = int64_t(todo.size());
+    pool ? pool->parallel_for(e - b, [&](int64_t i0, int64_t i1) { run(b + i0, b + i1); })
+         : run(b, e);
+    if (key && from == 0) {
+      const Status saved = save_weight_cache(file, *key, items);
+      if (!saved.ok()) fmt::print(stderr, "weight cache: {}\n", saved.message());
+    }
+    if (from == n_packed) {
+      for (size_t i = 0; i < n_packed; ++i) {
+        release_file_pages(todo[i].first->data, todo[i].first->bytes());
+      }
     }
   }
 
@@ -222,6 +257,42 @@ class PackedViews {
 
  private:
   using Key = std::pair<const uint8_t*, int64_t>;
+  struct Packed;
+
+  // The cache key of the packed matrices (the first n of todo): the model, the layout version
+  // and where each lies in the checkpoint; null when one is not in a mapped file.
+  static std::optional<uint64_t> cache_key(
+      uint64_t model_key, const std::vector<std::pair<const WeightView*, Packed*>>& todo,
+      size_t n) {
+    XXH3_state_t* st = XXH3_createState();
+    XXH3_64bits_reset(st);
+    auto add = [&](const auto& v) { XXH3_64bits_update(st, &v, sizeof v); };
+    const uint64_t version = 1;  // of V4's packed set (gemm_fp4's tile layout: 1)
+    add(version);
+    add(model_key);
+    const char family[] = "deepseek_v4";
+    XXH3_64bits_update(st, family, sizeof family);
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; ++i) {
+      const WeightView& w = *todo[i].first;
+      const std::optional<MappedLocation> at = mapped_location(w.data);
+      if (!at) {
+        ok = false;
+        break;
+      }
+      const std::string name = std::filesystem::path(at->path).filename().string();
+      XXH3_64bits_update(st, name.data(), name.size());
+      add(at->offset);
+      add(w.rows);
+      add(w.cols);
+      add(w.dtype);
+    }
+    const uint64_t key = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    if (!ok) return std::nullopt;
+    return key;
+  }
+
   struct Packed {
     DType dtype = DType::kF32;
     PackedFp8Weight fp8;
@@ -234,7 +305,8 @@ class PackedViews {
 
 class DeepseekV4 final : public CausalLm {
  public:
-  DeepseekV4(const ModelConfig& c, const ModelWeights& weights, ThreadPool* pool, bool fast)
+  DeepseekV4(const ModelConfig& c, const ModelWeights& weights, ThreadPool* pool, bool fast,
+             const WeightCacheOptions& cache)
       : c_(c),
         v_(*c.v4),
         w_(*weights.v4),
@@ -243,7 +315,7 @@ class DeepseekV4 final : public CausalLm {
         experts_(c, weights, nullptr),
         inv_main_(v4_inv_freq(c, false)),
         inv_compressed_(v4_inv_freq(c, true)) {
-    if (fast_) packed_.prepare(fast_views(), f32_views(), pool_);
+    if (fast_) packed_.prepare(fast_views(), f32_views(), pool_, cache);
   }
 
   const ModelConfig& config() const override { return c_; }
@@ -947,8 +1019,9 @@ void set_v4_choice_observer(CausalLm& model, V4ChoiceObserver observer) {
 }
 
 std::unique_ptr<CausalLm> make_deepseek_v4(const ModelConfig& config, const ModelWeights& weights,
-                                           ThreadPool* pool, bool fast) {
-  return std::make_unique<DeepseekV4>(config, weights, pool, fast);
+                                           ThreadPool* pool, bool fast,
+                                           const WeightCacheOptions& cache) {
+  return std::make_unique<DeepseekV4>(config, weights, pool, fast, cache);
 }
 
 }  // namespace moeserve

@@ -34,6 +34,7 @@
 #include "cache/kv_layout.h"
 #include "model/causal_lm.h"
 #include "model/config.h"
+#include "model/weight_cache.h"
 
 namespace moeserve {
 
@@ -51,8 +52,10 @@ using V4ChoiceObserver =
 // `model` from make_deepseek_v4.
 void set_v4_choice_observer(CausalLm& model, V4ChoiceObserver observer);
 
-// fast: the fast path (docs/deepseek-v4.md "Fast path"); else the reference path.
+// fast: the fast path (docs/deepseek-v4.md "Fast path"); else the reference path. `cache` (the
+// fast path's, docs/memory.md): where its packed matrices are kept between starts.
 std::unique_ptr<CausalLm> make_deepseek_v4(const ModelConfig& config, const ModelWeights& weights,
-                                           ThreadPool* pool, bool fast);
+                                           ThreadPool* pool, bool fast,
+                                           const WeightCacheOptions& cache = {});
 
 }  // namespace moeserve

@@ -37,8 +37,8 @@ Status v4_supports(const ModelConfig&, const ForwardOptions& o) {
 
 std::unique_ptr<CausalLm> make_v4(const ModelConfig& config, const ModelWeights& weights,
                                   Dispatcher&, ThreadPool* pool, const ForwardOptions& o,
-                                  const WeightCacheOptions&) {
-  return make_deepseek_v4(config, weights, pool, o.compute == ComputePath::kFast);
+                                  const WeightCacheOptions& weight_cache) {
+  return make_deepseek_v4(config, weights, pool, o.compute == ComputePath::kFast, weight_cache);
 }
 
 // The table. V2 and V3 share MLA, the MoE layer and the checkpoint's tensor names; they differ

@@ -20,7 +20,7 @@ namespace {
 constexpr char kMagic[8] = {'M', 'S', 'W', 'C', 'A', 'C', 'H', '1'};
 constexpr uint64_t kAlign = 4096;
 
-enum class Kind : uint32_t { kFp8 = 1, kInt8 = 2, kBf16 = 3, kRows = 4, kInt4 = 5 };
+enum class Kind : uint32_t { kFp8 = 1, kInt8 = 2, kBf16 = 3, kRows = 4, kInt4 = 5, kFp4 = 6 };
 
 struct FileHeader {
   char magic[8];
@@ -88,6 +88,7 @@ View view_of(const CachedWeight& c) {
             c.int4->scales.data(),
             c.int4->scales.size() * sizeof(float)};
   }
+  if (c.fp4) return {Kind::kFp4, c.fp4->n, c.fp4->k, c.fp4->data.get(), c.fp4->bytes()};
   if (c.bf16) return {Kind::kBf16, c.bf16->n, c.bf16->k, c.bf16->data.get(), c.bf16->bytes()};
   return {Kind::kRows, int64_t(c.rows->size()), 1, c.rows->data(), c.rows->size() * 4};
 }
@@ -96,6 +97,7 @@ Kind kind_of(const CachedWeight& c) {
   return c.fp8    ? Kind::kFp8
          : c.int8 ? Kind::kInt8
          : c.int4 ? Kind::kInt4
+         : c.fp4  ? Kind::kFp4
          : c.bf16 ? Kind::kBf16
                   : Kind::kRows;
 }
@@ -111,6 +113,8 @@ std::pair<uint64_t, uint64_t> expected_bytes(Kind kind, int64_t n, int64_t k) {
       return {panels * kb * uint64_t(PackedInt8Weight::kTileBytes), panels * kb * 64 * 4};
     case Kind::kInt4:
       return {panels * kb * uint64_t(PackedInt4Weight::kTileBytes), panels * kb * 2 * 64 * 4};
+    case Kind::kFp4:
+      return {panels * kb * uint64_t(PackedFp4Weight::kTileBytes), 0};
     case Kind::kBf16:
       return {panels * kb * uint64_t(PackedBf16Weight::kTileElems) * 2, 0};
     case Kind::kRows:
@@ -317,6 +321,10 @@ Status load_weight_cache(const std::string& path, uint64_t key, std::span<Cached
       c.int4->k = e.k;
       c.int4->data = std::shared_ptr<uint8_t[]>(map, const_cast<uint8_t*>(p));
       c.int4->scales.assign(scales, scales + n_scales);
+    } else if (c.fp4) {
+      c.fp4->n = e.n;
+      c.fp4->k = e.k;
+      c.fp4->data = std::shared_ptr<uint8_t[]>(map, const_cast<uint8_t*>(p));
     } else if (c.bf16) {
       c.bf16->n = e.n;
       c.bf16->k = e.k;

@@ -1,9 +1,9 @@
 // The fast path's prepared weights on disk (docs/memory.md). Preparing a checkpoint repacks
-// every FP8 projection into gemm_fp8's tiles (or requantizes it for gemm_int8) and the lm_head
-// into gemm_bf16's: seconds for the bench preset, most of an hour for DeepSeek-V3's 690 GB. With
-// a cache directory the first start writes what it prepared to one file and every later start
-// maps that file instead: the tiles are used where they lie in the mapping (file-backed pages,
-// no conversion, no copy).
+// every FP8 projection into gemm_fp8's tiles (or requantizes it for gemm_int8), DeepSeek-V4's FP4
+// experts into gemm_fp4's, and the lm_head into gemm_bf16's: seconds for the bench preset, most of
+// an hour for DeepSeek-V3's 690 GB. With a cache directory the first start writes what it prepared
+// to one file and every later start maps that file instead: the tiles are used where they lie in
+// the mapping (file-backed pages, no conversion, no copy).
 //
 // One file per key (weight_cache_path): the caller's key covers everything that decides the
 // prepared bytes (the model fingerprint, the INT8 options, which tensors this process holds
@@ -22,6 +22,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "kernels/gemm_fp4.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/gemm_int4.h"
 #include "kernels/gemm_int8.h"
@@ -41,6 +42,7 @@ struct CachedWeight {
   PackedBf16Weight* bf16 = nullptr;
   std::vector<int32_t>* rows = nullptr;  // plain int32 values (a compact lm_head's row ids)
   PackedInt4Weight* int4 = nullptr;
+  PackedFp4Weight* fp4 = nullptr;  // DeepSeek-V4's experts (their exponents inside the tiles)
 };
 
 std::string weight_cache_path(const std::string& dir, uint64_t key);

@@ -448,3 +448,54 @@ TEST(V4LongContext, RunsAtTheLastOfAMillionPositions) {
 
 }  // namespace
 }  // namespace moeserve
+
+namespace moeserve {
+namespace {
+
+// The fast path's packed matrices through the weight cache (docs/memory.md): the first model
+// writes the file, the next maps its FP8 projections, FP4 experts and BF16 head from it, and both
+// give the bits of a model without a cache; a damaged file is prepared again, to the same bits.
+TEST(V4WeightCache, MappedMatricesGiveTheSameBits) {
+  auto ck = Checkpoint::open(kDir);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const ModelConfig& c = (*ck)->config();
+  const Fixture f = load_fixture();
+  const std::vector<int32_t> prompt(f.prompt.begin(), f.prompt.begin() + 100);
+  ThreadPool pool(2);
+  auto logits = [&](const WeightCacheOptions& cache) {
+    std::unique_ptr<CausalLm> m = make_deepseek_v4(c, (*ck)->weights(), &pool, true, cache);
+    KvCache kv(v4_kv_layout(c, DType::kF32, false), 4);
+    std::vector<int32_t> table;
+    EXPECT_TRUE(kv.allocate(2, &table));
+    StepSequence s{prompt, 0, table, int64_t(prompt.size())};
+    StepOutput out;
+    EXPECT_TRUE(m->forward({&s, 1}, kv, &out).ok());
+    return out.logits;
+  };
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("moeserve_v4_wc_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const WeightCacheOptions cache{dir.string(), 0x5eed};
+  const std::vector<float> plain = logits({});
+  EXPECT_EQ(logits(cache), plain);  // writes the file
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  const auto written = std::filesystem::last_write_time(files[0]);
+  EXPECT_EQ(logits(cache), plain);  // maps it
+  EXPECT_EQ(std::filesystem::last_write_time(files[0]), written) << "a mapped file is kept";
+  {
+    std::fstream io(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(std::streamoff(std::filesystem::file_size(files[0]) / 2));
+    io.put('\x5a');
+  }
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(logits(cache), plain);  // prepared again
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("checksum mismatch"), std::string::npos) << err;
+  EXPECT_EQ(logits(cache), plain);  // the rewritten file
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moeserve
