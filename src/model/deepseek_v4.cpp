@@ -274,18 +274,8 @@ class PackedViews {
     XXH3_64bits_update(st, family, sizeof family);
     bool ok = true;
     for (size_t i = 0; i < n && ok; ++i) {
-      const WeightView& w = *todo[i].first;
-      const std::optional<MappedLocation> at = mapped_location(w.data);
-      if (!at) {
-        ok = false;
-        break;
-      }
-      const std::string name = std::filesystem::path(at->path).filename().string();
-      XXH3_64bits_update(st, name.data(), name.size());
-      add(at->offset);
-      add(w.rows);
-      add(w.cols);
-      add(w.dtype);
+      ok = add_weight_place(st, *todo[i].first);
+      add(todo[i].first->dtype);
     }
     const uint64_t key = XXH3_64bits_digest(st);
     XXH3_freeState(st);

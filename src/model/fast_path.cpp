@@ -74,16 +74,7 @@ std::optional<uint64_t> weight_cache_key(uint64_t model_key, const GemmInt8Optio
   for (const DeepseekModel::PackJob& j : jobs) add(j.format);
   bool ok = true;
   for (const WeightView* w : sources) {
-    const std::optional<MappedLocation> at = mapped_location(w->data);
-    if (!at) {
-      ok = false;
-      break;
-    }
-    const std::string name = std::filesystem::path(at->path).filename().string();
-    XXH3_64bits_update(st, name.data(), name.size());
-    add(at->offset);
-    add(w->rows);
-    add(w->cols);
+    if (!(ok = add_weight_place(st, *w))) break;
   }
   const uint64_t key = XXH3_64bits_digest(st);
   XXH3_freeState(st);

@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "core/file_pages.h"
+
 namespace moeserve {
 namespace {
 
@@ -161,6 +163,17 @@ struct Mapping {
 
 std::string weight_cache_path(const std::string& dir, uint64_t key) {
   return fmt::format("{}/{:016x}.weights", dir, key);
+}
+
+bool add_weight_place(XXH3_state_t* st, const WeightView& w) {
+  const std::optional<MappedLocation> at = mapped_location(w.data);
+  if (!at) return false;
+  const std::string name = std::filesystem::path(at->path).filename().string();
+  XXH3_64bits_update(st, name.data(), name.size());
+  XXH3_64bits_update(st, &at->offset, sizeof at->offset);
+  XXH3_64bits_update(st, &w.rows, sizeof w.rows);
+  XXH3_64bits_update(st, &w.cols, sizeof w.cols);
+  return true;
 }
 
 Status save_weight_cache(const std::string& path, uint64_t key,

@@ -20,12 +20,15 @@
 #include <string>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm_fp4.h"
 #include "kernels/gemm_fp8.h"
 #include "kernels/gemm_int4.h"
 #include "kernels/gemm_int8.h"
+#include "kernels/weight_view.h"
 
 namespace moeserve {
 
@@ -46,6 +49,11 @@ struct CachedWeight {
 };
 
 std::string weight_cache_path(const std::string& dir, uint64_t key);
+
+// Adds where `w` lies in the checkpoint (its shard's file name, byte offset, rows and columns)
+// to a cache key's hash; false when `w` is not in a mapped checkpoint file (weights built in
+// memory: not cached).
+bool add_weight_place(XXH3_state_t* st, const WeightView& w);
 
 // Writes the file (IOError naming it when that fails; nothing is left behind then).
 Status save_weight_cache(const std::string& path, uint64_t key,
