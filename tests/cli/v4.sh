@@ -5,7 +5,8 @@
 #     and top-5 logprobs within 2e-3 (the engine's scheduler chunks the prompt);
 #   - the BF16 cache: a batch gives each prompt what it gets alone, and the disk tier (a second
 #     process reading the prompt's blocks, compressor state included) gives the same bits;
-#   - the fast path: a batch gives each prompt what it gets alone; --expert-dtype and MTP
+#   - the fast path: a batch gives each prompt what it gets alone, so do the starts that write
+#     and map the weight cache; --expert-dtype and MTP
 #     speculative decoding (not run for V4 yet) are refused by name;
 #   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) runs from text;
 #     an EP group of 2 ranks is refused by name;
@@ -54,6 +55,11 @@ cmp -s "$dir/disk1.jsonl" "$dir/batch.jsonl" || fail "the disk tier run differs 
 compute=fast gen "$dir/fbatch.jsonl" --prompt-ids "$p1" --prompt-ids "$p2"
 compute=fast gen "$dir/falone.jsonl" --prompt-ids "$p2"
 sed -n 2p "$dir/fbatch.jsonl" | cmp -s - "$dir/falone.jsonl" || fail "fast path: batch != alone"
+for i in 1 2; do  # the weight cache: written by the first start, mapped by the second
+  compute=fast gen "$dir/fcache$i.jsonl" --prompt-ids "$p2" --weight-cache "$dir/wcache"
+  cmp -s "$dir/fcache$i.jsonl" "$dir/falone.jsonl" || fail "fast path: the weight cache ($i) changed the output"
+done
+ls "$dir"/wcache/*.weights > /dev/null || fail "no weight cache file"
 cmp -s "$dir/fbatch.jsonl" "$dir/batch.jsonl" && fail "the fast path gave the reference path's bits"
 if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --expert-dtype int4 \
   > "$dir/int4.out" 2>&1; then
