@@ -180,9 +180,11 @@ void run_dsa_benches(const DsaBenchOptions& opt, const Ceilings& ceil, ThreadPoo
   const std::vector<int64_t> decode_ctx = opt.quick
                                               ? std::vector<int64_t>{4096, 16384}
                                               : std::vector<int64_t>{4096, 16384, 65536, 131072};
-  const std::vector<int64_t> prefill_ctx =
-      opt.quick ? std::vector<int64_t>{8192} : std::vector<int64_t>{8192, 32768, 131072};
-  const int64_t longest = std::max(decode_ctx.back(), prefill_ctx.back());
+  const std::vector<int64_t> prefill_ctx = opt.decode_only ? std::vector<int64_t>{}
+                                           : opt.quick     ? std::vector<int64_t>{8192}
+                                                       : std::vector<int64_t>{8192, 32768, 131072};
+  const int64_t longest =
+      std::max(decode_ctx.back(), prefill_ctx.empty() ? int64_t(0) : prefill_ctx.back());
   const Sequence seq = make_sequence(longest, rng);
   // The ceilings again, now: the run's first reading may have shared the cores with whatever ran
   // before (the better of the two readings is the machine's).

@@ -20,7 +20,8 @@ namespace moeserve::bench {
 
 struct DsaBenchOptions {
   bool json = false;
-  bool quick = false;  // decode at 4k and 16k, prefill at 8k
+  bool quick = false;        // decode at 4k and 16k, prefill at 8k
+  bool decode_only = false;  // no prefill (the 128k prefill takes hours)
 };
 
 void run_dsa_benches(const DsaBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool);

@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
   int threads = 2;
   kernels->add_flag("--json", json, "one JSON object per line and case");
   kernels->add_flag("--quick", quick, "a short subset of the cases");
+  bool dsa_decode_only = false;
+  kernels->add_flag("--dsa-decode-only", dsa_decode_only, "dsa: the decode cases only");
   std::string only;
   kernels->add_option("--only", only,
                       "run only the kernels whose name starts with this (gemm_bf16, gemm_fp8, "
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
   if (std::string("small_ops").rfind(only, 0) == 0)
     bench::run_small_ops_benches(bench::SmallOpsBenchOptions{json, quick}, ceil);
   // DSA against dense MLA at V3.2's widths: long (minutes at 128k), so only when asked for.
-  if (only == "dsa") bench::run_dsa_benches(bench::DsaBenchOptions{json, quick}, ceil, pool);
+  if (only == "dsa")
+    bench::run_dsa_benches(bench::DsaBenchOptions{json, quick, dsa_decode_only}, ceil, pool);
   return 0;
 }
