@@ -35,8 +35,17 @@ its best CPU option; repacking is what llama.cpp's defaults do too). Its figures
 "ik_llama_cpp" beside each row, with `<figure>_vs_best`: moeserve over the better of the two
 llama.cpps (above 1: moeserve faster; for rss, below 1: moeserve smaller).
 
+vLLM's CPU backend runs beside them when given --vllm-venv (a venv made by install_vllm_cpu.sh):
+its OpenAI server on a BF16 copy of the model (dequant_bf16.py; on CPUs without AMX vLLM refuses
+DeepSeek's FP8 checkpoints), once per round, with figures from bench/load/loadgen.py through its
+API: decode = 1000 / TPOT p50 of one stream (32 tokens out), prefill = 512 / TTFT p50 of one
+stream with 512-token prompts, serve32 and serve1 as for the others, rss = the peak RSS of its
+processes (its API server and engine core). It appears as "vllm" in every row (its BF16 is
+neither width; its figures sit beside both).
+
 Usage: python3 bench/peers/run.py [--model DIR] [--rounds 2] [--widths 8,4] [--check]
        [--threads 2] [--work build/peers] [--skip-serve] [--ik-git DIR | --ik-bin DIR]
+       [--vllm-venv DIR]
 """
 import argparse
 import json
@@ -169,12 +178,12 @@ def llama_flags(llama_bin, gguf, tool):
 class Server:
     """A server process on a free loopback port, killed at exit."""
 
-    def __init__(self, cmd, port, log_path):
+    def __init__(self, cmd, port, log_path, env=None, start_s=600):
         self.port = port
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.time() + 600
+                                     start_new_session=True, env=env)
+        deadline = time.time() + start_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{cmd[0]} exited; see {log_path}")
@@ -198,6 +207,64 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.log.close()
+
+
+def loadgen_json(url, streams, seed, prompt_len, output_len, requests):
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "load", "loadgen.py"), "--url", url,
+           "-c", str(streams), "-r", str(requests), "--prompt-len", prompt_len,
+           "--output-len", output_len, "--seed", str(seed), "--json"]
+    j = json.loads(run(cmd).stdout)
+    if j.get("errors"):
+        raise RuntimeError(f"loadgen against {url}: {j.get('first_errors')}")
+    return j
+
+
+def tree_peak_rss_kb(pid):
+    """The sum of VmHWM over a process and its descendants (read while they run)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1])
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return total
+
+
+def vllm_round(args, venv, bf16_dir, seed):
+    port = free_port()
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4",
+               VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}")
+    s = Server([os.path.join(venv, "bin", "python"), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", bf16_dir, "--dtype", "bfloat16", "--max-model-len", "4096",
+                "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port)],
+               port, os.path.join(args.work, "vllm-server.log"), env=env, start_s=1800)
+    try:
+        pre = loadgen_json(s.url, 1, seed, "512,512", "2,2", 3)
+        dec = loadgen_json(s.url, 1, seed, "64,128", "32,32", 3)
+        r = {"decode": 1000.0 / dec["tpot_ms"]["p50"], "prefill": 512 * 1000.0 / pre["ttft_ms"]["p50"],
+             "serve1": float(dec["output_tok_s"])}
+        if not args.skip_serve:
+            r["serve32"] = loadgen(s.url, 32, seed)
+        r["rss"] = tree_peak_rss_kb(s.proc.pid)
+        return r
+    finally:
+        s.close()
+
+
+def vllm_model(args, venv):
+    """The BF16 copy vLLM serves (made once, in the work directory)."""
+    out = os.path.join(args.work, os.path.basename(os.path.normpath(args.model)) + "-bf16")
+    if not os.path.exists(os.path.join(out, "model.safetensors.index.json")):
+        log(f"dequantizing {args.model} to {out} for vLLM")
+        run([os.path.join(venv, "bin", "python"),
+             os.path.join(ROOT, "bench", "peers", "dequant_bf16.py"), args.model, out])
+    return out
 
 
 def loadgen(url, streams, seed):
@@ -331,6 +398,7 @@ def main():
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--ik-git", help="git mirror of ik_llama.cpp (build_ik_llama_cpp.sh builds it)")
     ap.add_argument("--ik-bin", help="a built ik_llama.cpp bin directory instead")
+    ap.add_argument("--vllm-venv", help="a venv with vLLM's CPU backend (install_vllm_cpu.sh)")
     args = ap.parse_args()
     args.work = os.path.abspath(args.work)
     widths = [w for w in args.widths.split(",") if w]
@@ -344,6 +412,14 @@ def main():
     ik = ik_files(args, ik_bin, files["F32"], widths) if ik_bin else None
     result = {"model": args.model, "threads": args.threads, "rounds": args.rounds,
               "ik_llama_cpp": {"bin": ik_bin} if ik_bin else {"skipped": ik_why}}
+    vllm_dir, vllm_rounds = None, []
+    if args.vllm_venv:
+        try:
+            vllm_dir = vllm_model(args, args.vllm_venv)
+        except (subprocess.CalledProcessError, OSError) as e:
+            result["vllm"] = {"skipped": f"the BF16 copy failed: {e}"}
+    else:
+        result["vllm"] = {"skipped": "not asked for (--vllm-venv)"}
     result["llama_cpp_no_repack"] = NO_REPACK  # filled in as the files are first run
     if args.check:
         result["conversion_check"] = check_conversion(args, llama_bin, files["F32"])
@@ -356,6 +432,13 @@ def main():
                      "--max-tokens", "1", "--weight-cache", cache, *flags])
         rows = {}
         for r in range(args.rounds):
+            if vllm_dir:  # one BF16 run per round, beside every width
+                try:
+                    vllm_rounds.append(vllm_round(args, args.vllm_venv, vllm_dir, 100 + r))
+                    log(f"round {r + 1} vllm: {json.dumps(vllm_rounds[-1])}")
+                except (RuntimeError, subprocess.CalledProcessError, KeyError, TypeError) as e:
+                    result["vllm"] = {"skipped": f"it failed: {e} (see vllm-server.log)"}
+                    vllm_dir = None
             for w in widths:
                 for name, qtype, flags in CONFIGS[w]:
                     ll = llama_round(args, llama_bin, files[qtype], 100 + r)
@@ -379,6 +462,9 @@ def main():
                 best = min(peers) if k == "rss" else max(peers)
                 fig[f"{k}_vs_best"] = round(fig["moeserve"][k] / best, 3)
         result[name] = fig
+    if vllm_rounds:
+        result["vllm"] = {"bf16": {k: round(statistics.median(v[k] for v in vllm_rounds), 2)
+                                   for k in vllm_rounds[0]}}
     print(json.dumps(result))
 
 
