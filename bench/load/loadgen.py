@@ -16,6 +16,12 @@ Modes:
               previous answer and a new user message (--turn-len tokens), so successive
               requests share a growing prefix that the prefix cache can serve.
 
+  --request-rate R  (with either mode's lengths, as `single`) open-loop arrivals instead of
+              streams: --num-requests requests sent at Poisson times of rate R per second (the
+              gaps drawn from the seed), each on its own whatever the server's backlog, so the
+              latencies are those of a server under that offered load (vLLM's `bench serve
+              --request-rate` in the same sense).
+
 Reports input and output tokens/s over the whole run, TTFT (send to first generated text) and
 TPOT ((end - first token) / (output tokens - 1)) percentiles p50/p90/p99, requests, errors, and
 the prefix-cache hit rate from the delta of /metrics counters
@@ -295,7 +301,8 @@ def summarize(args, results, wall, m0, m1, client_cpu=None):
         return {f"p{q}": (None if not v else round(percentile(v, q) * scale, 2))
                 for q in (50, 90, 99)}
 
-    out = {"mode": args.mode, "concurrency": args.concurrency,
+    out = {"mode": "poisson" if args.request_rate > 0 else args.mode,
+           "concurrency": args.concurrency, "request_rate": args.request_rate or None,
            "requests": len(recs), "errors": len(results.errors),
            "short_outputs": results.short_outputs, "duration_s": round(wall, 2),
            "input_tokens": n_in, "output_tokens": n_out,
@@ -344,6 +351,22 @@ def print_human(s):
         print(f"error: {e}")
 
 
+async def run_poisson(args, url, headers, rng, results, system):
+    """--num-requests single requests at Poisson arrival times of --request-rate per second."""
+    one = argparse.Namespace(**vars(args))
+    one.mode, one.requests_per_stream = "single", 1
+    tasks = []
+    t_next = time.perf_counter()
+    for i in range(args.num_requests):
+        t_next += rng.expovariate(args.request_rate)
+        sub = random.Random(rng.randrange(1 << 62))
+        delay = t_next - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(run_stream(i, one, url, headers, sub, results, system)))
+    await asyncio.gather(*tasks)
+
+
 async def main_async(args):
     base = args.url.rstrip("/")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -370,8 +393,12 @@ async def main_async(args):
     rngs = [random.Random(rng.randrange(1 << 62)) for _ in range(args.concurrency)]
     t0 = time.perf_counter()
     cpu0 = time.process_time()  # the generator's own CPU: it may share the server's cores
-    await asyncio.gather(*(run_stream(i, args, url, headers, rngs[i], results, system)
-                           for i in range(args.concurrency)))
+    if args.request_rate > 0:
+        await run_poisson(args, url, headers, random.Random(rng.randrange(1 << 62)), results,
+                          system)
+    else:
+        await asyncio.gather(*(run_stream(i, args, url, headers, rngs[i], results, system)
+                               for i in range(args.concurrency)))
     wall = time.perf_counter() - t0
     client_cpu = time.process_time() - cpu0
     m1 = read_metrics(base, headers)
@@ -402,10 +429,16 @@ def main():
     p.add_argument("--warmup", type=int, default=1, help="untimed requests before the run")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds to wait for connect, headers or any next stream chunk")
+    p.add_argument("--request-rate", type=float, default=0.0,
+                   help="open-loop Poisson arrivals per second (0: --concurrency streams)")
+    p.add_argument("--num-requests", type=int, default=32,
+                   help="requests sent at --request-rate")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args()
     if args.concurrency < 1 or args.requests_per_stream < 1 or args.turns < 1:
         p.error("--concurrency, --requests-per-stream and --turns must be >= 1")
+    if args.request_rate < 0 or args.num_requests < 1:
+        p.error("--request-rate must be >= 0 and --num-requests >= 1")
 
     try:
         summary = asyncio.run(main_async(args))

@@ -18,6 +18,9 @@ the minute: only ratios from one run mean anything), both engines with --threads
             (--parallel 32, continuous batching) and moeserve serve
   serve1    the same with one stream
   rss       peak RSS (kB) of a batch-1 run: llama-bench -p 0 -n 16 -r 1  |  moeserve generate
+  load_*    TTFT and TPOT p50 / p99 (ms) under Poisson arrivals (loadgen --request-rate) at
+            --load-rate, or from round 2 on at 0.7 of the slowest engine's serve32 capacity
+            (32 output tokens a request) measured in round 1
 Medians over rounds; ratios are moeserve / llama.cpp (rss_ratio: moeserve's RSS over
 llama.cpp's, lower is better). Prints progress on stderr and one JSON object on stdout.
 
@@ -209,10 +212,10 @@ class Server:
         self.log.close()
 
 
-def loadgen_json(url, streams, seed, prompt_len, output_len, requests):
+def loadgen_json(url, streams, seed, prompt_len, output_len, requests, extra=()):
     cmd = [sys.executable, os.path.join(ROOT, "bench", "load", "loadgen.py"), "--url", url,
            "-c", str(streams), "-r", str(requests), "--prompt-len", prompt_len,
-           "--output-len", output_len, "--seed", str(seed), "--json"]
+           "--output-len", output_len, "--seed", str(seed), "--json", *extra]
     j = json.loads(run(cmd).stdout)
     if j.get("errors"):
         raise RuntimeError(f"loadgen against {url}: {j.get('first_errors')}")
@@ -236,7 +239,7 @@ def tree_peak_rss_kb(pid):
     return total
 
 
-def vllm_round(args, venv, bf16_dir, seed):
+def vllm_round(args, venv, bf16_dir, seed, load_rate=None):
     port = free_port()
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4",
                VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}")
@@ -251,6 +254,8 @@ def vllm_round(args, venv, bf16_dir, seed):
              "serve1": float(dec["output_tok_s"])}
         if not args.skip_serve:
             r["serve32"] = loadgen(s.url, 32, seed)
+            if load_rate:
+                r.update(load_figures(s.url, seed, load_rate))
         r["rss"] = tree_peak_rss_kb(s.proc.pid)
         return r
     finally:
@@ -277,17 +282,31 @@ def loadgen(url, streams, seed):
     return float(j["output_tok_s"])
 
 
-def serve_figures(cmd, port, log_path, seed):
+LOAD_REQUESTS = 48  # requests of a Poisson load run (prompts 64-128, 32 tokens out)
+
+
+def load_figures(url, seed, rate):
+    """TTFT and TPOT p50 / p99 (ms) under Poisson arrivals of `rate` requests per second."""
+    j = loadgen_json(url, 1, seed, "64,128", "32,32", 1,
+                     ["--request-rate", str(rate), "--num-requests", str(LOAD_REQUESTS)])
+    return {"load_ttft_p50": j["ttft_ms"]["p50"], "load_ttft_p99": j["ttft_ms"]["p99"],
+            "load_tpot_p50": j["tpot_ms"]["p50"], "load_tpot_p99": j["tpot_ms"]["p99"]}
+
+
+def serve_figures(cmd, port, log_path, seed, load_rate=None):
     s = Server(cmd, port, log_path)
     try:
-        return {"serve32": loadgen(s.url, 32, seed), "serve1": loadgen(s.url, 1, seed)}
+        r = {"serve32": loadgen(s.url, 32, seed), "serve1": loadgen(s.url, 1, seed)}
+        if load_rate:
+            r.update(load_figures(s.url, seed, load_rate))
+        return r
     finally:
         s.close()
 
 
 # ---- one round ----
 
-def llama_round(args, llama_bin, gguf, seed, ik=False):
+def llama_round(args, llama_bin, gguf, seed, ik=False, load_rate=None):
     """One round of llama.cpp's figures, or ik_llama.cpp's (its run-time repacking on)."""
     if ik:
         bench_flags, server_flags, name = ["-rtr", "1"], ["-rtr"], "ik-llama-server"
@@ -308,11 +327,11 @@ def llama_round(args, llama_bin, gguf, seed, ik=False):
         r.update(serve_figures([os.path.join(llama_bin, "llama-server"), "-m", gguf, "-t",
                                 str(args.threads), "--parallel", "32", "-c", str(32 * 256),
                                 "--host", "127.0.0.1", "--port", str(port), *server_flags],
-                               port, os.path.join(args.work, name + ".log"), seed))
+                               port, os.path.join(args.work, name + ".log"), seed, load_rate))
     return r
 
 
-def moeserve_round(args, flags, seed):
+def moeserve_round(args, flags, seed, load_rate=None):
     cache = ["--weight-cache", args.weight_cache]
     common = ["--model", args.model, "--threads", str(args.threads)]
     e2e = json.loads(run([MOESERVE_BENCH, "e2e", "--model", args.model, "--decode-tokens", "64",
@@ -328,7 +347,8 @@ def moeserve_round(args, flags, seed):
         port = free_port()
         r.update(serve_figures([MOESERVE, "serve", *common, "--port", str(port),
                                 "--max-num-seqs", "32", *cache, *flags],
-                               port, os.path.join(args.work, "moeserve-serve.log"), seed))
+                               port, os.path.join(args.work, "moeserve-serve.log"), seed,
+                               load_rate))
     return r
 
 
@@ -399,6 +419,9 @@ def main():
     ap.add_argument("--ik-git", help="git mirror of ik_llama.cpp (build_ik_llama_cpp.sh builds it)")
     ap.add_argument("--ik-bin", help="a built ik_llama.cpp bin directory instead")
     ap.add_argument("--vllm-venv", help="a venv with vLLM's CPU backend (install_vllm_cpu.sh)")
+    ap.add_argument("--load-rate", type=float,
+                    help="Poisson requests/s for the latency figures (default: after round 1, "
+                         "0.7 of the slowest engine's serve32 capacity)")
     args = ap.parse_args()
     args.work = os.path.abspath(args.work)
     widths = [w for w in args.widths.split(",") if w]
@@ -431,40 +454,55 @@ def main():
                 run([MOESERVE, "generate", "--model", args.model, "--prompt-ids", "1",
                      "--max-tokens", "1", "--weight-cache", cache, *flags])
         rows = {}
+        load_rate = args.load_rate
         for r in range(args.rounds):
             if vllm_dir:  # one BF16 run per round, beside every width
                 try:
-                    vllm_rounds.append(vllm_round(args, args.vllm_venv, vllm_dir, 100 + r))
+                    vllm_rounds.append(vllm_round(args, args.vllm_venv, vllm_dir, 100 + r,
+                                                  load_rate))
                     log(f"round {r + 1} vllm: {json.dumps(vllm_rounds[-1])}")
                 except (RuntimeError, subprocess.CalledProcessError, KeyError, TypeError) as e:
                     result["vllm"] = {"skipped": f"it failed: {e} (see vllm-server.log)"}
                     vllm_dir = None
             for w in widths:
                 for name, qtype, flags in CONFIGS[w]:
-                    ll = llama_round(args, llama_bin, files[qtype], 100 + r)
-                    ms = moeserve_round(args, flags, 100 + r)
-                    ikr = llama_round(args, ik_bin, ik[qtype], 100 + r, ik=True) if ik else None
+                    ll = llama_round(args, llama_bin, files[qtype], 100 + r, load_rate=load_rate)
+                    ms = moeserve_round(args, flags, 100 + r, load_rate)
+                    ikr = llama_round(args, ik_bin, ik[qtype], 100 + r, True, load_rate) \
+                        if ik else None
                     log(f"round {r + 1} {name}: llama.cpp {json.dumps(ll)} moeserve "
                         f"{json.dumps(ms)} ik_llama.cpp {json.dumps(ikr)}")
                     rows.setdefault(name, []).append((ll, ms, ikr))
+            if load_rate is None and not args.skip_serve:
+                # 70% of the slowest engine's capacity (32 output tokens a request), from this
+                # round's serve32: the later rounds measure latency under that offered load.
+                caps = [e["serve32"] for pairs in rows.values() for e in pairs[-1] if e]
+                caps += [v["serve32"] for v in vllm_rounds if "serve32" in v]
+                load_rate = round(0.7 * min(caps) / 32, 3)
+                result["load_rate_per_s"] = load_rate
+                log(f"the latency rounds offer {load_rate} requests/s")
     for name, pairs in rows.items():
         fig = {}
         engines = (("llama_cpp", 0), ("moeserve", 1)) + ((("ik_llama_cpp", 2),) if ik else ())
         for engine, i in engines:
-            keys = pairs[0][i].keys()
-            fig[engine] = {k: round(statistics.median(p[i][k] for p in pairs), 2) for k in keys}
-        for k in ("decode", "prefill", "serve32", "serve1", "rss"):
-            if k not in fig["llama_cpp"]:
+            keys = dict.fromkeys(k for p in pairs for k in p[i])  # (load figures: later rounds)
+            fig[engine] = {k: round(statistics.median(p[i][k] for p in pairs if k in p[i]), 2)
+                           for k in keys}
+        lower_better = ("rss", "load_ttft_p50", "load_ttft_p99", "load_tpot_p50", "load_tpot_p99")
+        for k in ("decode", "prefill", "serve32", "serve1", "rss") + lower_better[1:]:
+            if k not in fig["llama_cpp"] or k not in fig["moeserve"]:
                 continue
             fig[f"{k}_ratio"] = round(fig["moeserve"][k] / fig["llama_cpp"][k], 3)
-            if ik:  # the best peer at these bits: the faster (for rss, the smaller) llama.cpp
+            if ik and k in fig["ik_llama_cpp"]:
+                # the best peer at these bits: the faster (for RSS and latency, the smaller)
                 peers = [fig["llama_cpp"][k], fig["ik_llama_cpp"][k]]
-                best = min(peers) if k == "rss" else max(peers)
+                best = min(peers) if k in lower_better else max(peers)
                 fig[f"{k}_vs_best"] = round(fig["moeserve"][k] / best, 3)
         result[name] = fig
     if vllm_rounds:
-        result["vllm"] = {"bf16": {k: round(statistics.median(v[k] for v in vllm_rounds), 2)
-                                   for k in vllm_rounds[0]}}
+        keys = dict.fromkeys(k for v in vllm_rounds for k in v)
+        result["vllm"] = {"bf16": {k: round(statistics.median(v[k] for v in vllm_rounds if k in v),
+                                            2) for k in keys}}
     print(json.dumps(result))
 
 
