@@ -14,6 +14,7 @@ For each, in ROUNDS alternated rounds (DRAM bandwidth and the VM's share of the 
 the minute: only ratios from one run mean anything), both engines with --threads:
   decode    batch-1 tokens/s: llama-bench -p 0 -n 64  |  moeserve-bench e2e --decode-tokens 64
   prefill   512-token prompt tokens/s: llama-bench -p 512 -n 0  |  moeserve generate --max-tokens 1
+  prefill8k the same with 8192 tokens (--skip-8k leaves it out)
   serve32   output tokens/s of 32 streams, bench/load/loadgen.py against llama-server
             (--parallel 32, continuous batching) and moeserve serve
   serve1    the same with one stream
@@ -244,14 +245,17 @@ def vllm_round(args, venv, bf16_dir, seed, load_rate=None):
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4",
                VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}")
     s = Server([os.path.join(venv, "bin", "python"), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", bf16_dir, "--dtype", "bfloat16", "--max-model-len", "4096",
+                "--model", bf16_dir, "--dtype", "bfloat16", "--max-model-len", "10240",
                 "--max-num-seqs", "32", "--host", "127.0.0.1", "--port", str(port)],
                port, os.path.join(args.work, "vllm-server.log"), env=env, start_s=1800)
     try:
         pre = loadgen_json(s.url, 1, seed, "512,512", "2,2", 3)
         dec = loadgen_json(s.url, 1, seed, "64,128", "32,32", 3)
-        r = {"decode": 1000.0 / dec["tpot_ms"]["p50"], "prefill": 512 * 1000.0 / pre["ttft_ms"]["p50"],
-             "serve1": float(dec["output_tok_s"])}
+        r = {"decode": 1000.0 / dec["tpot_ms"]["p50"],
+             "prefill": 512 * 1000.0 / pre["ttft_ms"]["p50"], "serve1": float(dec["output_tok_s"])}
+        if not args.skip_8k:  # (loadgen's prompts are about a token a word: the exact count)
+            j = loadgen_json(s.url, 1, seed, "8192,8192", "2,2", 1)
+            r["prefill8k"] = j["input_tokens"] / j["requests"] * 1000.0 / j["ttft_ms"]["p50"]
         if not args.skip_serve:
             r["serve32"] = loadgen(s.url, 32, seed)
             if load_rate:
@@ -320,6 +324,7 @@ def llama_round(args, llama_bin, gguf, seed, ik=False, load_rate=None):
         return float(json.loads(out)[0]["avg_ts"])
 
     r = {"decode": bench(0, 64), "prefill": bench(512, 0),
+         **({} if args.skip_8k else {"prefill8k": bench(8192, 0)}),
          "rss": peak_rss_kb([os.path.join(llama_bin, "llama-bench"), "-m", gguf, "-t",
                              str(args.threads), "-p", "0", "-n", "16", "-r", "1", *bench_flags])}
     if not args.skip_serve:
@@ -343,6 +348,11 @@ def moeserve_round(args, flags, seed, load_rate=None):
     r = {"decode": float(e2e["tokens_per_s"]), "prefill": 512 / gen_s,
          "rss": peak_rss_kb([MOESERVE, "generate", *common, "--prompt-ids", "1,2,3",
                              "--max-tokens", "16", *cache, *flags])}
+    if not args.skip_8k:
+        long = ",".join(str((t * 37 + 11) % 5000 + 3) for t in range(8192))
+        err = run([MOESERVE, "generate", *common, "--prompt-ids", long, "--max-tokens", "1",
+                   *cache, *flags]).stderr
+        r["prefill8k"] = 8192 / float(re.findall(r" tokens in ([0-9.]+) s", err)[-1])
     if not args.skip_serve:
         port = free_port()
         r.update(serve_figures([MOESERVE, "serve", *common, "--port", str(port),
@@ -415,6 +425,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "peers"))
     ap.add_argument("--skip-serve", action="store_true")
+    ap.add_argument("--skip-8k", action="store_true", help="no 8k-token prefill figure")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--ik-git", help="git mirror of ik_llama.cpp (build_ik_llama_cpp.sh builds it)")
     ap.add_argument("--ik-bin", help="a built ik_llama.cpp bin directory instead")
@@ -489,7 +500,7 @@ def main():
             fig[engine] = {k: round(statistics.median(p[i][k] for p in pairs if k in p[i]), 2)
                            for k in keys}
         lower_better = ("rss", "load_ttft_p50", "load_ttft_p99", "load_tpot_p50", "load_tpot_p99")
-        for k in ("decode", "prefill", "serve32", "serve1", "rss") + lower_better[1:]:
+        for k in ("decode", "prefill", "prefill8k", "serve32", "serve1", "rss", *lower_better[1:]):
             if k not in fig["llama_cpp"] or k not in fig["moeserve"]:
                 continue
             fig[f"{k}_ratio"] = round(fig["moeserve"][k] / fig["llama_cpp"][k], 3)
