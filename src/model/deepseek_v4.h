@@ -23,8 +23,10 @@
 //
 // Two paths. The reference: FP32 activations times weights dequantized on the fly. The fast path:
 // the same code with its matrices packed for gemm_fp8 / gemm_fp4 / gemm_bf16 (activations rounded
-// to BF16 on the way in, FP4 experts read as the checkpoint holds them); attention, the
-// compressors, the indexer and mHC stay the reference's F32 code, their loops split over heads.
+// to BF16 on the way in, FP4 experts read as the checkpoint holds them), the F32 products model.py
+// takes in F32 on gemm_f32, attention and the indexer's scores on attend_f32's kernels; the
+// compressors' pools and mHC stay the reference's code. Both spread a prefill's queries over the
+// threads.
 #pragma once
 
 #include <functional>
