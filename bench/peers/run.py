@@ -102,17 +102,22 @@ def peak_rss_kb(cmd):
 
 # ---- files ----
 
+def quantize(bin_dir, f32, out, qtype, threads, engine):
+    """`out` made by the engine's own llama-quantize, unless it is there already."""
+    if os.path.exists(out):
+        return
+    log(f"{engine} llama-quantize {qtype}")
+    run([os.path.join(bin_dir, "llama-quantize"), f32, out + ".tmp", qtype, str(threads)])
+    os.rename(out + ".tmp", out)  # a cut-off run leaves no half file behind
+
+
 def ik_files(args, ik_bin, f32, widths):
     """ik_llama.cpp's own quantizations of the same F32 file."""
     files = {}
     for w in widths:
         for _, qtype, _ in CONFIGS[w]:
             out = f"{f32[:-len('-F32.gguf')]}-ik-{qtype}.gguf"
-            if not os.path.exists(out):
-                log(f"ik_llama.cpp llama-quantize {qtype}")
-                run([os.path.join(ik_bin, "llama-quantize"), f32, out + ".tmp", qtype,
-                     str(args.threads)])
-                os.rename(out + ".tmp", out)
+            quantize(ik_bin, f32, out, qtype, args.threads, "ik_llama.cpp")
             files[qtype] = out
     return files
 
@@ -149,11 +154,7 @@ def prepare_files(args, llama_bin, widths):
     for w in widths:
         for _, qtype, _ in CONFIGS[w]:
             out = f"{stem}-{qtype}.gguf"
-            if not os.path.exists(out):
-                log(f"llama-quantize {qtype}")
-                run([os.path.join(llama_bin, "llama-quantize"), f32, out + ".tmp", qtype,
-                     str(args.threads)])
-                os.rename(out + ".tmp", out)  # a cut-off run leaves no half file behind
+            quantize(llama_bin, f32, out, qtype, args.threads, "llama.cpp")
             files[qtype] = out
     return files
 

@@ -127,12 +127,7 @@ void panels_fp4_scalar(const GemmJob& job, int64_t p0, int64_t p1) {
             tot = kb == 0 && sb == 0 ? sum * w : std::fma(sum, w, tot);
           }
         }
-        const int64_t col = p * kCols + c;
-        if (job.y_bf16) {
-          static_cast<uint16_t*>(job.y)[i * job.ldy + col] = f32_to_bf16(tot);
-        } else {
-          static_cast<float*>(job.y)[i * job.ldy + col] = tot;
-        }
+        store_scalar(job, i, p * kCols + c, tot);
       }
     }
   }

@@ -56,6 +56,9 @@ void panels_int8_amx(const GemmJob& job, int64_t p0, int64_t p1);   // VNNI at f
 void panels_int4_scalar(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_int4_vnni(const GemmJob& job, int64_t p0, int64_t p1);  // AVX-512 VNNI
 void panels_int4_amx(const GemmJob& job, int64_t p0, int64_t p1);   // VNNI at few rows
+// The scalar levels' store of one result: Y[row, col] = v, F32 or BF16 rounded to nearest even
+// (defined in gemm_int8.cpp).
+void store_scalar(const GemmJob& job, int64_t row, int64_t col, float v);
 // The FP4 levels (gemm_fp4.h): tiles are PackedFp4Weight's (exponents inside), no scales; x BF16.
 void panels_fp4_scalar(const GemmJob& job, int64_t p0, int64_t p1);
 void panels_fp4_avx512bf16(const GemmJob& job, int64_t p0, int64_t p1);

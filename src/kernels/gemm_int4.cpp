@@ -139,12 +139,7 @@ void panels_int4_scalar(const GemmJob& job, int64_t p0, int64_t p1) {
           const float tb = std::fma(float(dot), sw[c], sw[kCols + c] * sumx);
           tot = kb == 0 ? tb * sxv : std::fma(tb, sxv, tot);
         }
-        const int64_t col = p * kCols + c;
-        if (job.y_bf16) {
-          static_cast<uint16_t*>(job.y)[i * job.ldy + col] = f32_to_bf16(tot);
-        } else {
-          static_cast<float*>(job.y)[i * job.ldy + col] = tot;
-        }
+        store_scalar(job, i, p * kCols + c, tot);
       }
     }
   }

@@ -176,6 +176,14 @@ void quantize_rows_int8_scalar(const uint16_t* x, int64_t ldx, int64_t rows, int
   }
 }
 
+void store_scalar(const GemmJob& job, int64_t row, int64_t col, float v) {
+  if (job.y_bf16) {
+    static_cast<uint16_t*>(job.y)[row * job.ldy + col] = f32_to_bf16(v);
+  } else {
+    static_cast<float*>(job.y)[row * job.ldy + col] = v;
+  }
+}
+
 void panels_int8_scalar(const GemmJob& job, int64_t p0, int64_t p1) {
   const int64_t kbn = job.k_blocks;
   std::vector<int8_t> q(size_t(job.m * kbn * kBk));
@@ -196,12 +204,7 @@ void panels_int8_scalar(const GemmJob& job, int64_t p0, int64_t p1) {
           const float s = sx[size_t(kb * job.m + i)] * job.scales[(p * kbn + kb) * kCols + c];
           tot = kb == 0 ? float(dot) * s : std::fma(float(dot), s, tot);
         }
-        const int64_t col = p * kCols + c;
-        if (job.y_bf16) {
-          static_cast<uint16_t*>(job.y)[i * job.ldy + col] = f32_to_bf16(tot);
-        } else {
-          static_cast<float*>(job.y)[i * job.ldy + col] = tot;
-        }
+        store_scalar(job, i, p * kCols + c, tot);
       }
     }
   }

@@ -168,12 +168,16 @@ class PackedViews {
       }
       if (v.dtype == DType::kF8E4M3 && (v.block_rows != 128 || v.block_cols != 128)) continue;
       auto [it, fresh] = packed_.try_emplace(Key{v.data, v.rows});
-      if (fresh) it->second.dtype = v.dtype, todo.push_back({&v, &it->second});
+      if (!fresh) continue;
+      it->second.dtype = v.dtype;
+      todo.push_back({&v, &it->second});
     }
     const size_t n_packed = todo.size();
     for (const WeightView& v : f32_views) {
       auto [it, fresh] = packed_.try_emplace(Key{v.data, v.rows});
-      if (fresh) it->second.dtype = DType::kF32, todo.push_back({&v, &it->second});
+      if (!fresh) continue;
+      it->second.dtype = DType::kF32;
+      todo.push_back({&v, &it->second});
     }
     std::vector<CachedWeight> items(n_packed);
     for (size_t i = 0; i < n_packed; ++i) {
@@ -853,15 +857,15 @@ class DeepseekV4 final : public CausalLm {
     std::vector<int64_t> all(static_cast<size_t>(valid));
     std::iota(all.begin(), all.end(), 0);
     if (valid <= ix.topk) return all;
-    const std::vector<float> iq(iq_row, iq_row + nh * d);
+    const float* iq = iq_row;
     std::vector<float> wgt(w_row, w_row + nh);
     const float ws = 1.0f / std::sqrt(float(d) * float(nh));
     const Parts p = parts(q.kv, l);
     std::vector<float> score(static_cast<size_t>(valid));
     if (fast_) {  // relu_scores_f32 over each block's 16 keys (contiguous), blocks on the threads
       for (float& v : wgt) v *= ws;
-      std::vector<float> iqt(iq.size());
-      relu_scores_transpose(iq.data(), nh, d, iqt.data());
+      std::vector<float> iqt(size_t(nh * d));
+      relu_scores_transpose(iq, nh, d, iqt.data());
       constexpr int64_t kPerBlock = kKvBlockSize / 4;
       auto blocks = [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
