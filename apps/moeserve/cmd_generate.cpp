@@ -54,7 +54,7 @@ struct GenerateOptions {
   std::string kv_disk;  // the KV cache's disk tier (empty: none)
   double kv_disk_gb = 0;
   std::string compute = "fast";
-  GemmInt8Options int8;
+  WeightFormats formats;
   std::string weight_cache;
   std::string trace;  // Chrome trace JSON output (per rank under EP: FILE.rank<r>.json)
   int64_t prefill_chunk = 0;
@@ -218,7 +218,7 @@ ModelOptions model_options(const GenerateOptions& o, const std::vector<GenerateR
   mo.threads = o.threads;
   mo.compute = o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast;
   mo.attention = o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed;
-  mo.int8 = o.int8;
+  mo.formats = o.formats;
   mo.weight_cache_dir = o.weight_cache;
   mo.kv_dtype = o.kv_dtype;
   int64_t n_blocks = 0;
@@ -410,7 +410,7 @@ Subcommand add_generate_command(CLI::App& parent) {
   app->add_option("--kv-disk-gb", o->kv_disk_gb, "Size bound of --kv-disk (0: none)")
       ->check(CLI::NonNegativeNumber);
   add_kv_cache_dtype_option(*app, o->kv_dtype);
-  add_int8_flags(*app, o->int8);
+  add_format_flags(*app, o->formats);
   add_weight_cache_flag(*app, o->weight_cache);
   app->add_option("--trace", o->trace,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every layer's stages");

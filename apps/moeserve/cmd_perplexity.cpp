@@ -32,7 +32,7 @@ struct PerplexityArgs {
   int threads = 0;
   std::string compute = "fast";
   DType kv_dtype = DType::kBF16;
-  GemmInt8Options int8;
+  WeightFormats formats;
   std::string weight_cache;
   bool json = false;
   bool per_token = false;  // --json also lists every prediction's NLL
@@ -106,7 +106,7 @@ int run_perplexity(const PerplexityArgs& a) {
   mo.model_dir = a.model;
   mo.threads = a.threads;
   mo.compute = a.compute == "reference" ? ComputePath::kReference : ComputePath::kFast;
-  mo.int8 = a.int8;
+  mo.formats = a.formats;
   mo.weight_cache_dir = a.weight_cache;
   mo.kv_dtype = a.kv_dtype;
   mo.kv_blocks = blocks_for(a.window);
@@ -198,7 +198,7 @@ Subcommand add_perplexity_command(CLI::App& parent) {
       ->check(CLI::IsMember({"fast", "reference"}))
       ->capture_default_str();
   add_kv_cache_dtype_option(*app, a->kv_dtype);
-  add_int8_flags(*app, a->int8);
+  add_format_flags(*app, a->formats);
   add_weight_cache_flag(*app, a->weight_cache);
   app->add_flag("--json", a->json, "One JSON object");
   app->add_flag("--per-token", a->per_token,

@@ -300,7 +300,7 @@ Subcommand add_serve_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   add_kv_cache_dtype_option(*app, e.kv_dtype);
-  add_int8_flags(*app, e.int8);
+  add_format_flags(*app, e.formats);
   add_weight_cache_flag(*app, e.weight_cache_dir);
   app->add_option("--max-num-seqs", e.max_num_seqs, "Sequences running at once")
       ->capture_default_str()

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/dtype.h"
+#include "format_flags.h"
 #include "model/deepseek.h"
 
 namespace moeserve::cli {
@@ -30,27 +31,6 @@ inline CLI::Option* add_kv_cache_dtype_option(CLI::App& app, DType& kv_dtype) {
           "1,152; needs kv_lora_rank % 128 == 0) | f32")
       ->check(CLI::IsMember({"bf16", "fp8", "f32"}))
       ->default_str(current);
-}
-
-// `--expert-dtype`, `--gemm-int8` and `--lm-head-int8` (requantized weights:
-// docs/quantization.md, docs/kernels-int8.md), shared by `generate`, `serve` and `perplexity`.
-inline void add_int8_flags(CLI::App& app, GemmInt8Options& o) {
-  bool& projections = o.projections;
-  bool& lm_head = o.lm_head;
-  app.add_option_function<std::string>(
-         "--expert-dtype", [&o](const std::string& v) { o.experts = weight_format_from_name(v); },
-         "The routed experts' weights: fp8 (the checkpoint's) | int8 (per 1x128, symmetric) | "
-         "int4 (per 1x128, asymmetric: 0.5625 bytes per weight, DeepSeek-V3 in ~390 GB); "
-         "requantized at load, changes numerics (docs/quantization.md). Default: the other "
-         "projections' format")
-      ->check(CLI::IsMember({"fp8", "int8", "int4"}));
-  app.add_flag("--gemm-int8", projections,
-               "Run every FP8 projection (attention, MLPs, experts) as INT8 GEMMs: weights "
-               "requantized per 1x128 at load, activations per call (AMX/VNNI INT8 dot products; "
-               "changes numerics, see docs/kernels-int8.md for the measured accuracy)");
-  app.add_flag("--lm-head-int8", lm_head,
-               "Requantize the BF16 lm_head to INT8 per 1x128 (half its bytes per decoded token; "
-               "changes numerics)");
 }
 
 // `--weight-cache DIR` (model/weight_cache.h, docs/memory.md), shared by `generate`, `serve`

@@ -38,36 +38,38 @@ double proj_bytes(const WeightView& w, WeightFormat format) {
          : format == WeightFormat::kInt4 ? int4_bytes(w)
                                          : view_bytes(w);
 }
-double proj_bytes(const WeightView& w, const GemmInt8Options& int8) {
-  return proj_bytes(w, int8.projection_format());
+double proj_bytes(const WeightView& w, const WeightFormats& formats) {
+  return proj_bytes(w, formats.projections);
 }
 double mlp_bytes(const MlpWeights& m, WeightFormat format) {
   return proj_bytes(m.gate, format) + proj_bytes(m.up, format) + proj_bytes(m.down, format);
 }
-double mlp_bytes(const MlpWeights& m, const GemmInt8Options& int8) {
-  return mlp_bytes(m, int8.projection_format());
+double mlp_bytes(const MlpWeights& m, const WeightFormats& formats) {
+  return mlp_bytes(m, formats.projections);
 }
 
 // Bytes one decode step at batch 1 must read: every non-expert weight, top-k experts per MoE
 // layer (taking the average expert size), one embedding row, and the KV of `context` tokens.
 double bytes_per_token(const ModelConfig& c, const ModelWeights& w, int64_t context,
-                       const GemmInt8Options& int8) {
-  double b = double(w.embed.cols) * double(dtype_size(w.embed.dtype)) +
-             (int8.lm_head ? int8_bytes(w.lm_head) : view_bytes(w.lm_head));
+                       const WeightFormats& formats) {
+  const double head = formats.lm_head == HeadFormat::kInt8   ? int8_bytes(w.lm_head)
+                      : formats.lm_head == HeadFormat::kInt4 ? int4_bytes(w.lm_head)
+                                                             : view_bytes(w.lm_head);
+  double b = double(w.embed.cols) * double(dtype_size(w.embed.dtype)) + head;
   for (const LayerWeights& L : w.layers) {
     const AttentionWeights& A = L.attn;
-    if (A.q_a) b += proj_bytes(*A.q_a, int8);
+    if (A.q_a) b += proj_bytes(*A.q_a, formats);
     // (kv_b_proj stays FP8 for the absorbed attention's F32 GEMMs.)
-    b += proj_bytes(A.q_b, int8) + proj_bytes(A.kv_a, int8) + view_bytes(A.kv_b) +
-         proj_bytes(A.o, int8);
-    if (L.mlp) b += mlp_bytes(*L.mlp, int8);
+    b += proj_bytes(A.q_b, formats) + proj_bytes(A.kv_a, formats) + view_bytes(A.kv_b) +
+         proj_bytes(A.o, formats);
+    if (L.mlp) b += mlp_bytes(*L.mlp, formats);
     if (L.moe) {
       b += view_bytes(L.moe->gate);
-      if (L.moe->shared) b += mlp_bytes(*L.moe->shared, int8);
+      if (L.moe->shared) b += mlp_bytes(*L.moe->shared, formats);
       double experts = 0;
       int n = 0;
       for (const auto& e : L.moe->experts) {
-        if (e) experts += mlp_bytes(*e, int8.expert_format()), ++n;
+        if (e) experts += mlp_bytes(*e, formats.expert_format()), ++n;
       }
       if (n > 0) b += experts / n * double(c.num_experts_per_tok);
     }
@@ -83,7 +85,7 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, const ThreadPool& p
   ModelOptions mo;  // the served defaults: fast path, absorbed attention, BF16 latent cache
   mo.model_dir = o.model_dir;
   mo.threads = pool.size();
-  mo.int8 = o.int8;
+  mo.formats = o.formats;
   mo.kv_blocks = blocks_for(total);
   auto loaded = LoadedModel::open(mo);
   if (!loaded.ok()) {
@@ -119,7 +121,7 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, const ThreadPool& p
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double tps = o.decode_tokens / secs;
   double bytes = bytes_per_token(c, (*loaded)->checkpoint().weights(),
-                                 o.prompt_tokens + o.decode_tokens / 2, o.int8);
+                                 o.prompt_tokens + o.decode_tokens / 2, o.formats);
   double roofline = ceil.dram_read_gbps * 1e9 / bytes;
   if (o.json) {
     nlohmann::ordered_json j = {{"kernel", "e2e"},
@@ -129,9 +131,9 @@ int run_e2e_bench(const E2eOptions& o, const Ceilings& ceil, const ThreadPool& p
                                 {"roofline_tokens_per_s", roofline},
                                 {"roofline_ratio", tps / roofline},
                                 {"bytes_per_token", bytes},
-                                {"gemm_int8", o.int8.projections},
-                                {"lm_head_int8", o.int8.lm_head},
-                                {"expert_dtype", weight_format_name(o.int8.expert_format())},
+                                {"projection_dtype", weight_format_name(o.formats.projections)},
+                                {"lm_head_dtype", head_format_name(o.formats.lm_head)},
+                                {"expert_dtype", weight_format_name(o.formats.expert_format())},
                                 {"dram_read_gbps", ceil.dram_read_gbps}};
     fmt::print("{}\n", j.dump());
   } else {

@@ -15,7 +15,7 @@ struct E2eOptions {
   bool json = false;
   int prompt_tokens = 32;
   int decode_tokens = 32;
-  GemmInt8Options int8;  // --gemm-int8, --lm-head-int8 (the bytes per token counted as stored)
+  WeightFormats formats;  // the requantized weights (the bytes per token counted as stored)
 };
 
 // Returns a process exit code.

@@ -15,6 +15,7 @@
 #include "gemm_bench.h"
 #include "kernels/cpu_features.h"
 #include "machine.h"
+#include "moeserve/format_flags.h"
 
 int main(int argc, char** argv) {
   using namespace moeserve;
@@ -38,13 +39,7 @@ int main(int argc, char** argv) {
   e2e->add_option("--model", e2e_options.model_dir, "checkpoint directory")->required();
   e2e->add_flag("--json", e2e_options.json, "one JSON object");
   e2e->add_option("--decode-tokens", e2e_options.decode_tokens, "tokens to time");
-  e2e->add_flag("--gemm-int8", e2e_options.int8.projections, "projections as INT8 GEMMs");
-  e2e->add_flag("--lm-head-int8", e2e_options.int8.lm_head, "the lm_head as an INT8 GEMM");
-  e2e->add_option_function<std::string>(
-         "--expert-dtype",
-         [&](const std::string& v) { e2e_options.int8.experts = weight_format_from_name(v); },
-         "the routed experts' format: fp8 | int8 | int4")
-      ->check(CLI::IsMember({"fp8", "int8", "int4"}));
+  cli::add_format_flags(*e2e, e2e_options.formats);
   e2e->add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024));
   CLI::App* v4 = app.add_subcommand(
       "v4", "DeepSeek-V4 decode at long contexts and prefill against the roofline");

@@ -47,22 +47,13 @@ uint8_t PackedInt4Weight::at(int64_t row, int64_t col) const {
 
 namespace {
 
-// value(row, col): the weight's F32 value (exact).
+// value(row, col): the weight's F32 value (exact). Panels [p0, p1) of p, whose tiles and scales
+// are zero on entry.
 template <class Value>
-PackedInt4Weight pack_int4(const Value& value, int64_t n, int64_t k) {
-  CHECK(n > 0 && k > 0, "pack_int4_weight: empty weight");
-  PackedInt4Weight p;
-  p.n = n;
-  p.k = k;
-  const size_t bytes = p.tile_bytes();
-  p.data = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)),
-                                      [](uint8_t* q) { std::free(q); });
-  CHECK(p.data != nullptr, "packing a weight: out of memory");
-  std::memset(p.data.get(), 0, bytes);
-  p.scales.assign(size_t(p.n_panels() * p.k_blocks() * 2 * kCols), 0.0f);
-  const int64_t kbn = p.k_blocks();
+void pack_panels_int4(const Value& value, PackedInt4Weight& p, int64_t p0, int64_t p1) {
+  const int64_t n = p.n, k = p.k, kbn = p.k_blocks();
   float v[kBk];
-  for (int64_t panel = 0; panel < p.n_panels(); ++panel) {
+  for (int64_t panel = p0; panel < p1; ++panel) {
     for (int64_t kb = 0; kb < kbn; ++kb) {
       uint8_t* t = p.data.get() + (panel * kbn + kb) * PackedInt4Weight::kTileBytes;
       float* sw = &p.scales[size_t((panel * kbn + kb) * 2 * kCols)];
@@ -89,6 +80,32 @@ PackedInt4Weight pack_int4(const Value& value, int64_t n, int64_t k) {
       }
     }
   }
+}
+
+// Zeroed tiles and scales of an [n, k] weight.
+PackedInt4Weight empty_packed_int4(int64_t n, int64_t k) {
+  CHECK(n > 0 && k > 0, "pack_int4_weight: empty weight");
+  PackedInt4Weight p;
+  p.n = n;
+  p.k = k;
+  const size_t bytes = p.tile_bytes();
+  p.data = std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)),
+                                      [](uint8_t* q) { std::free(q); });
+  CHECK(p.data != nullptr, "packing a weight: out of memory");
+  std::memset(p.data.get(), 0, bytes);
+  p.scales.assign(size_t(p.n_panels() * p.k_blocks() * 2 * kCols), 0.0f);
+  return p;
+}
+
+template <class Value>
+PackedInt4Weight pack_int4(const Value& value, int64_t n, int64_t k, ThreadPool* pool = nullptr) {
+  PackedInt4Weight p = empty_packed_int4(n, k);
+  auto panels = [&](int64_t p0, int64_t p1) { pack_panels_int4(value, p, p0, p1); };
+  if (pool) {
+    pool->parallel_for(p.n_panels(), panels);
+  } else {
+    panels(0, p.n_panels());
+  }
   return p;
 }
 
@@ -101,6 +118,13 @@ PackedInt4Weight pack_int4_weight(const uint8_t* w, const float* scale_inv, int6
         return fp8e4m3_to_f32(w[row * k + col]) * scale_inv[(row / kBk) * kbn + col / kBk];
       },
       n, k);
+}
+
+PackedInt4Weight pack_int4_weight_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ldw,
+                                       ThreadPool* pool) {
+  CHECK(ldw >= k, "pack_int4_weight_bf16: row stride shorter than a row");
+  return pack_int4([&](int64_t row, int64_t col) { return bf16_to_f32(w[row * ldw + col]); }, n, k,
+                   pool);
 }
 
 PackedInt4Weight pack_int4_weight(const PackedFp8Weight& w) {

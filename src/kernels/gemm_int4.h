@@ -73,6 +73,10 @@ struct PackedInt4Weight {
 PackedInt4Weight pack_int4_weight(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k);
 // From a packed FP8 weight (the same values as from the checkpoint).
 PackedInt4Weight pack_int4_weight(const PackedFp8Weight& w);
+// From BF16 bits [n, k], row stride ldw (the lm_head with --lm-head-dtype int4); the panels
+// spread over the pool when one is given.
+PackedInt4Weight pack_int4_weight_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ldw,
+                                       ThreadPool* pool = nullptr);
 
 // x: BF16 bits [m, w.k], row stride ldx. The INT4 levels: AMX, AVX-512 VNNI where the CPU has
 // AVX-512 BF16, else scalar.

@@ -6,7 +6,7 @@
 // checkpoint is chosen from its config.json (model/family.h).
 //
 // Also here: the options every family's forward pass takes (compute path, attention form, the
-// opt-in 8-bit GEMMs) and the step's input and output rows.
+// opt-in requantized weights) and the step's input and output rows.
 //
 // A model is called by one thread at a time (the engine's step thread); it may use a thread
 // pool for its parallel loops.
@@ -41,20 +41,22 @@ enum class AttentionMode { kNaive, kAbsorbed };
 //              path, held to 5e-2).
 enum class ComputePath { kReference, kFast };
 
-// The fast path's opt-in 8-bit GEMMs (docs/kernels-int8.md): they change numerics, so
-// `projections` is part of the model fingerprint (it changes the latent cache's bits; the
-// lm_head changes only the logits).
-struct GemmInt8Options {
-  bool projections = false;  // --gemm-int8: every FP8 projection (attention, MLPs, experts)
-  bool lm_head = false;      // --lm-head-int8: the BF16 lm_head requantized per 1x128
+// The fast path's opt-in requantized weights (docs/quantization.md, docs/kernels-int8.md): they
+// change numerics, so the projections' and the experts' formats are part of the model
+// fingerprint (they change the latent cache's bits; the lm_head changes only the logits).
+struct WeightFormats {
+  // --projection-dtype (--gemm-int8: int8): every FP8 projection (attention, dense and shared
+  // MLPs, and the routed experts unless `experts` says otherwise).
+  WeightFormat projections = WeightFormat::kFp8;
+  HeadFormat lm_head = HeadFormat::kBf16;  // --lm-head-dtype (--lm-head-int8: int8)
   // --expert-dtype: the routed experts' format when given (docs/quantization.md); otherwise
-  // theirs is the other projections' (INT8 with --gemm-int8, else FP8).
+  // theirs is the other projections'.
   std::optional<WeightFormat> experts;
 
-  WeightFormat projection_format() const {
-    return projections ? WeightFormat::kInt8 : WeightFormat::kFp8;
+  WeightFormat expert_format() const { return experts ? *experts : projections; }
+  bool requantized() const {
+    return projections != WeightFormat::kFp8 || lm_head != HeadFormat::kBf16 || experts;
   }
-  WeightFormat expert_format() const { return experts ? *experts : projection_format(); }
 };
 
 struct StepSequence {

@@ -54,7 +54,7 @@ void add_into(float* x, const float* y, int64_t count) {
 
 DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weights,
                              Dispatcher& dispatcher, ThreadPool* pool, AttentionMode mode,
-                             ComputePath path, bool overlap, bool progress, GemmInt8Options int8,
+                             ComputePath path, bool overlap, bool progress, WeightFormats formats,
                              const WeightCacheOptions& weight_cache)
     : config_(config),
       weights_(weights),
@@ -64,9 +64,9 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, const ModelWeights& weig
       path_(path),
       overlap_(overlap),
       rope_(rope_params(config)),
-      int8_(int8),
+      formats_(formats),
       experts_(config, weights, path == ComputePath::kFast ? &packed_ : nullptr,
-               int8.expert_format()) {
+               formats.expert_format()) {
   if (path_ == ComputePath::kFast) prepare_fast_path(progress, weight_cache);
 }
 
@@ -105,10 +105,8 @@ void DeepseekModel::linear(const float* x, int64_t m, int64_t ldx, const WeightV
   for (int64_t i = 0; i < m; ++i) f32_to_bf16_row(x + i * ldx, k, &x_bf16_[size_t(i * k)]);
   if (w.dtype == DType::kF8E4M3) {
     gemm_linear(x_bf16_.data(), m, k, packed_.at(w.data), {y, DType::kF32, ldy}, pool_);
-  } else if (&w == &weights_.lm_head && head_int8_.data) {
-    gemm_int8(x_bf16_.data(), m, k, head_int8_, {y, DType::kF32, ldy}, pool_);
-  } else if (auto it = packed_bf16_.find(w.data); it != packed_bf16_.end()) {
-    gemm_bf16_packed(x_bf16_.data(), m, k, it->second, y, ldy, pool_);
+  } else if (&w == &weights_.lm_head && !head_.empty()) {
+    head_.gemm(x_bf16_.data(), m, k, y, ldy, pool_);
   } else {
     gemm_bf16(x_bf16_.data(), m, k, reinterpret_cast<const uint16_t*>(w.data), w.rows, k, k, y, ldy,
               pool_);
@@ -252,12 +250,7 @@ void DeepseekModel::head(std::span<const StepSequence> batch, const float* x,
     x_bf16_.resize(size_t(n_logits * H));
     f32_to_bf16_row(head_in, n_logits * H, x_bf16_.data());
     std::vector<float> y(size_t(n_logits * n_live));  // [n_logits, live rows]
-    if (compact_head_.int8.data) {
-      gemm_int8(x_bf16_.data(), n_logits, H, compact_head_.int8, {y.data(), DType::kF32, n_live},
-                pool_);
-    } else {
-      gemm_bf16_packed(x_bf16_.data(), n_logits, H, compact_head_.packed, y.data(), n_live, pool_);
-    }
+    compact_head_.packed.gemm(x_bf16_.data(), n_logits, H, y.data(), n_live, pool_);
     for (int64_t i = 0; i < n_logits; ++i) {
       float* l = &out->logits[size_t(i * c.vocab_size)];
       for (int64_t j = 0; j < n_live; ++j) l[live[size_t(j)]] = y[size_t(i * n_live + j)];

@@ -30,6 +30,8 @@
 #include "ep/dispatcher.h"
 #include "ep/expert_migration.h"
 #include "kernels/gemm_fp8.h"
+#include "kernels/gemm_int4.h"
+#include "kernels/gemm_int8.h"
 #include "kernels/mla_decode.h"
 #include "kernels/rope.h"
 #include "model/causal_lm.h"
@@ -65,7 +67,7 @@ class DeepseekModel final : public CausalLm {
   DeepseekModel(const ModelConfig& config, const ModelWeights& weights, Dispatcher& dispatcher,
                 ThreadPool* pool, AttentionMode mode = AttentionMode::kAbsorbed,
                 ComputePath path = ComputePath::kReference, bool overlap = true,
-                bool progress = false, GemmInt8Options int8 = {},
+                bool progress = false, WeightFormats formats = {},
                 const WeightCacheOptions& weight_cache = {});
 
   const ModelConfig& config() const override { return config_; }
@@ -223,18 +225,27 @@ class DeepseekModel final : public CausalLm {
   bool overlap_ = true;
   int64_t overlap_min_tokens_ = -1;
   RopeTable rope_;
-  GemmInt8Options int8_;
+  WeightFormats formats_;
   // Fast path: FP8 weights repacked for gemm_fp8 (or requantized for gemm_int8), keyed by the
   // checkpoint bytes they came from.
   PackedLinears packed_;
-  std::unordered_map<const uint8_t*, PackedBf16Weight> packed_bf16_;  // the lm_head
-  PackedInt8Weight head_int8_;  // the lm_head with int8_.lm_head (then packed_bf16_ has none)
-  // Fast path, a BF16 lm_head with at least a quarter of its rows +0.0: only the other rows,
-  // packed (fast_path.cpp); then packed_bf16_ does not hold the head.
+  // Fast path: the BF16 lm_head in formats_.lm_head (one of the three held), whole or, when at
+  // least a quarter of its rows are +0.0, only the other rows (compact_head_; fast_path.cpp).
+  struct PackedHead {
+    PackedBf16Weight bf16;
+    PackedInt8Weight int8;
+    PackedInt4Weight int4;
+
+    bool empty() const { return !bf16.data && !int8.data && !int4.data; }
+    // y [m, n] F32 (row stride ldy) = x [m, k] BF16 (row stride ldx) times the head's rows.
+    void gemm(const uint16_t* x, int64_t m, int64_t ldx, float* y, int64_t ldy,
+              ThreadPool* pool) const;
+  };
+  PackedHead pack_head(const uint16_t* w, int64_t n, int64_t k) const;  // BF16 rows [n, k]
+  PackedHead head_;  // the whole head (empty when compact_head_ holds it)
   struct CompactHead {
     std::vector<int32_t> rows;  // vocabulary ids of the packed rows, ascending
-    PackedBf16Weight packed;
-    PackedInt8Weight int8;  // instead of packed, with int8_.lm_head
+    PackedHead packed;
   } compact_head_;
   std::vector<uint16_t> x_bf16_;  // scratch: the GEMM input in BF16
   // Scratch of the routed experts (moe, experts_grouped) and of mlp() (shared experts, dense

@@ -17,7 +17,7 @@ std::unique_ptr<CausalLm> make_deepseek(const ModelConfig& config, const ModelWe
                                         const ForwardOptions& o,
                                         const WeightCacheOptions& weight_cache) {
   return std::make_unique<DeepseekModel>(config, weights, dispatcher, pool, o.attention, o.compute,
-                                         o.overlap, o.progress, o.int8, weight_cache);
+                                         o.overlap, o.progress, o.formats, weight_cache);
 }
 
 Status v3_supports(const ModelConfig& config, const ForwardOptions& o) {
@@ -27,10 +27,11 @@ Status v3_supports(const ModelConfig& config, const ForwardOptions& o) {
 // V4's experts are FP4 as published and its projections FP8; the requantizing options (built
 // for V3's FP8 experts) are not wired to its forward pass.
 Status v4_supports(const ModelConfig&, const ForwardOptions& o) {
-  if (o.int8.projections || o.int8.lm_head || o.int8.experts) {
+  if (o.formats.requantized()) {
     return InvalidArgument(
         "DeepSeek-V4 runs its FP8 projections and FP4 experts as published: --gemm-int8, "
-        "--lm-head-int8 and --expert-dtype are not supported for it yet (docs/deepseek-v4.md)");
+        "--lm-head-int8, --projection-dtype, --lm-head-dtype and --expert-dtype are not supported "
+        "for it yet (docs/deepseek-v4.md)");
   }
   return Status::Ok();
 }

@@ -33,7 +33,7 @@ struct WeightCacheOptions;
 struct ForwardOptions {
   ComputePath compute = ComputePath::kFast;
   AttentionMode attention = AttentionMode::kAbsorbed;
-  GemmInt8Options int8;
+  WeightFormats formats;
   bool overlap = true;    // EP: dual micro-batch overlap
   bool progress = false;  // weight preparation progress on stderr
 };

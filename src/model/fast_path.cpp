@@ -60,17 +60,17 @@ namespace {
 // the packed bytes, and where each packed tensor lies in the checkpoint (which experts this
 // process holds). Null when a tensor is not in a mapped checkpoint file (weights built in
 // memory): those are not cached.
-std::optional<uint64_t> weight_cache_key(uint64_t model_key, const GemmInt8Options& int8,
+std::optional<uint64_t> weight_cache_key(uint64_t model_key, const WeightFormats& formats,
                                          std::span<const WeightView* const> sources,
                                          std::span<const DeepseekModel::PackJob> jobs) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   auto add = [&](const auto& v) { XXH3_64bits_update(st, &v, sizeof v); };
-  const uint64_t version = 1;  // of the packed layouts and the file
+  const uint64_t version = 2;  // of the packed layouts and the file (2: the head's format)
   add(version);
   add(model_key);
-  add(int8.projections);
-  add(int8.lm_head);
+  add(formats.projections);
+  add(formats.lm_head);
   for (const DeepseekModel::PackJob& j : jobs) add(j.format);
   bool ok = true;
   for (const WeightView* w : sources) {
@@ -92,7 +92,7 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
     CHECK(w.block_rows == 128 && w.block_cols == 128, "gemm_fp8 needs 128x128 scale blocks");
     jobs.push_back({&w, &packed_[w.data], format});
   };
-  const WeightFormat dense = int8_.projection_format(), routed = int8_.expert_format();
+  const WeightFormat dense = formats_.projections, routed = formats_.expert_format();
   auto pack_mlp = [&](const MlpWeights& m, WeightFormat format) {
     pack(m.gate, format);
     pack(m.up, format);
@@ -148,8 +148,7 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
   const WeightView& head = weights_.lm_head;
   const bool bf16_head = head.dtype == DType::kBF16 && head.rows > 0;
   std::vector<int32_t> head_rows;
-  PackedBf16Weight head_bf16;
-  PackedInt8Weight head_int8;
+  PackedHead head_packed;
   std::vector<CachedWeight> items;
   std::vector<const WeightView*> sources;
   for (const PackJob& j : jobs) {
@@ -162,8 +161,11 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
   }
   if (bf16_head) {
     items.push_back({nullptr, nullptr, nullptr, &head_rows});
-    items.push_back(int8_.lm_head ? CachedWeight{nullptr, &head_int8}
-                                  : CachedWeight{nullptr, nullptr, &head_bf16});
+    CachedWeight c;
+    if (formats_.lm_head == HeadFormat::kBf16) c.bf16 = &head_packed.bf16;
+    if (formats_.lm_head == HeadFormat::kInt8) c.int8 = &head_packed.int8;
+    if (formats_.lm_head == HeadFormat::kInt4) c.int4 = &head_packed.int4;
+    items.push_back(c);
     sources.push_back(&head);
   }
   // The head's tiles where forward() looks for them: the compact head's, or the whole one's.
@@ -171,17 +173,14 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
     if (!bf16_head) return;
     if (!head_rows.empty()) {
       compact_head_.rows = std::move(head_rows);
-      compact_head_.packed = std::move(head_bf16);
-      compact_head_.int8 = std::move(head_int8);
-    } else if (int8_.lm_head) {
-      head_int8_ = std::move(head_int8);
+      compact_head_.packed = std::move(head_packed);
     } else {
-      packed_bf16_[head.data] = std::move(head_bf16);
+      head_ = std::move(head_packed);
     }
   };
   std::optional<uint64_t> key;
   std::string cache_file;
-  if (!cache.dir.empty()) key = weight_cache_key(cache.model_key, int8_, sources, jobs);
+  if (!cache.dir.empty()) key = weight_cache_key(cache.model_key, formats_, sources, jobs);
   if (key) {
     cache_file = weight_cache_path(cache.dir, *key);
     const Status loaded = load_weight_cache(cache_file, *key, items, pool_);
@@ -196,7 +195,8 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
   }
 
   // The BF16 lm_head in the tiled layout (docs/kernels-gemm.md: no horizontal sums at M >= 8),
-  // or requantized to INT8 (int8_.lm_head: half the bytes per decoded token).
+  // or requantized to INT8 or INT4 (formats_.lm_head: a half or 0.28 of the bytes per decoded
+  // token).
   if (bf16_head) {
     // A head whose vocabulary is mostly unused (rows of +0.0: a model trained on a subset of
     // its tokenizer, as tiny-py) keeps only its other rows: those logits are the same bits
@@ -215,16 +215,9 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
         std::copy_n(w + live[i] * head.cols, head.cols, &rows[i * size_t(head.cols)]);
       }
       head_rows = std::move(live);
-      const int64_t n = int64_t(head_rows.size());
-      if (int8_.lm_head) {
-        head_int8 = pack_int8_weight_bf16(rows.data(), n, head.cols, head.cols, pool_);
-      } else {
-        head_bf16 = pack_bf16_weight(rows.data(), n, head.cols, head.cols, pool_);
-      }
-    } else if (int8_.lm_head) {
-      head_int8 = pack_int8_weight_bf16(w, head.rows, head.cols, head.cols, pool_);
+      head_packed = pack_head(rows.data(), int64_t(head_rows.size()), head.cols);
     } else {
-      head_bf16 = pack_bf16_weight(w, head.rows, head.cols, head.cols, pool_);
+      head_packed = pack_head(w, head.rows, head.cols);
     }
     // (When the head is the tied embedding, the rows a prompt embeds fault back in.)
     release_file_pages(head.data, head.bytes());
@@ -238,6 +231,33 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
     if (saved.ok() && progress) fmt::print(stderr, "prepared weights written to {}\n", cache_file);
   }
   place_head();
+}
+
+DeepseekModel::PackedHead DeepseekModel::pack_head(const uint16_t* w, int64_t n, int64_t k) const {
+  PackedHead p;
+  switch (formats_.lm_head) {
+    case HeadFormat::kBf16:
+      p.bf16 = pack_bf16_weight(w, n, k, k, pool_);
+      break;
+    case HeadFormat::kInt8:
+      p.int8 = pack_int8_weight_bf16(w, n, k, k, pool_);
+      break;
+    case HeadFormat::kInt4:
+      p.int4 = pack_int4_weight_bf16(w, n, k, k, pool_);
+      break;
+  }
+  return p;
+}
+
+void DeepseekModel::PackedHead::gemm(const uint16_t* x, int64_t m, int64_t ldx, float* y,
+                                     int64_t ldy, ThreadPool* pool) const {
+  if (int8.data) {
+    gemm_int8(x, m, ldx, int8, {y, DType::kF32, ldy}, pool);
+  } else if (int4.data) {
+    gemm_int4(x, m, ldx, int4, {y, DType::kF32, ldy}, pool);
+  } else {
+    gemm_bf16_packed(x, m, ldx, bf16, y, ldy, pool);
+  }
 }
 
 void DeepseekModel::pack_projections(std::span<const PackJob> jobs, bool progress) {

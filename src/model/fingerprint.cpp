@@ -69,7 +69,7 @@ Result<std::string> weight_samples(const std::filesystem::path& p, uint64_t head
 }  // namespace
 
 Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
-                                   ComputePath compute, bool mtp, bool gemm_int8,
+                                   ComputePath compute, bool mtp, WeightFormat projections,
                                    std::optional<WeightFormat> experts) {
   namespace fs = std::filesystem;
   XXH3_state_t* st = XXH3_createState();
@@ -115,10 +115,12 @@ Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
   }
   add(fmt::format("kv_dtype={} compute={} layout={}", int(kv_dtype), int(compute),
                   kKvLayoutVersion));
-  if (mtp) add("mtp");              // blocks then carry the MTP layer too (docs/mtp.md)
-  if (gemm_int8) add("gemm_int8");  // the projections' numerics (docs/kernels-int8.md)
+  if (mtp) add("mtp");  // blocks then carry the MTP layer too (docs/mtp.md)
+  // The projections' numerics (docs/kernels-int8.md, docs/quantization.md); INT8 keeps the
+  // name it had before INT4 projections, so its caches stay valid.
+  if (projections == WeightFormat::kInt8) add("gemm_int8");
+  if (projections == WeightFormat::kInt4) add("projections_int4");
   // The routed experts' format when it is not the other projections' (docs/quantization.md).
-  const WeightFormat projections = gemm_int8 ? WeightFormat::kInt8 : WeightFormat::kFp8;
   if (experts && *experts != projections) {
     add(std::string("experts_") + weight_format_name(*experts));
   }

@@ -6,8 +6,8 @@
 // .safetensors file in the directory (names, dtypes, shapes, byte ranges) and four 16 KB
 // samples of its tensor data (checkpoints with identical headers, such as DeepSeek-V3 and R1,
 // differ there), the KV dtype, the compute path (it changes how the latent is rounded),
-// kKvLayoutVersion, whether blocks hold the MTP module's layer, whether the projections run
-// as INT8 GEMMs (--gemm-int8: the latent's bits change) and the routed experts' format
+// kKvLayoutVersion, whether blocks hold the MTP module's layer, the projections' format
+// (--projection-dtype / --gemm-int8: the latent's bits change) and the routed experts' format
 // (--expert-dtype).
 #pragma once
 
@@ -22,10 +22,11 @@
 namespace moeserve {
 
 // Errors name the file that could not be read.
-// experts: the routed experts' format when given (GemmInt8Options::experts; none: the other
+// experts: the routed experts' format when given (WeightFormats::experts; none: the other
 // projections').
 Result<uint64_t> model_fingerprint(const std::string& model_dir, DType kv_dtype,
-                                   ComputePath compute, bool mtp = false, bool gemm_int8 = false,
+                                   ComputePath compute, bool mtp = false,
+                                   WeightFormat projections = WeightFormat::kFp8,
                                    std::optional<WeightFormat> experts = std::nullopt);
 
 }  // namespace moeserve

@@ -22,7 +22,7 @@ Result<std::unique_ptr<LoadedModel>> LoadedModel::open(const ModelOptions& o, Di
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::open(o.model_dir, load));
   const ModelConfig& c = ck->config();
-  const ForwardOptions forward{o.compute, o.attention, o.int8, o.overlap, o.progress};
+  const ForwardOptions forward{o.compute, o.attention, o.formats, o.overlap, o.progress};
   RETURN_IF_ERROR(family->supports(c, forward).with_context(o.model_dir));
   const KvLayout layout = family->kv_layout(c, o.kv_dtype, o.mtp);
   RETURN_IF_ERROR(kv_layout_status(layout).with_context(o.model_dir));
@@ -40,8 +40,8 @@ Result<std::unique_ptr<LoadedModel>> LoadedModel::open(const ModelOptions& o, Di
   }
   if (num_blocks > INT32_MAX) num_blocks = INT32_MAX;
   ASSIGN_OR_RETURN(uint64_t fingerprint,
-                   model_fingerprint(o.model_dir, o.kv_dtype, o.compute, o.mtp, o.int8.projections,
-                                     o.int8.experts));
+                   model_fingerprint(o.model_dir, o.kv_dtype, o.compute, o.mtp,
+                                     o.formats.projections, o.formats.experts));
   std::unique_ptr<DiskTier> disk;  // before the weights are prepared (minutes for V3)
   if (!o.kv_disk_dir.empty()) {
     ASSIGN_OR_RETURN(
@@ -74,7 +74,7 @@ LoadedModel::LoadedModel(const ModelOptions& o, std::unique_ptr<Checkpoint> chec
                         /*bf16_rows=*/o.compute == ComputePath::kFast),
       ep_(ep) {
   model_ = family.make(checkpoint_->config(), checkpoint_->weights(), dispatcher(), &pool_,
-                       ForwardOptions{o.compute, o.attention, o.int8, o.overlap, o.progress},
+                       ForwardOptions{o.compute, o.attention, o.formats, o.overlap, o.progress},
                        WeightCacheOptions{o.weight_cache_dir, fingerprint});
   model_->set_overlap_min_tokens(o.overlap_min_tokens);
 }

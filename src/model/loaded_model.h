@@ -39,7 +39,7 @@ struct ModelOptions {
   int threads = 0;  // compute threads (0: all cores)
   ComputePath compute = ComputePath::kFast;
   AttentionMode attention = AttentionMode::kAbsorbed;
-  GemmInt8Options int8;          // the fast path's opt-in 8-bit GEMMs (docs/kernels-int8.md)
+  WeightFormats formats;  // the fast path's opt-in requantized weights (docs/quantization.md)
   std::string weight_cache_dir;  // prepared weights on disk (model/weight_cache.h); "": none
   // The KV cache's main format (kernels/kv_token.h): kBF16, kF8E4M3 (FlashMLA's FP8 with
   // scale: 656 bytes per token per layer for V3 against 1,152; needs kv_lora_rank % 128 == 0)

@@ -25,6 +25,25 @@ std::optional<WeightFormat> weight_format_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+const char* head_format_name(HeadFormat f) {
+  switch (f) {
+    case HeadFormat::kBf16:
+      return "bf16";
+    case HeadFormat::kInt8:
+      return "int8";
+    case HeadFormat::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+std::optional<HeadFormat> head_format_from_name(std::string_view name) {
+  for (HeadFormat f : {HeadFormat::kBf16, HeadFormat::kInt8, HeadFormat::kInt4}) {
+    if (name == head_format_name(f)) return f;
+  }
+  return std::nullopt;
+}
+
 PackedLinear pack_linear(const uint8_t* w, const float* scale_inv, int64_t n, int64_t k,
                          WeightFormat format) {
   PackedLinear p;

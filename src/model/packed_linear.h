@@ -23,6 +23,13 @@ const char* weight_format_name(WeightFormat f);
 // The inverse of weight_format_name ("fp8", "int8", "int4"); nullopt for any other name.
 std::optional<WeightFormat> weight_format_from_name(std::string_view name);
 
+// The lm_head's format on the fast path: the checkpoint's BF16, or requantized per 1x128 at load
+// (INT8 symmetric as gemm_int8, INT4 asymmetric as gemm_int4).
+enum class HeadFormat : uint8_t { kBf16, kInt8, kInt4 };
+const char* head_format_name(HeadFormat f);
+// The inverse of head_format_name ("bf16", "int8", "int4"); nullopt for any other name.
+std::optional<HeadFormat> head_format_from_name(std::string_view name);
+
 struct PackedLinear {
   PackedFp8Weight fp8;
   PackedInt8Weight int8;  // held instead of fp8 on the INT8 path

@@ -122,6 +122,43 @@ TEST(GemmInt4, PackRequantizesEachRowAndKBlockAsymmetrically) {
   EXPECT_EQ(c.at(5, 7), 0);
 }
 
+// The lm_head's BF16 weights (--lm-head-dtype int4) requantize the same way, with or without a
+// pool (the same bytes), and every level gives the contract's bits on them.
+TEST(GemmInt4, Bf16WeightsRequantizeAsFp8Ones) {
+  std::mt19937 rng(9);
+  const int64_t n = 200, k = 300, m = 17, ldw = k + 8;
+  std::vector<uint16_t> wb = random_x(n, ldw, rng);
+  auto value = [&](int64_t j, int64_t kk) { return bf16_to_f32(wb[size_t(j * ldw + kk)]); };
+  PackedInt4Weight w = pack_int4_weight_bf16(wb.data(), n, k, ldw);
+  for (int64_t j = 0; j < n; j += 3) {
+    for (int64_t kb = 0; kb < w.k_blocks(); ++kb) {
+      const int64_t k1 = std::min(k, kb * 128 + 128);
+      float lo = INFINITY, hi = -INFINITY;
+      for (int64_t kk = kb * 128; kk < k1; ++kk) {
+        lo = std::min(lo, value(j, kk));
+        hi = std::max(hi, value(j, kk));
+      }
+      const float sw = w.scale(j, kb);
+      ASSERT_EQ(sw, (hi - lo) / 15.0f) << j << " " << kb;
+      ASSERT_EQ(w.min(j, kb), lo);
+      for (int64_t kk = kb * 128; kk < k1; ++kk) {
+        ASSERT_LE(std::fabs(double(w.at(j, kk)) * sw + lo - value(j, kk)), sw * (0.5 + 1e-4))
+            << j << " " << kk;
+      }
+    }
+  }
+  ThreadPool pool(2);
+  PackedInt4Weight wp = pack_int4_weight_bf16(wb.data(), n, k, ldw, &pool);
+  EXPECT_EQ(std::memcmp(wp.data.get(), w.data.get(), w.tile_bytes()), 0);
+  EXPECT_EQ(wp.scales, w.scales);
+  std::vector<uint16_t> x = random_x(m, k, rng);
+  for (Isa isa : testing::isa_levels()) {
+    std::vector<float> y(size_t(m * n));
+    gemm_int4(x.data(), m, k, w, GemmOutput{y.data(), DType::kF32, n}, &pool, isa);
+    expect_contract(x.data(), m, k, w, y.data(), DType::kF32, n, isa_name(isa));
+  }
+}
+
 // Dense: row counts 1..300, N and K off every grid, F32 and BF16 outputs, every level
 // bit-exact to the contract.
 TEST(GemmInt4, DenseGivesTheContractsBitsAtEveryLevel) {

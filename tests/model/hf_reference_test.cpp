@@ -295,7 +295,7 @@ TEST(HfReferenceInt8, TrainedFixturesAlongTheReferencePath) {
     LocalDispatcher dispatcher(cfg.n_routed_experts);
     DeepseekModel model(cfg, (*ck)->weights(), dispatcher, &pool, AttentionMode::kAbsorbed,
                         ComputePath::kFast, /*overlap=*/true, /*progress=*/false,
-                        GemmInt8Options{true, true, std::nullopt});
+                        WeightFormats{WeightFormat::kInt8, HeadFormat::kInt8, std::nullopt});
     float worst = 0;
     int64_t steps = 0, argmax_checked = 0;
     std::vector<float> lp(size_t(cfg.vocab_size));

@@ -47,7 +47,7 @@ class WeightCacheTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(cache_dir_); }
 
-  std::vector<float> logits(GemmInt8Options int8, const WeightCacheOptions& cache) {
+  std::vector<float> logits(WeightFormats int8, const WeightCacheOptions& cache) {
     const ModelConfig& c = ck_->config();
     LocalDispatcher dispatcher(c.n_routed_experts, /*bf16_rows=*/true);
     DeepseekModel model(c, ck_->weights(), dispatcher, &pool_, AttentionMode::kAbsorbed,
@@ -88,11 +88,13 @@ TEST_F(WeightCacheTest, TheSecondStartMapsTheFirstStartsWeightsAndGetsTheSameBit
   EXPECT_TRUE(same_bits(second, plain));
   // Another model key, or INT8 options: other files, their own bits.
   logits({}, {cache_dir_, 0x5678});
-  const std::vector<float> int8_plain = logits({true, true, std::nullopt}, {});
-  const std::vector<float> int8_first = logits({true, true, std::nullopt}, cache);
-  const std::vector<float> int8_second = logits({true, true, std::nullopt}, cache);
-  GemmInt8Options int4;
-  int4.experts = WeightFormat::kInt4;
+  const std::vector<float> int8_plain =
+      logits({WeightFormat::kInt8, HeadFormat::kInt8, std::nullopt}, {});
+  const std::vector<float> int8_first =
+      logits({WeightFormat::kInt8, HeadFormat::kInt8, std::nullopt}, cache);
+  const std::vector<float> int8_second =
+      logits({WeightFormat::kInt8, HeadFormat::kInt8, std::nullopt}, cache);
+  const WeightFormats int4{WeightFormat::kInt4, HeadFormat::kInt4, std::nullopt};
   const std::vector<float> int4_plain = logits(int4, {});
   const std::vector<float> int4_first = logits(int4, cache);
   const std::vector<float> int4_second = logits(int4, cache);
