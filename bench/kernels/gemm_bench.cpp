@@ -429,7 +429,9 @@ void run_grouped_fp4(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPo
 
 // The lm_head: BF16 weights [vocab, hidden] (the checkpoints keep it in BF16) repacked into the
 // tiled layout (gemm_bf16_packed, what the forward pass runs), F32 logits; the same oneDNN matmul
-// as the baseline (here both read the same bytes).
+// as the baseline (here both read the same bytes). With gemm_int8 / gemm_int4 cases wanted, the
+// head requantized as --lm-head-dtype does, each copy its own memory (vs_bf16: the BF16 head's
+// time over theirs).
 void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& pool, int64_t n,
                  int64_t k, const std::vector<int64_t>& ms, Rng& rng) {
   const double min_s = opt.quick ? 0.15 : 0.4;
@@ -440,6 +442,15 @@ void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
   std::vector<PackedBf16Weight> packed;  // what the forward pass runs (the tiled layout)
   for (int i = 0; i < copies; ++i)
     packed.push_back(pack_bf16_weight(w[size_t(i)].data(), n, k, k, &pool));
+  const bool want_bf16 = wanted(opt, "gemm_bf16");
+  std::vector<PackedInt8Weight> head8;
+  std::vector<PackedInt4Weight> head4;
+  for (int i = 0; i < copies; ++i) {
+    if (wanted(opt, "gemm_int8"))
+      head8.push_back(pack_int8_weight_bf16(w[0].data(), n, k, k, &pool));
+    if (wanted(opt, "gemm_int4"))
+      head4.push_back(pack_int4_weight_bf16(w[0].data(), n, k, k, &pool));
+  }
   for (int64_t m : ms) {
     std::vector<uint16_t> x = random_bf16(size_t(m * k), rng);
     std::vector<float> y(size_t(m * n));
@@ -451,7 +462,24 @@ void run_lm_head(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadPool& 
     OneDnnMatmul base(m, n, k);
     for (int i = 0; i < copies; ++i) base.add_weight(w[size_t(i)].data());
     double tb = time_calls([&](int i) { base.run(i, x.data(), y.data()); }, copies, min_s);
-    report(opt, here, Case{"gemm_bf16", m, n, k, 0, "dense", "bf16"}, t, tb);
+    if (want_bf16) report(opt, here, Case{"gemm_bf16", m, n, k, 0, "dense", "bf16"}, t, tb);
+    // The head requantized (--lm-head-dtype int8 | int4), beside the BF16 one of this case.
+    auto requantized = [&](const char* kernel, auto gemm) {
+      const double dram = measure_dram_read_gbps(pool, 1, min_s);
+      const double tq = time_calls(gemm, copies, min_s);
+      report(opt, local_ceilings(ceil, dram, pool, min_s),
+             Case{kernel, m, n, k, 0, "dense", "bf16"}, tq, tb, t);
+    };
+    if (!head8.empty()) {
+      requantized("gemm_int8", [&](int i) {
+        gemm_int8(x.data(), m, k, head8[size_t(i)], GemmOutput{y.data(), DType::kF32, n}, &pool);
+      });
+    }
+    if (!head4.empty()) {
+      requantized("gemm_int4", [&](int i) {
+        gemm_int4(x.data(), m, k, head4[size_t(i)], GemmOutput{y.data(), DType::kF32, n}, &pool);
+      });
+    }
   }
 }
 
@@ -488,7 +516,9 @@ void run_gemm_benches(const GemmBenchOptions& opt, const Ceilings& ceil, ThreadP
     ms = {1, 4, 256};
   }
   // lm_head of the bench preset (vocab 129280, hidden 2048): batch-1 decode, 32-stream serving.
-  if (want("gemm_bf16")) run_lm_head(opt, ceil, pool, 129280, 2048, {1, 4, 32}, rng);
+  if (want("gemm_bf16") || want("gemm_int8") || want("gemm_int4")) {
+    run_lm_head(opt, ceil, pool, 129280, 2048, {1, 4, 32}, rng);
+  }
   // The INT8 cases run beside the FP8 ones (their vs_bf16 column is the FP8 kernel's time over
   // theirs, measured in the same case).
   if (want("gemm_fp8") || want("gemm_int8")) {
