@@ -7,8 +7,8 @@ pairs a llama.cpp file with moeserve options of about the same bits per weight:
 
   8: Q8_0 (8.5 bits)     vs  --gemm-int8 --lm-head-int8           (8.25: INT8 per 1x128)
      Q8_0                vs  --lm-head-int8                       (FP8 weights, 8-bit lm_head)
-  4: Q4_K_M (~4.9 bits)  vs  --expert-dtype int4 --gemm-int8 --lm-head-int8
-                             (routed experts 4.5 bits, the rest INT8)
+  4: Q4_K_M (~4.9 bits)  vs  --projection-dtype int4 --lm-head-dtype int4
+                                                                  (4.5: INT4 per 1x128)
 
 For each, in ROUNDS alternated rounds (DRAM bandwidth and the VM's share of the cores drift by
 the minute: only ratios from one run mean anything), both engines with --threads:
@@ -71,8 +71,8 @@ MOESERVE_BENCH = os.path.join(ROOT, "build", "moeserve-bench")
 CONFIGS = {  # width -> [(name, llama.cpp type, moeserve flags)]
     "8": [("q8_0_vs_int8", "Q8_0", ["--gemm-int8", "--lm-head-int8"]),
           ("q8_0_vs_fp8", "Q8_0", ["--lm-head-int8"])],
-    "4": [("q4_k_m_vs_int4", "Q4_K_M", ["--expert-dtype", "int4", "--gemm-int8",
-                                        "--lm-head-int8"])],
+    "4": [("q4_k_m_vs_int4", "Q4_K_M", ["--projection-dtype", "int4", "--lm-head-dtype",
+                                        "int4"])],
 }
 
 
