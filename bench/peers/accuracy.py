@@ -3,17 +3,20 @@
 
 The held-out text of tiny-py (assets/models/tiny-py/train_log.json: its held-out files, in
 order) scored by
-  moeserve   `moeserve perplexity --text FILES --max-windows 200` per --expert-dtype / --gemm-int8
-             configuration: nats/token and the change from the checkpoint's FP8;
+  moeserve   `moeserve perplexity --text FILES --max-windows 200` per --expert-dtype /
+             --projection-dtype / --lm-head-dtype configuration: nats/token and the change from
+             the checkpoint's FP8;
   llama.cpp  `llama-perplexity -c 512 --chunks 200` on the files concatenated: the exact F32
              export (tools/export_gguf.py) as the KL-divergence base, then Q8_0 and Q4_K_M made
-             from it by llama-quantize: ln(PPL(Q)/PPL(F32)), mean KL divergence, same top token.
+             from it by llama-quantize: ln(PPL(Q)/PPL(F32)), mean KL divergence, same top token;
+  ik_llama.cpp (with --ik-bin) the same files through its own llama-perplexity, its own F32 run
+             as its base.
 llama.cpp scores the second half of each 512-token chunk, so its absolute perplexity is not
 comparable to moeserve's; each format's change against its own exact weights is. Not in CI.
 Prints one JSON object (docs/quantization.md).
 
 Usage: python3 bench/peers/accuracy.py [--model build/models/tiny-py] [--work build/peers]
-       [--windows 200] [--threads 2]
+       [--windows 200] [--threads 2] [--ik-bin DIR]
 """
 import argparse
 import json
@@ -26,7 +29,8 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 MOESERVE = os.path.join(ROOT, "build", "moeserve")
 CONFIGS = {"fp8": [], "int8_experts": ["--expert-dtype", "int8"],
            "int4_experts": ["--expert-dtype", "int4"],
-           "int4_experts_int8_rest": ["--expert-dtype", "int4", "--gemm-int8", "--lm-head-int8"]}
+           "int4_experts_int8_rest": ["--expert-dtype", "int4", "--gemm-int8", "--lm-head-int8"],
+           "int4_all": ["--projection-dtype", "int4", "--lm-head-dtype", "int4"]}
 
 
 def log(*a):
@@ -48,11 +52,13 @@ def heldout_files(model):
     return files
 
 
-def llama_perplexity(llama_bin, gguf, text, args, base_kld, make_base):
+def llama_perplexity(llama_bin, gguf, text, args, base_kld, make_base, no_repack=True):
     cmd = [os.path.join(llama_bin, "llama-perplexity"), "-m", gguf, "-f", text, "-c", "512",
            "--chunks", str(args.windows), "-t", str(args.threads), "--kl-divergence-base",
            base_kld]
-    if not make_base:
+    if not make_base and not no_repack:
+        cmd += ["--kl-divergence"]
+    elif not make_base:
         # llama.cpp's defaults abort on the quantized files of this MoE on an AMX Xeon
         # (docs/peers.md); without repacking it runs its AVX-512 kernels, the same arithmetic.
         cmd += ["--kl-divergence", "--no-repack"]
@@ -79,9 +85,12 @@ def main():
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "peers"))
     ap.add_argument("--windows", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ik-bin", help="a built ik_llama.cpp bin directory (build_ik_llama_cpp.sh)")
     args = ap.parse_args()
     files = heldout_files(args.model)
     result = {"model": args.model, "windows": args.windows, "moeserve": {}, "llama_cpp": {}}
+    if args.ik_bin:
+        result["ik_llama_cpp"] = {}
 
     for name, flags in CONFIGS.items():
         out = run([MOESERVE, "perplexity", "--model", args.model, "--text", *files,
@@ -113,6 +122,13 @@ def main():
             run([os.path.join(llama_bin, "llama-quantize"), f32, qf, q])
         result["llama_cpp"][q] = llama_perplexity(llama_bin, qf, text, args, kld, False)
         log(q, json.dumps(result["llama_cpp"][q]))
+    if args.ik_bin:  # the same files, ik_llama.cpp's own F32 logits as its base
+        ik_kld = stem + "-F32.ik.kld"
+        result["ik_llama_cpp"]["F32"] = llama_perplexity(args.ik_bin, f32, text, args, ik_kld, True)
+        for q in ("Q8_0", "Q4_K_M"):
+            result["ik_llama_cpp"][q] = llama_perplexity(args.ik_bin, f"{stem}-{q}.gguf", text, args,
+                                                         ik_kld, False, no_repack=False)
+            log("ik", q, json.dumps(result["ik_llama_cpp"][q]))
     print(json.dumps(result, indent=1))
 
 

@@ -38,6 +38,10 @@ struct PreparedRequest {
   // A resumed stream (Last-Event-ID: the events up to this id are the client's already): the
   // stream leaves them out; pump() ends a delta at the tokens they account for.
   std::optional<int64_t> resume_after;
+  // SSE events carry `id:` lines (docs/fault-tolerance.md): only a keyed request (Idempotency-Key)
+  // can be resumed, so only its stream has them; others are `data:` lines alone, as OpenAI's,
+  // vLLM's and SGLang's streams are (clients such as `vllm bench serve` read nothing else).
+  bool event_ids = false;
 };
 
 // What a run reads and reports to; owned by the service, which outlives every run.

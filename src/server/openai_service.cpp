@@ -216,11 +216,13 @@ class CompletionStream final : public ReplyStream {
     out += data;
     out += "\n\n";
   }
-  // An event with its id (GenerationRun::event_id), for Last-Event-ID.
-  static void append_event(std::string& out, const json& j, int64_t id) {
-    out += "id: ";
-    out += std::to_string(id);
-    out += "\n";
+  // An event with its id (GenerationRun::event_id) for Last-Event-ID, when the request is keyed.
+  void append_event(std::string& out, const json& j, int64_t id) const {
+    if (run_->p.event_ids) {
+      out += "id: ";
+      out += std::to_string(id);
+      out += "\n";
+    }
     append_data(out, dump(j));
   }
 
@@ -457,6 +459,7 @@ ApiResult<std::shared_ptr<GenerationRun>> OpenAiService::start(PreparedRequest p
   // The same key, the same completion (docs/fault-tolerance.md): the id and the seed follow
   // from it.
   if (ctx.idempotency_key && !p.gen.seed) p.gen.seed = key_hash(*ctx.idempotency_key + "/seed");
+  p.event_ids = ctx.idempotency_key.has_value();
   const int64_t n_prompt = int64_t(p.prompt.size());
   const int64_t context = options_.limits.max_context;
   if (n_prompt == 0) return bad_request("the prompt is empty", "prompt");

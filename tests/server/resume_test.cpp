@@ -1,9 +1,9 @@
-// Streams that outlive their connection (docs/fault-tolerance.md): every SSE event has an id (the
-// tokens it accounts for), a request sent with an Idempotency-Key is the same completion each
-// time (its id and seed follow from the key), and the same request with Last-Event-ID gives
-// exactly the events after that one: for every cut of a stream, what the client had plus what
-// the resumed stream sends is the whole stream, nothing twice, nothing missing, whatever batches
-// the engine delivered the tokens in.
+// Streams that outlive their connection (docs/fault-tolerance.md): every SSE event of a keyed
+// stream has an id (the tokens it accounts for), a request sent with an Idempotency-Key is the same
+// completion each time (its id and seed follow from the key), and the same request with
+// Last-Event-ID gives exactly the events after that one: for every cut of a stream, what the client
+// had plus what the resumed stream sends is the whole stream, nothing twice, nothing missing,
+// whatever batches the engine delivered the tokens in.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -109,6 +109,28 @@ TEST(Resume, EveryCutOfACompletionAndAReasoningStreamResumesExactly) {
   expect_every_resume_completes(hr, "/v1/chat/completions",
                                 R"({"messages":[{"role":"user","content":"2+2?"}],"stream":true})",
                                 "key-r1", 1);
+}
+
+// Without an Idempotency-Key a stream cannot be resumed, so its events are `data:` lines alone
+// (as OpenAI's, vLLM's and SGLang's: `vllm bench serve` reads every event as `data: {json}`),
+// with the same chunks a keyed stream carries.
+TEST(Resume, OnlyAKeyedStreamsEventsHaveIds) {
+  Harness h(scripted("Hello there, friend."));
+  const std::string body = R"({"messages":[{"role":"user","content":"Hi"}],"stream":true})";
+  auto plain = h.post("/v1/chat/completions", body);
+  auto keyed = h.post("/v1/chat/completions", body, {{"Idempotency-Key", "k-ids"}});
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  ASSERT_EQ(keyed->status, 200) << keyed->body;
+  EXPECT_EQ(plain->body.find("id: "), std::string::npos) << plain->body;
+  for (int64_t id : sse_ids(plain->body)) EXPECT_EQ(id, -1) << plain->body;
+  const std::vector<int64_t> ids = sse_ids(keyed->body);
+  ASSERT_GE(ids.size(), 3u);
+  for (size_t i = 0; i + 1 < ids.size(); ++i) EXPECT_GE(ids[i], 0) << keyed->body;
+  const Said a = said(sse_events(plain->body)), b = said(sse_events(keyed->body));
+  EXPECT_EQ(a.content, b.content);
+  EXPECT_EQ(a.roles, b.roles);
+  EXPECT_EQ(a.finishes, 1);
+  EXPECT_TRUE(a.done);
 }
 
 TEST(Resume, AKeyMakesTheSameCompletionEachTime) {
