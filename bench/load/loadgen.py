@@ -263,9 +263,13 @@ async def run_stream(sid, args, url, headers, rng, results, system):
             req_messages = list(messages)
         else:
             req_messages = messages + [{"role": "user", "content": user}]
-        body = {"model": args.model, "messages": req_messages, "stream": True,
+        body = {"model": args.model, "stream": True,
                 "stream_options": {"include_usage": True}, "max_tokens": out_len,
                 "ignore_eos": True, "temperature": args.temperature}
+        if args.api == "completions":  # the text alone: no chat template, no output parser
+            body["prompt"] = "\n\n".join(m["content"] for m in req_messages)
+        else:
+            body["messages"] = req_messages
         if args.temperature > 0:
             body["seed"] = rng.randrange(1 << 31)
         try:
@@ -373,7 +377,9 @@ async def main_async(args):
     if not args.model:
         models = json.loads(http_get(base, "/v1/models", headers))
         args.model = models["data"][0]["id"]
-    url = base + "/v1/chat/completions"
+    if args.api == "completions" and args.mode == "multi-turn":
+        sys.exit("loadgen: --api completions takes single requests (--mode single)")
+    url = base + ("/v1/completions" if args.api == "completions" else "/v1/chat/completions")
     rng = random.Random(args.seed)
     system = make_text(rng, args.system_len) if args.system_len > 0 else ""
 
@@ -412,6 +418,9 @@ def main():
     p.add_argument("--model", default="", help="model name (default: the first /v1/models)")
     p.add_argument("--api-key", default="", help="sent as Authorization: Bearer")
     p.add_argument("--mode", choices=["single", "multi-turn"], default="single")
+    p.add_argument("--api", choices=["chat", "completions"], default="chat",
+                   help="/v1/chat/completions, or /v1/completions with the same text as the "
+                        "prompt (no chat template or output parsing on the server)")
     p.add_argument("-c", "--concurrency", type=int, default=1, help="concurrent streams")
     p.add_argument("-r", "--requests-per-stream", type=int, default=2,
                    help="requests each stream sends one after the other (single mode)")
