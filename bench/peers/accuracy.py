@@ -124,11 +124,20 @@ def main():
         log(q, json.dumps(result["llama_cpp"][q]))
     if args.ik_bin:  # the same files, ik_llama.cpp's own F32 logits as its base
         ik_kld = stem + "-F32.ik.kld"
-        result["ik_llama_cpp"]["F32"] = llama_perplexity(args.ik_bin, f32, text, args, ik_kld, True)
-        for q in ("Q8_0", "Q4_K_M"):
-            result["ik_llama_cpp"][q] = llama_perplexity(args.ik_bin, f"{stem}-{q}.gguf", text, args,
-                                                         ik_kld, False, no_repack=False)
-            log("ik", q, json.dumps(result["ik_llama_cpp"][q]))
+        try:
+            result["ik_llama_cpp"]["F32"] = llama_perplexity(args.ik_bin, f32, text, args, ik_kld,
+                                                             True)
+            for q in ("Q8_0", "Q4_K_M"):
+                result["ik_llama_cpp"][q] = llama_perplexity(
+                    args.ik_bin, f"{stem}-{q}.gguf", text, args, ik_kld, False, no_repack=False)
+                log("ik", q, json.dumps(result["ik_llama_cpp"][q]))
+        except subprocess.CalledProcessError as e:
+            # It refuses MLA widths other than DeepSeek's 512 + 64 (tiny-py's are 128 + 16):
+            # "Detected incompatible DeepSeek model without a known way to fix it".
+            why = [l for l in (e.stdout + e.stderr).splitlines() if l.strip()]
+            refused = [l for l in why if "incompatible" in l or "error" in l.lower()]
+            result["ik_llama_cpp"] = {"failed": (refused or why or ["?"])[0][:300]}
+            log("ik_llama.cpp:", result["ik_llama_cpp"]["failed"])
     print(json.dumps(result, indent=1))
 
 

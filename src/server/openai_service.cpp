@@ -102,16 +102,9 @@ class CompletionStream final : public ReplyStream {
   bool next(std::string& out, std::chrono::milliseconds wait) override {
     if (complete_) return false;
     const PreparedRequest& p = run_->p;
+    const size_t from = out.size();  // this call's events start here
     if (!started_) {
       started_ = true;
-      if (p.chat && !p.resume_after) {  // OpenAI opens each choice with the assistant role
-        for (size_t i = 0; i < run_->choices.size(); ++i) {
-          json delta = {{"role", "assistant"}, {"content", ""}};
-          if (p.reasoning.split) delta["reasoning_content"] = "";
-          append_event(out, choice_chunk(int(i), std::move(delta), nullptr, nullptr), 0);
-        }
-        return true;
-      }
       if (!p.echo.empty() && !p.resume_after) {  // completions with echo: the prompt first
         for (size_t i = 0; i < run_->choices.size(); ++i) {
           append_event(out, choice_chunk(int(i), p.echo, nullptr, nullptr), 0);
@@ -120,6 +113,10 @@ class CompletionStream final : public ReplyStream {
       }
     }
     run_->pump(wait, [&](int i, ChoiceDelta& d) { append_delta(out, i, d); });
+    // The role chunks go out with the first tokens (or the end), not before the prefill: clients
+    // that take the first chunk as the first token (vLLM's `bench serve`) then time the prefill,
+    // as they do against vLLM's own server, which sends them with its first output too.
+    if (!opened_ && (out.size() > from || run_->error || run_->done())) open(out, from);
     if (run_->error) {
       append_data(out, run_->error->to_json());
     } else if (!run_->done()) {
@@ -158,6 +155,21 @@ class CompletionStream final : public ReplyStream {
     chunk["choices"] = json::array({std::move(c)});
     if (run_->p.gen.include_usage) chunk["usage"] = nullptr;
     return chunk;
+  }
+
+  // OpenAI opens each choice of a chat stream with the assistant role (a resumed stream has
+  // had them). Put before this call's events, which start at out[from].
+  void open(std::string& out, size_t from) {
+    opened_ = true;
+    const PreparedRequest& p = run_->p;
+    if (!p.chat || p.resume_after) return;
+    std::string roles;
+    for (size_t i = 0; i < run_->choices.size(); ++i) {
+      json delta = {{"role", "assistant"}, {"content", ""}};
+      if (p.reasoning.split) delta["reasoning_content"] = "";
+      append_event(roles, choice_chunk(int(i), std::move(delta), nullptr, nullptr), 0);
+    }
+    out.insert(from, roles);
   }
 
   void append_delta(std::string& out, int i, ChoiceDelta& d) {
@@ -230,6 +242,7 @@ class CompletionStream final : public ReplyStream {
   const std::string model_;
   std::vector<int64_t> text_offsets_;
   bool started_ = false;
+  bool opened_ = false;  // the role chunks are out (open())
   bool complete_ = false;
 };
 

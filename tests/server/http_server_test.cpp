@@ -426,6 +426,33 @@ TEST(HttpServer, ClientDisconnectMidStreamCancelsTheRequest) {
             std::string::npos);
 }
 
+// A chat stream's role chunk goes out with the first token, not before the prefill: clients that
+// time the first chunk (vLLM's `bench serve`) then measure the time to the first token, as
+// against vLLM's own server. With 100 ms to the first token, the first bytes the client gets
+// hold the role chunk and the first text together.
+TEST(HttpServer, TheRoleChunkComesWithTheFirstToken) {
+  FakeEngineOptions o = scripted("Hello there.");
+  o.step_delay = std::chrono::milliseconds(100);
+  Harness h(o);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.body = R"({"messages":[{"role":"user","content":"Hi"}],"stream":true})";
+  req.set_header("Content-Type", "application/json");
+  std::string received, first;
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (received.empty()) first.assign(data, n);
+    received.append(data, n);
+    return true;
+  };
+  auto r = h.client()->send(req);
+  ASSERT_TRUE(r);
+  EXPECT_NE(first.find("\"role\":\"assistant\""), std::string::npos) << first;
+  EXPECT_NE(first.find("\"content\":\"Hello"), std::string::npos)
+      << "the role chunk came alone, before the first token: " << first;
+  EXPECT_NE(received.find("data: [DONE]"), std::string::npos) << received;
+}
+
 TEST(HttpServer, MetricsTextFormat) {
   Harness h(scripted("a b c"));
   ASSERT_EQ(h.post("/v1/chat/completions", kHello)->status, 200);
