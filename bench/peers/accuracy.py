@@ -56,12 +56,12 @@ def llama_perplexity(llama_bin, gguf, text, args, base_kld, make_base, no_repack
     cmd = [os.path.join(llama_bin, "llama-perplexity"), "-m", gguf, "-f", text, "-c", "512",
            "--chunks", str(args.windows), "-t", str(args.threads), "--kl-divergence-base",
            base_kld]
-    if not make_base and not no_repack:
+    if not make_base:
         cmd += ["--kl-divergence"]
-    elif not make_base:
+    if not make_base and no_repack:
         # llama.cpp's defaults abort on the quantized files of this MoE on an AMX Xeon
         # (docs/peers.md); without repacking it runs its AVX-512 kernels, the same arithmetic.
-        cmd += ["--kl-divergence", "--no-repack"]
+        cmd += ["--no-repack"]
     out = run(cmd)
     text_out = out.stdout + out.stderr
     if make_base:

@@ -111,13 +111,15 @@ def quantize(bin_dir, f32, out, qtype, threads, engine):
     os.rename(out + ".tmp", out)  # a cut-off run leaves no half file behind
 
 
-def ik_files(args, ik_bin, f32, widths):
-    """ik_llama.cpp's own quantizations of the same F32 file."""
+def quantized_files(bin_dir, f32, widths, threads, engine, tag=""):
+    """{type: file} of every type the widths pair, each made by the engine's own llama-quantize
+    from the F32 file (named <stem><tag>-<type>.gguf beside it)."""
+    stem = f32[:-len("-F32.gguf")]
     files = {}
     for w in widths:
         for _, qtype, _ in CONFIGS[w]:
-            out = f"{f32[:-len('-F32.gguf')]}-ik-{qtype}.gguf"
-            quantize(ik_bin, f32, out, qtype, args.threads, "ik_llama.cpp")
+            out = f"{stem}{tag}-{qtype}.gguf"
+            quantize(bin_dir, f32, out, qtype, threads, engine)
             files[qtype] = out
     return files
 
@@ -150,13 +152,7 @@ def prepare_files(args, llama_bin, widths):
         run([sys.executable, os.path.join(ROOT, "tools", "export_gguf.py"), args.model,
              f32 + ".tmp"] + (["--tokenizer", args.tokenizer] if args.tokenizer else []))
         os.rename(f32 + ".tmp", f32)
-    files = {"F32": f32}
-    for w in widths:
-        for _, qtype, _ in CONFIGS[w]:
-            out = f"{stem}-{qtype}.gguf"
-            quantize(llama_bin, f32, out, qtype, args.threads, "llama.cpp")
-            files[qtype] = out
-    return files
+    return {"F32": f32} | quantized_files(llama_bin, f32, widths, args.threads, "llama.cpp")
 
 
 # ---- llama.cpp ----
@@ -455,7 +451,8 @@ def main():
                      args.work]).stdout.strip()
     files = prepare_files(args, llama_bin, widths)
     ik_bin, ik_why = ik_binaries(args)
-    ik = ik_files(args, ik_bin, files["F32"], widths) if ik_bin else None
+    ik = (quantized_files(ik_bin, files["F32"], widths, args.threads, "ik_llama.cpp", "-ik")
+          if ik_bin else None)
     result = {"model": args.model, "threads": args.threads, "rounds": args.rounds,
               "serve_api": args.serve_api,
               "ik_llama_cpp": {"bin": ik_bin} if ik_bin else {"skipped": ik_why}}
