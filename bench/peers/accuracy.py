@@ -87,6 +87,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ik-bin", help="a built ik_llama.cpp bin directory (build_ik_llama_cpp.sh)")
     args = ap.parse_args()
+    for name in ("model", "work", "ik_bin"):
+        if getattr(args, name):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
+    # ik_llama.cpp's tools write llama.log into the working directory: keep it in the work folder.
+    os.makedirs(args.work, exist_ok=True)
+    os.chdir(args.work)
     files = heldout_files(args.model)
     result = {"model": args.model, "windows": args.windows, "moeserve": {}, "llama_cpp": {}}
     if args.ik_bin:

@@ -442,7 +442,12 @@ def main():
     args = ap.parse_args()
     global SERVE_API
     SERVE_API = args.serve_api
-    args.work = os.path.abspath(args.work)
+    for name in ("work", "model", "tokenizer", "ik_git", "ik_bin", "vllm_venv"):
+        if getattr(args, name):
+            setattr(args, name, os.path.abspath(getattr(args, name)))
+    # ik_llama.cpp's tools write llama.log into the working directory: keep it in the work folder.
+    os.makedirs(args.work, exist_ok=True)
+    os.chdir(args.work)
     widths = [w for w in args.widths.split(",") if w]
     for w in widths:
         if w not in CONFIGS:
