@@ -37,7 +37,7 @@ double macs(const WeightView& w) {
 // What one token costs outside attention: weight bytes (every matrix but the routed experts,
 // top-k of those at their average size) and multiply-adds.
 struct Cost {
-  double bytes = 0, gemm_macs = 0, f32_macs = 0;
+  double bytes = 0, gemm_macs = 0, f32_macs = 0, int8_macs = 0;
   void add(const WeightView& w) {
     bytes += view_bytes(w);
     gemm_macs += macs(w);
@@ -85,8 +85,11 @@ Cost attention_at(const ModelConfig& c, const KvLayout& layout, int64_t t) {
     if (r == 4) {
       const double entries = double((t + 1) / 4), ih = double(c.indexer->n_heads);
       const double id = double(c.indexer->head_dim);
-      k.bytes += entries * id * 4;  // the F32 index keys
-      k.f32_macs += entries * ih * id;
+      const KvPart& keys_part =
+          layout.layer(l).parts[size_t(layout.find_part(l, KvPartKind::kIndexKey))];
+      k.bytes += entries * double(keys_part.entry_bytes());  // the index keys (FP4: 68 B)
+      // FP4 keys score as 8-bit integer dot products (kernels/index_fp4.h), F32 ones in F32.
+      (keys_part.index_dtype == DType::kF4E2M1 ? k.int8_macs : k.f32_macs) += entries * ih * id;
       keys += std::min<double>(entries, double(c.indexer->topk));
     }
     k.bytes += keys * entry;
@@ -101,8 +104,11 @@ struct Roof {
 };
 Roof roofline(const Cost& k, const Ceilings& ceil) {
   const double f32_peak = ceil.bf16_peak_gflops / 2;  // an FMA lane does half a BF16 pair
-  return {k.bytes / (ceil.dram_read_gbps * 1e9),
-          2 * k.gemm_macs / (ceil.gemm_peak_gflops() * 1e9) + 2 * k.f32_macs / (f32_peak * 1e9)};
+  // A VNNI lane does four 8-bit products where a BF16 one does two.
+  const double int8_peak = ceil.bf16_peak_gflops * 2;
+  return {k.bytes / (ceil.dram_read_gbps * 1e9), 2 * k.gemm_macs / (ceil.gemm_peak_gflops() * 1e9) +
+                                                     2 * k.f32_macs / (f32_peak * 1e9) +
+                                                     2 * k.int8_macs / (int8_peak * 1e9)};
 }
 
 }  // namespace
@@ -164,7 +170,7 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
   }
   auto report = [&](const char* kind, int64_t ctx, double t, const Cost& k, const Ceilings& at) {
     const Roof r = roofline(k, at);
-    const double gflop = 2 * (k.gemm_macs + k.f32_macs) / 1e9;
+    const double gflop = 2 * (k.gemm_macs + k.f32_macs + k.int8_macs) / 1e9;
     const char* bound = r.t_mem >= r.t_compute ? "memory" : "compute";
     if (o.json) {
       rows.push_back({{"case", kind},
@@ -201,6 +207,7 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
     const Cost a = attention_at(c, layout, s.start_pos);
     k.bytes += a.bytes;
     k.f32_macs += a.f32_macs;
+    k.int8_macs += a.int8_macs;
     Ceilings here = ceil;
     here.dram_read_gbps = std::max(dram_before, measure_dram_read_gbps(pool, 1, 0.3));
     report("decode", s.start_pos, best, k, here);
@@ -224,7 +231,11 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
     Cost k = weights_per_token(c, *(*ck)->weights().v4, false);
     k.gemm_macs *= double(n);
     k.f32_macs = 0;
-    for (int64_t i = 0; i < n; ++i) k.f32_macs += attention_at(c, layout, i).f32_macs;
+    for (int64_t i = 0; i < n; ++i) {
+      const Cost a = attention_at(c, layout, i);
+      k.f32_macs += a.f32_macs;
+      k.int8_macs += a.int8_macs;
+    }
     k.gemm_macs += macs((*ck)->weights().v4->head);
     report("prefill", n, t, k, ceil);
   }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "kernels/index_fp4.h"
 
 namespace moeserve {
 
@@ -31,8 +32,14 @@ int64_t KvPart::entry_bytes() const {
     case KvPartKind::kCompressed:
       return token.bytes();
     case KvPartKind::kIndexKey:
-      return index_dtype == DType::kF32 ? index_dim * 4
-                                        : index_dim + 4;  // e4m3 values, then the F32 scale
+      switch (index_dtype) {
+        case DType::kF32:
+          return index_dim * 4;
+        case DType::kF4E2M1:
+          return fp4_index_key_bytes(index_dim);  // e2m1 pairs, then a UE8M0 byte per 32
+        default:
+          return index_dim + 4;  // e4m3 values, then the F32 scale
+      }
     case KvPartKind::kState:
       return state_bytes;
   }
@@ -97,8 +104,12 @@ Status kv_layout_status(const KvLayout& layout) {
           break;
         case KvPartKind::kIndexKey:
           if (p.index_dim < 1) return InvalidArgument(what + ": index_dim must be >= 1");
-          if (p.index_dtype != DType::kF8E4M3 && p.index_dtype != DType::kF32) {
-            return InvalidArgument(what + ": index keys are FP8 (with a scale) or F32");
+          if (p.index_dtype != DType::kF8E4M3 && p.index_dtype != DType::kF32 &&
+              p.index_dtype != DType::kF4E2M1) {
+            return InvalidArgument(what + ": index keys are FP8 (with a scale), FP4 or F32");
+          }
+          if (p.index_dtype == DType::kF4E2M1 && p.index_dim % kFp4Block != 0) {
+            return InvalidArgument(what + ": FP4 index keys are whole 32-value blocks");
           }
           break;
         case KvPartKind::kState:

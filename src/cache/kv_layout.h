@@ -8,8 +8,10 @@
 //                V2/V3 keep only this; V4's sliding-window entries are these, read back over the
 //                layer's window only.
 //   kIndexKey    one per token or per compressed group: the lightning indexer's key, index_dim
-//                FP8 e4m3 values and one F32 power-of-two scale (V3.2; V4's compressed sparse
-//                attention over its 4-token groups), or index_dim F32 values.
+//                FP8 e4m3 values and one F32 power-of-two scale (V3.2), index_dim FP4 e2m1
+//                values with a UE8M0 exponent per 32 (V4's compressed sparse attention over its
+//                4-token groups, kernels/index_fp4.h), or index_dim F32 values (either, in an
+//                F32 cache: the reference formats).
 //   kCompressed  one per `ratio` tokens (V4: 4 for compressed sparse, 128 for heavily compressed
 //                attention): a compressed KV entry in a KvTokenFormat, written by the block that
 //                completes the group.
@@ -44,7 +46,8 @@ struct KvPart {
   KvPartKind kind = KvPartKind::kLatent;
   KvTokenFormat token;    // kLatent, kCompressed: the entry's format
   int64_t index_dim = 0;  // kIndexKey: values per key
-  // kIndexKey: kF8E4M3 (index_dim e4m3 bytes, then one F32 scale) or kF32 (index_dim values).
+  // kIndexKey: kF8E4M3 (index_dim e4m3 bytes, then one F32 scale), kF4E2M1
+  // (fp4_index_key_bytes(index_dim)) or kF32 (index_dim values).
   DType index_dtype = DType::kF8E4M3;
   int64_t ratio = 1;        // kIndexKey, kCompressed: tokens per entry (1: one per token)
   int64_t state_bytes = 0;  // kState: bytes of the record

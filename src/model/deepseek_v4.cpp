@@ -21,10 +21,13 @@
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_fp4.h"
 #include "kernels/gemm_fp8.h"
+#include "kernels/index_fp4.h"
+#include "kernels/index_score.h"
 #include "kernels/kv_token.h"
 #include "kernels/linear_ref.h"
 #include "model/checkpoint.h"
 #include "model/deepseek_v4_weights.h"
+#include "model/dsa_indexer.h"
 #include "model/expert_store.h"
 #include "model/weight_cache.h"
 
@@ -545,6 +548,12 @@ class DeepseekV4 final : public CausalLm {
     p.state = kv.layout().find_part(l, KvPartKind::kState);
     return p;
   }
+  // Whether layer l keeps its indexer's keys in FP4 (DeepSeek's rounding, the formats of a
+  // BF16 cache) rather than F32 (transformers' arithmetic, an F32 cache's): v4_kv_layout.
+  static bool index_fp4(const KvCache& kv, int64_t l) {
+    const int64_t p = kv.layout().find_part(l, KvPartKind::kIndexKey);
+    return p >= 0 && kv.layout().layer(l).parts[size_t(p)].index_dtype == DType::kF4E2M1;
+  }
   // Entry `slot` of block `block_index` of the sequence in layer l's part p.
   static uint8_t* entry(KvCache& kv, const StepSequence& s, int64_t l, int64_t p,
                         int64_t block_index, int64_t slot) {
@@ -820,6 +829,9 @@ class DeepseekV4 final : public CausalLm {
         uint8_t* dst = group_entry(q.kv, q.s, l, site.part, ratio, t / ratio);
         if (si == 0) {
           kv_token_store(fmt, e.data(), dst);
+        } else if (index_fp4(q.kv, l)) {  // the indexer's key as model.py rounds it
+          hadamard_rotate(e.data(), d);
+          fp4_index_quantize(e.data(), d, dst);
         } else {
           std::memcpy(dst, e.data(), size_t(d) * 4);  // the indexer's key, F32
         }
@@ -862,11 +874,30 @@ class DeepseekV4 final : public CausalLm {
     const float ws = 1.0f / std::sqrt(float(d) * float(nh));
     const Parts p = parts(q.kv, l);
     std::vector<float> score(static_cast<size_t>(valid));
-    if (fast_) {  // relu_scores_f32 over each block's 16 keys (contiguous), blocks on the threads
+    constexpr int64_t kPerBlock = kKvBlockSize / 4;  // a block's keys, contiguous
+    const int64_t nb = (valid + kPerBlock - 1) / kPerBlock;
+    if (index_fp4(q.kv, l)) {
+      // model.py's arithmetic: the query's heads rotated and rounded to FP4 as the keys are;
+      // the reference path at the kernels' scalar level, the fast path at the CPU's.
+      for (float& v : wgt) v *= ws;
+      std::vector<float> rq(iq, iq + nh * d);
+      for (int64_t hh = 0; hh < nh; ++hh) hadamard_rotate(&rq[size_t(hh * d)], d);
+      Fp4IndexQuery fq;
+      fp4_index_query(rq.data(), wgt.data(), nh, d, fq);
+      const int64_t ld = q.kv.layout().layer(l).parts[size_t(p.index_key)].entry_bytes();
+      const Isa isa = fast_ ? active_isa() : Isa::kScalar;
+      auto blocks = [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          const int64_t w0 = b * kPerBlock, cnt = std::min(kPerBlock, valid - w0);
+          fp4_index_scores(fq, group_entry(q.kv, q.s, l, p.index_key, 4, w0), cnt, ld,
+                           &score[size_t(w0)], isa);
+        }
+      };
+      pool ? pool->parallel_for(nb, blocks, 16) : blocks(0, nb);
+    } else if (fast_) {  // relu_scores_f32 over each block's keys, blocks on the threads
       for (float& v : wgt) v *= ws;
       std::vector<float> iqt(size_t(nh * d));
       relu_scores_transpose(iq, nh, d, iqt.data());
-      constexpr int64_t kPerBlock = kKvBlockSize / 4;
       auto blocks = [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
           const int64_t w0 = b * kPerBlock, cnt = std::min(kPerBlock, valid - w0);
@@ -875,26 +906,23 @@ class DeepseekV4 final : public CausalLm {
           relu_scores_f32(iqt.data(), wgt.data(), nh, k, cnt, d, d, &score[size_t(w0)]);
         }
       };
-      const int64_t nb = (valid + kPerBlock - 1) / kPerBlock;
       pool ? pool->parallel_for(nb, blocks, 16) : blocks(0, nb);
-    }
-    for (int64_t w = 0; w < valid && !fast_; ++w) {
-      const float* k = reinterpret_cast<const float*>(group_entry(q.kv, q.s, l, p.index_key, 4, w));
-      float sum = 0;
-      for (int64_t hh = 0; hh < nh; ++hh) {
-        float dot = 0;
-        for (int64_t j = 0; j < d; ++j) dot += iq[size_t(hh * d + j)] * k[j];
-        sum += wgt[size_t(hh)] * ws * std::max(dot, 0.0f);
+    } else {
+      for (int64_t w = 0; w < valid; ++w) {
+        const float* k =
+            reinterpret_cast<const float*>(group_entry(q.kv, q.s, l, p.index_key, 4, w));
+        float sum = 0;
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          float dot = 0;
+          for (int64_t j = 0; j < d; ++j) dot += iq[size_t(hh * d + j)] * k[j];
+          sum += wgt[size_t(hh)] * ws * std::max(dot, 0.0f);
+        }
+        score[size_t(w)] = sum;
       }
-      score[size_t(w)] = sum;
     }
-    // The top k without a sort: ties to the earlier entry.
-    std::nth_element(all.begin(), all.begin() + ix.topk - 1, all.end(), [&](int64_t a, int64_t b) {
-      return score[size_t(a)] != score[size_t(b)] ? score[size_t(a)] > score[size_t(b)] : a < b;
-    });
-    all.resize(size_t(ix.topk));
-    std::sort(all.begin(), all.end());
-    return all;
+    // The top k without a sort (ties to the earlier entry), ascending.
+    const std::vector<int32_t> top = top_k_positions(score, ix.topk);
+    return std::vector<int64_t>(top.begin(), top.end());
   }
 
   // ---- MoE ----------------------------------------------------------------------------------
@@ -1001,7 +1029,12 @@ KvLayout v4_kv_layout(const ModelConfig& c, DType kv_dtype, bool mtp) {
     f.parts.push_back(KvPart::latent(token));
     const int64_t r = v.ratio(l);
     if (r != 0) f.parts.push_back(KvPart::compressed(token, r));
-    if (r == 4) f.parts.push_back(KvPart::index_key(c.indexer->head_dim, 4, DType::kF32));
+    // The indexer's keys: FP4 as DeepSeek's model.py rounds them (kernels/index_fp4.h), or, in
+    // an F32 cache (the reference format), F32 as transformers' deepseek_v4 keeps them.
+    if (r == 4) {
+      f.parts.push_back(KvPart::index_key(c.indexer->head_dim, 4,
+                                          kv_dtype == DType::kF32 ? DType::kF32 : DType::kF4E2M1));
+    }
     if (r != 0) f.parts.push_back(KvPart::state(state_floats(c, r) * 4));
     layers.push_back(std::move(f));
   }

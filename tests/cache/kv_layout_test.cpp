@@ -48,6 +48,10 @@ TEST(KvLayout, PartsAddUpPerLayer) {
   EXPECT_EQ(csa.bytes(), 64 * 656 + 16 * 1024 + 16 * 132 + 4096);
   const KvLayerFormat hca{{KvPart::latent(v3_fp8), KvPart::compressed(v4, 128)}, 128};
   EXPECT_EQ(hca.parts[1].entries(), 1);
+  // V4's FP4 index keys: 64 bytes of e2m1 pairs and 4 exponent bytes; F32 ones 512 bytes.
+  EXPECT_EQ(KvPart::index_key(128, 4, DType::kF4E2M1).entry_bytes(), 68);
+  EXPECT_EQ(KvPart::index_key(128, 4, DType::kF4E2M1).bytes(), 16 * 68);
+  EXPECT_EQ(KvPart::index_key(128, 4, DType::kF32).entry_bytes(), 512);
 
   const KvLayout l({dsa, csa, hca});
   ASSERT_TRUE(kv_layout_status(l).ok()) << kv_layout_status(l).to_string();
@@ -71,6 +75,8 @@ TEST(KvLayout, StatusNamesTheLayerAndPartItCannotStore) {
       {{{KvPart::latent(kBf16), KvPart::compressed(kBf16, 3)}, 0}, "neither divides"},
       {{{KvPart::latent(kBf16), KvPart::compressed(kBf16, 96)}, 0}, "neither divides"},
       {{{KvPart::latent(kBf16), KvPart::index_key(0)}, 0}, "index_dim"},
+      {{{KvPart::latent(kBf16), KvPart::index_key(48, 4, DType::kF4E2M1)}, 0}, "32-value"},
+      {{{KvPart::latent(kBf16), KvPart::index_key(64, 4, DType::kBF16)}, 0}, "FP8 (with"},
       {{{KvPart::latent(kBf16), KvPart::state(0)}, 0}, "state_bytes"},
       {{{KvPart::latent(kBf16)}, -1}, "window"},
   };

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -236,6 +238,45 @@ TEST_F(V4Model, FastPathChunksGiveTheWholePromptsBits) {
   EXPECT_TRUE(std::equal(whole.begin(), whole.end(), chunked.begin()));
 }
 
+// DeepSeek's FP4 index keys and queries (a BF16 cache: the Hadamard rotation and model.py's FP4
+// rounding, kernels/index_fp4.h) against transformers' F32 ones (an F32 cache), the reference
+// path on both over the whole prompt: the rounding moves near-tied picks, not the selection. Of
+// the rows whose context exceeds the top-k, the share of the F32 picks the FP4 indexer also picks
+// is measured (2026-12-07: 0.872) against what picks at random would share (0.273); with the
+// queries left unrotated it is 0.285, chance.
+TEST_F(V4Model, Fp4IndexKeysPickWhatF32KeysPick) {
+  const Fixture f = load_fixture();
+  const int64_t n = int64_t(f.prompt.size());
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> picks[2];
+  for (int i = 0; i < 2; ++i) {
+    open(i == 0 ? DType::kF32 : DType::kBF16);
+    set_v4_choice_observer(
+        *model_, [&, i](int64_t layer, int kind, int64_t row, std::span<const int64_t> picked) {
+          if (kind == 1) picks[i][{layer, row}].assign(picked.begin(), picked.end());
+        });
+    run(f.prompt, 0, 1);
+  }
+  const int64_t topk = ck_->config().indexer->topk;
+  double shared = 0, chance = 0;
+  int64_t rows = 0;
+  for (const auto& [key, a] : picks[0]) {
+    if (int64_t(a.size()) < topk) continue;  // the context fits: every entry is attended
+    const std::vector<int64_t>& b = picks[1].at(key);
+    ASSERT_EQ(b.size(), a.size());
+    std::vector<int64_t> both;
+    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+    shared += double(both.size()) / double(topk);
+    chance += double(topk) / double((key.second + 1) / 4);
+    ++rows;
+  }
+  ASSERT_GT(rows, 50);
+  std::printf(
+      "V4 FP4 indexer over %ld rows of %ld positions: shares %.3f of the F32 picks "
+      "(chance %.3f)\n",
+      long(rows), long(n), shared / double(rows), chance / double(rows));
+  EXPECT_GT(shared / double(rows), 0.8);
+}
+
 // The prompt in chunks that end inside windows, 4-token groups and a 128-token group and cross
 // block boundaries, then 12 greedy steps: the compressors resume from the blocks' state
 // records, and the tokens and top-5 equal transformers' decode with its cache.
@@ -294,7 +335,7 @@ TEST_F(V4Model, ImportedBlocksResumeToTheSameBits) {
 
 // DeepSeek-V4-Flash's config.json as DeepSeek publishes it parses, and its KV layout stores the
 // bytes per token docs/deepseek-v4.md works out (BF16: every position's 512-value window entry in
-// all 43 layers, the compressed entries and F32 index keys of the 21 compressed sparse and 20
+// all 43 layers, the compressed entries and FP4 index keys of the 21 compressed sparse and 20
 // heavily compressed layers, and a state record per block).
 TEST(V4Config, FlashParsesAndItsKvBytesAreTheDocumentedOnes) {
   std::string ratios = "[0, 0";
@@ -328,10 +369,14 @@ TEST(V4Config, FlashParsesAndItsKvBytesAreTheDocumentedOnes) {
   EXPECT_EQ(c->v4->ratio(43), 0);  // the MTP layer
   const KvLayout layout = v4_kv_layout(*c, DType::kBF16, false);
   ASSERT_TRUE(kv_layout_status(layout).ok());
-  // Per token: 43 x 1,024 (window entries) + 21 x (256 + 128 + 15,360 / 64) + 20 x (1,024 / 64
-  // + 6,144 / 64): a 128-token entry has a slot in each of its two blocks, used in the second.
+  // Per token: 43 x 1,024 (window entries) + 21 x (256 + 68 / 4 + 15,360 / 64) + 20 x (1,024 /
+  // 64 + 6,144 / 64): a 128-token entry has a slot in each of its two blocks, used in the second;
+  // an FP4 index key is 64 bytes of e2m1 pairs and 4 exponent bytes per 4 tokens.
   EXPECT_EQ(layout.block_bytes(),
-            size_t(64 * (43 * 1024 + 21 * (256 + 128 + 240) + 20 * (16 + 96))));
+            size_t(64 * (43 * 1024 + 21 * (256 + 17 + 240) + 20 * (16 + 96))));
+  // The F32 cache (the reference format) keeps F32 index keys: 512 bytes per 4 tokens.
+  EXPECT_EQ(v4_kv_layout(*c, DType::kF32, false).block_bytes(),
+            size_t(64 * (43 * 2048 + 21 * (512 + 128 + 240) + 20 * (32 + 96))));
 
   // A ratio V4 does not have is refused by name.
   std::string bad = text;
