@@ -303,7 +303,7 @@ int64_t EngineCore::drafts_per_sequence() {
 }
 
 Status EngineCore::propose(const StepPlan& plan, const StepResult& r) {
-  const int64_t H = model_.config().hidden_size, V = model_.config().vocab_size;
+  const int64_t H = model_.hidden_width(), V = model_.config().vocab_size;
   const int64_t k_policy = drafts_per_sequence();
   k_proposed_ = k_policy;
   // Pass 1, every planned sequence (under EP, on every rank, with or without rows): its

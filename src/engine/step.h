@@ -54,7 +54,7 @@ struct SeqResult {
 struct StepResult {
   // Rows: every planned sequence's last n_logits positions, in plan order.
   std::vector<float> logits;  // [rows, vocab_size]
-  std::vector<float> hidden;  // [rows, hidden_size] after the final norm (the lm_head input)
+  std::vector<float> hidden;  // [rows, CausalLm::hidden_width()]: what the MTP module takes
   std::vector<SeqResult> seqs;
 };
 

@@ -76,8 +76,9 @@ struct StepSequence {
 // of its hidden rows).
 struct StepOutput {
   std::vector<float> logits;  // [sum n_logits, vocab_size]
-  std::vector<float> hidden;  // [sum hidden_rows(), hidden_size] after the final norm (the
-                              // lm_head input; forward_mtp: after shared_head.norm)
+  std::vector<float> hidden;  // [sum hidden_rows(), hidden_width()]: after the final norm (the
+                              // lm_head input; forward_mtp: after shared_head.norm), or V4's
+                              // streams before their collapse
 };
 
 class CausalLm {
@@ -96,6 +97,9 @@ class CausalLm {
   // p (or the module's own output row at p - 1 when chaining drafts).
   virtual Status forward_mtp(std::span<const StepSequence> batch, const float* hidden,
                              KvCache& cache, StepOutput* out) = 0;
+  // Values per row of StepOutput::hidden and of forward_mtp's `hidden`: the hidden size, or for
+  // DeepSeek-V4 its hc_mult residual streams (hc_mult x hidden), which its MTP module takes.
+  virtual int64_t hidden_width() const { return config().hidden_size; }
   // Layers of the KV cache this model writes (the MTP module's included).
   virtual int64_t num_layers() const = 0;
   // Every forward() and forward_mtp() is collective over the ranks of an EP group: callers

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -141,7 +142,10 @@ struct Pool {
 
 // The compressor state record of one layer (a kState entry): the main compressor's pools for the
 // group being filled (cur) and, for overlapping ratio-4 entries, the next group's first half
-// (next); then the indexer compressor's two. Floats.
+// (next); then the indexer compressor's two. Floats; then, as an int64, where in its block the
+// position the record holds the state after lies (kStateTail bytes): the block's last position
+// once the block is whole, so a copy of a whole block is a whole block's record wherever it goes.
+constexpr int64_t kStateTail = 8;
 int64_t state_floats(const ModelConfig& c, int64_t ratio) {
   if (ratio == 0) return 0;
   const int64_t dh = c.v4->head_dim;
@@ -316,11 +320,20 @@ class DeepseekV4 final : public CausalLm {
   }
 
   const ModelConfig& config() const override { return c_; }
-  bool has_mtp() const override { return false; }
-  Status forward_mtp(std::span<const StepSequence>, const float*, KvCache&, StepOutput*) override {
-    return Unimplemented("DeepSeek-V4's MTP module is not wired to speculative decoding yet");
+  bool has_mtp() const override { return w_.mtp.has_value(); }
+  Status forward_mtp(std::span<const StepSequence> batch, const float* hidden, KvCache& cache,
+                     StepOutput* out) override {
+    CHECK(has_mtp(), "forward_mtp without the MTP module");
+    out->logits.clear();
+    out->hidden.clear();
+    for (const StepSequence& s : batch) {
+      RETURN_IF_ERROR(mtp_one(s, hidden, cache, out));
+      hidden += int64_t(s.tokens.size()) * hidden_width();
+    }
+    return Status::Ok();
   }
-  int64_t num_layers() const override { return c_.num_hidden_layers; }
+  int64_t hidden_width() const override { return v_.hc_mult * c_.hidden_size; }
+  int64_t num_layers() const override { return c_.num_hidden_layers + (has_mtp() ? 1 : 0); }
   bool collective() const override { return false; }
   ExpertStore& experts() override { return experts_; }
   void set_tracer(Tracer*) override {}
@@ -376,6 +389,7 @@ class DeepseekV4 final : public CausalLm {
   // Every matrix the fast path packs: the FP8 projections, the FP4 experts and the BF16 head.
   std::vector<WeightView> fast_views() const {
     std::vector<WeightView> v = {w_.head};
+    if (w_.mtp) v.insert(v.end(), {w_.mtp->e_proj, w_.mtp->h_proj});
     for (const V4LayerWeights& L : w_.layers) {
       for (const WeightView* w : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_b}) v.push_back(*w);
       if (wo_a_sliceable()) {
@@ -394,33 +408,78 @@ class DeepseekV4 final : public CausalLm {
     const int64_t n = int64_t(s.tokens.size()), D = c_.hidden_size, hc = v_.hc_mult;
     if (n == 0) return Status::Ok();
     Seq q{s, kv};
+    RETURN_IF_ERROR(resume_compressors(q));
     // The residual as hc streams, each the token's embedding.
+    std::vector<float> e(static_cast<size_t>(n * D));
+    RETURN_IF_ERROR(embed(s, e.data()));
     std::vector<float> h(static_cast<size_t>(n * hc * D));
-    std::vector<float> row(static_cast<size_t>(D));
     for (int64_t i = 0; i < n; ++i) {
-      const int32_t id = s.tokens[size_t(i)];
-      if (id < 0 || id >= c_.vocab_size) {
-        return InvalidArgument(fmt::format("token id {} outside the vocabulary", id));
-      }
-      w_.embed.row_to_f32(id, row.data());
       for (int64_t j = 0; j < hc; ++j) {
-        std::copy(row.begin(), row.end(), h.begin() + (i * hc + j) * D);
+        std::copy(e.begin() + i * D, e.begin() + (i + 1) * D, h.begin() + (i * hc + j) * D);
       }
     }
     for (int64_t l = 0; l < c_.num_hidden_layers; ++l) block(l, q, h);
-    // The rows asked for: the collapse of the streams, the final norm, the head.
-    const int64_t rows = std::min(n, s.hidden_rows());
-    std::vector<float> y(static_cast<size_t>(rows * D));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = n - rows + r;
-      hc_collapse(w_.hc_head, &h[size_t(i * hc * D)], &y[size_t(r * D)]);
-      rms_norm(&y[size_t(r * D)], D, w_.norm.data(), float(c_.rms_norm_eps));
+    head_rows(s, h, w_.hc_head, w_.norm, out);
+    return Status::Ok();
+  }
+
+  Status embed(const StepSequence& s, float* e) const {
+    const int64_t D = c_.hidden_size;
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      const int32_t id = s.tokens[i];
+      if (id < 0 || id >= c_.vocab_size) {
+        return InvalidArgument(fmt::format("token id {} outside the vocabulary", id));
+      }
+      w_.embed.row_to_f32(id, e + int64_t(i) * D);
     }
-    out->hidden.insert(out->hidden.end(), y.begin(), y.end());
+    return Status::Ok();
+  }
+
+  // The rows asked for: the streams as hidden rows (what the MTP module takes), and the logits of
+  // the last n_logits through the collapse of the streams, the norm and the head.
+  void head_rows(const StepSequence& s, const std::vector<float>& h, const V4HcWeights& hc_head,
+                 const std::vector<float>& norm, StepOutput* out) const {
+    const int64_t n = int64_t(s.tokens.size()), D = c_.hidden_size, W = hidden_width();
+    const int64_t rows = std::min(n, s.hidden_rows());
+    out->hidden.insert(out->hidden.end(), h.begin() + (n - rows) * W, h.end());
     const int64_t nl = std::min(rows, s.n_logits);
+    std::vector<float> y(static_cast<size_t>(nl * D));
+    for (int64_t r = 0; r < nl; ++r) {
+      hc_collapse(hc_head, &h[size_t((n - nl + r) * W)], &y[size_t(r * D)]);
+      rms_norm(&y[size_t(r * D)], D, norm.data(), float(c_.rms_norm_eps));
+    }
     const size_t at = out->logits.size();
     out->logits.resize(at + size_t(nl * c_.vocab_size));
-    linear(&y[size_t((rows - nl) * D)], nl, w_.head, &out->logits[at]);
+    linear(y.data(), nl, w_.head, &out->logits[at]);
+  }
+
+  // model.py's MTPBlock: the row at position p carries token t_{p+1} and the main model's
+  // streams at p (or the module's own output streams at p - 1 when chaining); each stream is
+  // hnorm'd and projected by h_proj, the token's enorm'd embedding projected by e_proj is added to
+  // every stream, then the module's block (its layer: a sliding window only) and its own
+  // collapse and norm before the shared head.
+  Status mtp_one(const StepSequence& s, const float* hidden, KvCache& kv, StepOutput* out) {
+    const int64_t n = int64_t(s.tokens.size()), D = c_.hidden_size, hc = v_.hc_mult;
+    if (n == 0) return Status::Ok();
+    const V4MtpWeights& m = *w_.mtp;
+    std::vector<float> e(static_cast<size_t>(n * D)), ep(static_cast<size_t>(n * D));
+    RETURN_IF_ERROR(embed(s, e.data()));
+    for (int64_t i = 0; i < n; ++i) rms_norm(&e[size_t(i * D)], D, m.enorm.data(), eps());
+    linear(e.data(), n, m.e_proj, ep.data());
+    std::vector<float> h(hidden, hidden + n * hc * D), hp(static_cast<size_t>(n * hc * D));
+    for (int64_t r = 0; r < n * hc; ++r) rms_norm(&h[size_t(r * D)], D, m.hnorm.data(), eps());
+    linear(h.data(), n * hc, m.h_proj, hp.data());
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < hc; ++j) {
+        for (int64_t d = 0; d < D; ++d) {
+          h[size_t((i * hc + j) * D + d)] =
+              ep[size_t(i * D + d)] + hp[size_t((i * hc + j) * D + d)];
+        }
+      }
+    }
+    Seq q{s, kv};
+    block(c_.num_hidden_layers, q, h);
+    head_rows(s, h, m.hc_head, m.norm, out);
     return Status::Ok();
   }
 
@@ -771,7 +830,7 @@ class DeepseekV4 final : public CausalLm {
     const int64_t nf = state_floats(c_, ratio);
     std::vector<float> st(static_cast<size_t>(nf));
     const int64_t t0 = q.pos(0);
-    if (t0 > 0) {
+    if (t0 > 0) {  // resume_compressors made it the state after t0 - 1
       std::memcpy(st.data(), entry(q.kv, q.s, l, p.state, (t0 - 1) / kKvBlockSize, 0),
                   size_t(nf) * 4);
     } else {
@@ -805,6 +864,7 @@ class DeepseekV4 final : public CausalLm {
     }
     const KvTokenFormat fmt = q.kv.layout().token;
     std::vector<float> e;
+    std::vector<std::pair<int64_t, std::vector<float>>> snaps;  // (position, state after it)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = q.pos(i), j = t % ratio;
       for (size_t si = 0; si < sites.size(); ++si) {
@@ -842,10 +902,75 @@ class DeepseekV4 final : public CausalLm {
           cur.clear();
         }
       }
+      if (n - i <= kSnapshotRows) {  // where a rejected draft's successor may resume
+        snaps.emplace_back(t, std::vector<float>(st.begin(), st.end()));
+      }
       if (t % kKvBlockSize == kKvBlockSize - 1 || i == n - 1) {  // the block's record
-        std::memcpy(entry(q.kv, q.s, l, p.state, t / kKvBlockSize, 0), st.data(), size_t(nf) * 4);
+        uint8_t* rec = entry(q.kv, q.s, l, p.state, t / kKvBlockSize, 0);
+        std::memcpy(rec, st.data(), size_t(nf) * 4);
+        const int64_t at = t % kKvBlockSize;
+        std::memcpy(rec + nf * 4, &at, kStateTail);
       }
     }
+    // The snapshots by the block whose record their rows wrote, under the record's bytes.
+    for (size_t a = 0; a < snaps.size();) {
+      const int64_t bi = snaps[a].first / kKvBlockSize;
+      size_t b = a;
+      while (b < snaps.size() && snaps[b].first / kKvBlockSize == bi) ++b;
+      const uint8_t* rec = entry(q.kv, q.s, l, p.state, bi, 0);
+      const std::pair<int64_t, int32_t> key{l, q.s.block_table[size_t(bi)]};
+      Snapshots& set = snapshots_[key];
+      set.serial = ++snapshot_serial_;
+      set.record_hash = XXH3_64bits(rec, size_t(nf * 4 + kStateTail));
+      set.rows.assign(std::make_move_iterator(snaps.begin() + int64_t(a)),
+                      std::make_move_iterator(snaps.begin() + int64_t(b)));
+      snapshot_order_.push_back({key, set.serial});
+      a = b;
+    }
+    while (int64_t(snapshot_order_.size()) > kMaxSnapshotSets * c_.num_hidden_layers) {
+      const auto& [key, serial] = snapshot_order_.front();
+      const auto it = snapshots_.find(key);
+      if (it != snapshots_.end() && it->second.serial == serial) snapshots_.erase(it);
+      snapshot_order_.pop_front();
+    }
+  }
+
+  // Before a step from position t0 > 0: every compressed layer's record in the block of t0 - 1
+  // holds the state after t0 - 1. A verify step whose drafts were rejected left the state after
+  // its last draft there; the snapshot of t0 - 1 that step kept (its record's bytes unchanged
+  // since) goes back in. Records of whole blocks (imported, prefix hits) hold their last
+  // position's state already.
+  Status resume_compressors(Seq& q) {
+    const int64_t t0 = q.pos(0);
+    if (t0 == 0) return Status::Ok();
+    const int64_t bi = (t0 - 1) / kKvBlockSize;
+    for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
+      const int64_t ratio = v_.ratio(l);
+      if (ratio == 0) continue;
+      const int64_t nf = state_floats(c_, ratio);
+      uint8_t* rec = entry(q.kv, q.s, l, parts(q.kv, l).state, bi, 0);
+      int64_t after;  // within the block
+      std::memcpy(&after, rec + nf * 4, kStateTail);
+      if (after == (t0 - 1) % kKvBlockSize) continue;
+      const auto it = snapshots_.find({l, q.s.block_table[size_t(bi)]});
+      const std::vector<float>* state = nullptr;
+      if (it != snapshots_.end() && after > (t0 - 1) % kKvBlockSize &&
+          it->second.record_hash == XXH3_64bits(rec, size_t(nf * 4 + kStateTail))) {
+        for (const auto& [pos, st] : it->second.rows) {
+          if (pos == t0 - 1) state = &st;
+        }
+      }
+      if (!state) {
+        return Internal(fmt::format(
+            "DeepSeek-V4 layer {}: the compressor state for position {} is gone (the block's "
+            "record holds position {})",
+            l, t0 - 1, bi * kKvBlockSize + after));
+      }
+      std::memcpy(rec, state->data(), size_t(nf) * 4);
+      const int64_t at = (t0 - 1) % kKvBlockSize;
+      std::memcpy(rec + nf * 4, &at, kStateTail);
+    }
+    return Status::Ok();
   }
 
   void clear_state(int64_t ratio, float* st) const {
@@ -1012,6 +1137,19 @@ class DeepseekV4 final : public CausalLm {
   bool fast_;
   PackedViews packed_;
   V4ChoiceObserver observer_;
+  // The compressors' states after each of a step's last rows, per (layer, block id) whose record
+  // those rows wrote: what resume_compressors puts back when drafts were rejected. Bounded: the
+  // oldest sets go first past kMaxSnapshotSets sequences' worth.
+  static constexpr int64_t kSnapshotRows = 16;  // more than any verify step's drafts
+  static constexpr int64_t kMaxSnapshotSets = 512;
+  struct Snapshots {
+    uint64_t serial = 0;  // of the step that kept them
+    uint64_t record_hash = 0;
+    std::vector<std::pair<int64_t, std::vector<float>>> rows;
+  };
+  std::map<std::pair<int64_t, int32_t>, Snapshots> snapshots_;
+  std::deque<std::pair<std::pair<int64_t, int32_t>, uint64_t>> snapshot_order_;
+  uint64_t snapshot_serial_ = 0;
   ExpertStore experts_;
   std::vector<float> inv_main_, inv_compressed_;
 };
@@ -1035,7 +1173,7 @@ KvLayout v4_kv_layout(const ModelConfig& c, DType kv_dtype, bool mtp) {
       f.parts.push_back(KvPart::index_key(c.indexer->head_dim, 4,
                                           kv_dtype == DType::kF32 ? DType::kF32 : DType::kF4E2M1));
     }
-    if (r != 0) f.parts.push_back(KvPart::state(state_floats(c, r) * 4));
+    if (r != 0) f.parts.push_back(KvPart::state(state_floats(c, r) * 4 + kStateTail));
     layers.push_back(std::move(f));
   }
   return KvLayout(std::move(layers));

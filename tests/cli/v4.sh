@@ -6,8 +6,8 @@
 #   - the BF16 cache: a batch gives each prompt what it gets alone, and the disk tier (a second
 #     process reading the prompt's blocks, compressor state included) gives the same bits;
 #   - the fast path: a batch gives each prompt what it gets alone, so do the starts that write
-#     and map the weight cache; --expert-dtype and MTP
-#     speculative decoding (not run for V4 yet) are refused by name;
+#     and map the weight cache; --expert-dtype is refused by name;
+#   - MTP speculative decoding with V4's module gives the plain runs' output on both paths;
 #   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) runs from text;
 #     an EP group of 2 ranks is refused by name;
 #   - PD: a router with a prefill and a decode unit gives one server's output on prompts whose
@@ -66,11 +66,25 @@ if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --expert-d
   fail "--expert-dtype int4 ran V4"
 fi
 grep -q -- "--expert-dtype are not supported" "$dir/int4.out" || fail "no clear refusal: $(cat "$dir/int4.out")"
-if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --compute reference \
-  --speculative mtp > "$dir/mtp.out" 2>&1; then
-  fail "MTP ran with V4"
-fi
-grep -q "does not run its MTP module yet" "$dir/mtp.out" || fail "no clear MTP refusal: $(cat "$dir/mtp.out")"
+# MTP speculative decoding with V4's module, three drafts a step: the tokens and top-5 logprobs
+# of the runs without it, on both paths (the fixture's random module's drafts are rejected, so
+# every verify step puts the compressors' state back; model_test covers accepted drafts).
+gen "$dir/mtp.jsonl" --prompt-ids "$p1" --prompt-ids "$p2" --speculative mtp \
+  --num-draft-tokens 3 --speculative-max-rows 0
+compute=fast gen "$dir/fmtp.jsonl" --prompt-ids "$p1" --prompt-ids "$p2" --speculative mtp \
+  --num-draft-tokens 3 --speculative-max-rows 0
+python3 - "$dir/batch.jsonl" "$dir/mtp.jsonl" "$dir/fbatch.jsonl" "$dir/fmtp.jsonl" <<'PY' || fail "MTP changed the output"
+import json, sys
+for plain, spec in ((sys.argv[1], sys.argv[2]), (sys.argv[3], sys.argv[4])):
+    a = [json.loads(l) for l in open(plain)]
+    b = [json.loads(l) for l in open(spec)]
+    assert len(a) == 2 and len(b) == 3 and "speculative" in b[2], (len(a), len(b))  # its stats
+    b = b[:2]
+    for x, y in zip(a, b):
+        assert x["tokens"] == y["tokens"] and x["top_logprobs"] == y["top_logprobs"], (plain, spec)
+        assert y["draft_tokens"] > 0, y
+print("v4: MTP (3 drafts a step) gives the plain runs' tokens and logprobs on both paths")
+PY
 "$bin" make-model --preset v4-tiny --set num_hidden_layers=3 --set 'compress_ratios=[128,4,0,0]' \
   --out "$dir/v4t" > /dev/null 2>&1 || fail "make-model v4-tiny"
 "$bin" generate --model "$dir/v4t" --prompt "def fibonacci(n):" --max-tokens 4 --compute reference \

@@ -333,6 +333,49 @@ TEST_F(V4Model, ImportedBlocksResumeToTheSameBits) {
   EXPECT_TRUE(std::equal(whole.begin(), whole.end(), out.logits.begin()));
 }
 
+// Speculative decoding's verify steps (the last token and three drafts in one step) with some
+// drafts rejected: the next step resumes the compressors from the state after the last accepted
+// position (the step's snapshots), not after the last draft that the block's record holds. From
+// position 250, through a 4-token group boundary at every step, the 256-token 128-group and the
+// block boundaries at 256 and 320, accepting 0 to 3 drafts in turn: every accepted row's logits
+// have the bits of one-token decode steps, on both paths.
+TEST_F(V4Model, RejectedDraftsRollTheCompressorsBack) {
+  const Fixture f = load_fixture();
+  constexpr int64_t kStart = 250, kSteps = 90;
+  for (bool fast : {false, true}) {
+    open(DType::kBF16, fast);
+    std::vector<int32_t> seq(f.prompt.begin(), f.prompt.begin() + kStart);
+    std::vector<float> last = run(seq, 0, 1);
+    std::vector<std::vector<float>> plain;  // logits after each generated position
+    for (int64_t k = 0; k < kSteps; ++k) {
+      const std::vector<float> lp = log_softmax(last.data(), vocab());
+      seq.push_back(int32_t(std::max_element(lp.begin(), lp.end()) - lp.begin()));
+      last = run(std::span<const int32_t>(seq).subspan(seq.size() - 1), int64_t(seq.size()) - 1, 1);
+      plain.push_back(last);
+    }
+    open(DType::kBF16, fast);
+    run(std::span<const int32_t>(seq).first(kStart), 0, 1);
+    int64_t k = 0, verified = 0, rejected = 0;
+    for (int64_t step = 0; k + 4 <= kSteps; ++step) {
+      const int64_t accept = step % 4;  // drafts accepted this step: 0, 1, 2, 3, 0, ...
+      std::vector<int32_t> rows(seq.begin() + kStart + k, seq.begin() + kStart + k + 4);
+      if (accept < 3) rows[size_t(accept + 1)] = (rows[size_t(accept + 1)] + 1) % int32_t(vocab());
+      const std::vector<float> got = run(rows, kStart + k, 4);
+      for (int64_t r = 0; r <= accept; ++r) {
+        const std::vector<float>& want = plain[size_t(k + r)];
+        ASSERT_TRUE(std::equal(want.begin(), want.end(), got.begin() + r * vocab()))
+            << (fast ? "fast" : "reference") << " path, position " << kStart + k + r << " (step "
+            << step << ", row " << r << ")";
+        ++verified;
+      }
+      rejected += accept < 3;
+      k += accept + 1;
+    }
+    EXPECT_GT(rejected, 15);
+    EXPECT_GT(verified, 60);
+  }
+}
+
 // DeepSeek-V4-Flash's config.json as DeepSeek publishes it parses, and its KV layout stores the
 // bytes per token docs/deepseek-v4.md works out (BF16: every position's 512-value window entry in
 // all 43 layers, the compressed entries and FP4 index keys of the 21 compressed sparse and 20
@@ -371,12 +414,13 @@ TEST(V4Config, FlashParsesAndItsKvBytesAreTheDocumentedOnes) {
   ASSERT_TRUE(kv_layout_status(layout).ok());
   // Per token: 43 x 1,024 (window entries) + 21 x (256 + 68 / 4 + 15,360 / 64) + 20 x (1,024 /
   // 64 + 6,144 / 64): a 128-token entry has a slot in each of its two blocks, used in the second;
-  // an FP4 index key is 64 bytes of e2m1 pairs and 4 exponent bytes per 4 tokens.
+  // an FP4 index key is 64 bytes of e2m1 pairs and 4 exponent bytes per 4 tokens; and per block
+  // each state record's 8 bytes saying where in the block its position lies.
   EXPECT_EQ(layout.block_bytes(),
-            size_t(64 * (43 * 1024 + 21 * (256 + 17 + 240) + 20 * (16 + 96))));
+            size_t(64 * (43 * 1024 + 21 * (256 + 17 + 240) + 20 * (16 + 96)) + 41 * 8));
   // The F32 cache (the reference format) keeps F32 index keys: 512 bytes per 4 tokens.
   EXPECT_EQ(v4_kv_layout(*c, DType::kF32, false).block_bytes(),
-            size_t(64 * (43 * 2048 + 21 * (512 + 128 + 240) + 20 * (32 + 96))));
+            size_t(64 * (43 * 2048 + 21 * (512 + 128 + 240) + 20 * (32 + 96)) + 41 * 8));
 
   // A ratio V4 does not have is refused by name.
   std::string bad = text;
