@@ -54,18 +54,20 @@ Status kv_token_format_status(const KvTokenFormat& f) {
     return InvalidArgument(
         fmt::format("the latent KV cache is F32, BF16 or FP8, not {}", dtype_name(f.dtype)));
   }
-  if (f.dtype == DType::kF8E4M3 && f.kv_lora_rank % kKvFp8Tile != 0) {
+  if (f.dtype == DType::kF8E4M3 && f.kv_lora_rank % f.fp8_tile() != 0) {
     return InvalidArgument(fmt::format(
-        "an FP8 KV cache needs kv_lora_rank to be a multiple of {} (FlashMLA's format has one "
-        "scale per {} latent values); this model's kv_lora_rank is {}: use bf16",
-        kKvFp8Tile, kKvFp8Tile, f.kv_lora_rank));
+        "an FP8 KV cache needs kv_lora_rank to be a multiple of {} (its format has one scale per "
+        "{} latent values); this model's kv_lora_rank is {}: use bf16",
+        f.fp8_tile(), f.fp8_tile(), f.kv_lora_rank));
   }
   return Status::Ok();
 }
 
-float kv_fp8_tile_scale(float amax) {
-  // FlashMLA's floor on the inverse scale keeps an all-zero tile finite.
-  const float s = std::max(amax / kFp8E4M3Max, 1e-4f);
+float kv_fp8_tile_scale(float amax, KvFp8Layout layout) {
+  // FlashMLA's floor on the inverse scale keeps an all-zero tile finite; V4's model.py floors
+  // amax instead.
+  const float s = layout == KvFp8Layout::kV4 ? std::max(amax, 1e-4f) * (1.0f / kFp8E4M3Max)
+                                             : std::max(amax / kFp8E4M3Max, 1e-4f);
   if (!std::isfinite(s)) return s;  // an inf in the tile: nothing sensible to store
   // 2^ceil(log2(s)), exactly: s when it is a power of two, else the next one up.
   int e = 0;
@@ -83,14 +85,22 @@ void kv_token_store(const KvTokenFormat& f, const float* v, uint8_t* token) {
     store_bf16(v, f.dim(), token);
     return;
   }
-  for (int64_t t0 = 0; t0 < R; t0 += kKvFp8Tile) {
+  const int64_t tile = f.fp8_tile();
+  for (int64_t t0 = 0; t0 < R; t0 += tile) {
     float amax = 0.0f;  // (a NaN never wins)
-    for (int64_t i = t0; i < t0 + kKvFp8Tile; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float s = kv_fp8_tile_scale(amax);
-    for (int64_t i = t0; i < t0 + kKvFp8Tile; ++i) {
+    for (int64_t i = t0; i < t0 + tile; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float s = kv_fp8_tile_scale(amax, f.fp8);
+    for (int64_t i = t0; i < t0 + tile; ++i) {
       token[i] = f32_to_fp8e4m3(v[i] / s);  // x / s is exact: s is a power of two
     }
-    std::memcpy(token + f.fp8_scales_offset() + t0 / kKvFp8Tile * 4, &s, 4);
+    uint8_t* at = token + f.fp8_scales_offset() + t0 / tile * f.fp8_scale_bytes();
+    if (f.fp8 == KvFp8Layout::kV4) {
+      int e = 0;
+      std::frexp(s, &e);  // s = 2^(e - 1)
+      *at = uint8_t(std::clamp(e - 1 + 127, 0, 254));
+    } else {
+      std::memcpy(at, &s, 4);
+    }
   }
   store_bf16(v + R, f.rope_dim, token + f.fp8_rope_offset());
 }
@@ -105,10 +115,16 @@ void kv_token_load(const KvTokenFormat& f, const uint8_t* token, float* out) {
     load_bf16(token, f.dim(), out);
     return;
   }
-  for (int64_t t0 = 0; t0 < R; t0 += kKvFp8Tile) {
+  const int64_t tile = f.fp8_tile();
+  for (int64_t t0 = 0; t0 < R; t0 += tile) {
+    const uint8_t* at = token + f.fp8_scales_offset() + t0 / tile * f.fp8_scale_bytes();
     float s;
-    std::memcpy(&s, token + f.fp8_scales_offset() + t0 / kKvFp8Tile * 4, 4);
-    for (int64_t i = t0; i < t0 + kKvFp8Tile; ++i) out[i] = fp8e4m3_to_f32(token[i]) * s;
+    if (f.fp8 == KvFp8Layout::kV4) {
+      s = std::ldexp(1.0f, int(*at) - 127);
+    } else {
+      std::memcpy(&s, at, 4);
+    }
+    for (int64_t i = t0; i < t0 + tile; ++i) out[i] = fp8e4m3_to_f32(token[i]) * s;
   }
   load_bf16(token + f.fp8_rope_offset(), f.rope_dim, out + R);
 }

@@ -1158,7 +1158,9 @@ class DeepseekV4 final : public CausalLm {
 
 KvLayout v4_kv_layout(const ModelConfig& c, DType kv_dtype, bool mtp) {
   const V4Config& v = *c.v4;
-  const KvTokenFormat token{kv_dtype, v.head_dim - c.qk_rope_head_dim, c.qk_rope_head_dim};
+  // FP8: model.py's rounding of the non-RoPE values, per 64 with a UE8M0 scale.
+  const KvTokenFormat token{kv_dtype, v.head_dim - c.qk_rope_head_dim, c.qk_rope_head_dim,
+                            kv_dtype == DType::kF8E4M3 ? KvFp8Layout::kV4 : KvFp8Layout::kFlashMla};
   std::vector<KvLayerFormat> layers;
   const int64_t n = c.num_hidden_layers + (mtp ? 1 : 0);
   for (int64_t l = 0; l < n; ++l) {

@@ -10,6 +10,7 @@
 #   - MTP speculative decoding with V4's module gives the plain runs' output on both paths;
 #   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) runs from text;
 #     an EP group of 2 ranks is refused by name;
+#   - the FP8 KV cache (V4's 583-byte entries): batch = alone, the disk tier the same bits;
 #   - PD: a router with a prefill and a decode unit gives one server's output on prompts whose
 #     hand-off carries whole and unfinished 128-token groups (the blocks' compressor state).
 set -euo pipefail
@@ -97,6 +98,31 @@ if $mpirun -np 2 "$bin" generate --model "$dir/v4t" --prompt-ids 1,2,3 --max-tok
   fail "V4 ran as an EP group"
 fi
 grep -q "does not run as an EP group yet" "$dir/ep.out" || fail "no clear EP refusal: $(cat "$dir/ep.out")"
+
+# The FP8 KV cache (model.py's rounding: 448 e4m3 values, 7 UE8M0 scales per 64, the RoPE values
+# in BF16): a batch gives each prompt what it gets alone, the disk tier the same bits; a head
+# whose non-RoPE part is not whole 64-value tiles is refused by name.
+"$bin" make-model --preset v4-tiny --set num_hidden_layers=3 --set 'compress_ratios=[128,4,0,0]' \
+  --set head_dim=96 --out "$dir/v4f" > /dev/null 2>&1 || fail "make-model v4-tiny head_dim 96"
+fp8gen() {  # OUT ARGS...
+  local out=$1
+  shift
+  "$bin" generate --model "$dir/v4f" --max-tokens 6 --json --logprobs 2 --ignore-eos --threads 1 \
+    --compute fast --kv-cache-dtype fp8 "$@" > "$out" 2> "$out.err" || { cat "$out.err" >&2; fail "fp8 $*"; }
+}
+fp8gen "$dir/fp8batch.jsonl" --prompt-ids "$p1" --prompt-ids "$p2"
+fp8gen "$dir/fp8alone.jsonl" --prompt-ids "$p2"
+sed -n 2p "$dir/fp8batch.jsonl" | cmp -s - "$dir/fp8alone.jsonl" || fail "FP8 KV: batch != alone"
+for i in 1 2; do
+  fp8gen "$dir/fp8disk$i.jsonl" --prompt-ids "$p1" --prompt-ids "$p2" --kv-disk "$dir/kvdisk8"
+done
+grep -q 'kv-disk: [1-9][0-9]* hits' "$dir/fp8disk2.jsonl.err" || fail "FP8 KV: no disk hits"
+cmp -s "$dir/fp8disk2.jsonl" "$dir/fp8batch.jsonl" || fail "FP8 KV: the disk tier changed the output"
+if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --kv-cache-dtype fp8 \
+  > "$dir/fp8.out" 2>&1; then
+  fail "an FP8 KV cache ran a head of 24 non-RoPE values"
+fi
+grep -q "multiple of 64" "$dir/fp8.out" || fail "no clear FP8 refusal: $(cat "$dir/fp8.out")"
 
 # PD: a router, a prefill and a decode unit (serve --compute reference) against one serve, on
 # 300- and 150-token prompts: 128-token groups whole and unfinished in the hand-off.

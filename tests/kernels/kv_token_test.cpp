@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -124,6 +125,56 @@ TEST(KvToken, Fp8RoundTripErrorWithinHalfAStepOfTheTile) {
       for (int64_t i = R; i < D; ++i) {
         ASSERT_EQ(back[size_t(i)], bf16_to_f32(f32_to_bf16(v[size_t(i)]))) << "rope " << i;
       }
+    }
+  }
+}
+
+// DeepSeek-V4's FP8 layout (KvFp8Layout::kV4): 448 e4m3 bytes, 7 UE8M0 scale bytes, 64 BF16 rope
+// values, 583 bytes; each 64-value tile as model.py's act_quant(x, 64, "ue8m0") rounds it, stated
+// directly: s = 2^ceil(log2(max(amax, 1e-4) / 448)), each x / s the nearest e4m3 value (the
+// nearest of all 253 finite ones, a tie to the even code), the byte log2(s) + 127.
+TEST(KvToken, V4Fp8IsModelPysActQuantPer64) {
+  const KvTokenFormat f{DType::kF8E4M3, 448, 64, KvFp8Layout::kV4};
+  ASSERT_TRUE(kv_token_format_status(f).ok());
+  EXPECT_EQ(f.bytes(), 583);
+  EXPECT_EQ(f.fp8_rope_offset(), 455);
+  EXPECT_FALSE(kv_token_format_status({DType::kF8E4M3, 96, 32, KvFp8Layout::kV4}).ok());
+  auto nearest = [&](double y) {
+    double best = 0, bd = 1e300;
+    for (int c = 0; c < 256; ++c) {
+      if ((c & 0x7f) == 0x7f) continue;
+      const double g = double(fp8e4m3_to_f32(uint8_t(c))), d = std::fabs(y - g);
+      if (d < bd || (d == bd && (c & 1) == 0)) bd = d, best = g;
+    }
+    return best;
+  };
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> mag(-9.0f, 4.0f);
+  std::vector<uint8_t> tok(583);
+  std::vector<float> v(512), back(512);
+  for (int trial = 0; trial < 60; ++trial) {
+    for (int64_t t0 = 0; t0 < 448; t0 += 64) {
+      const float m = std::pow(10.0f, mag(rng));
+      for (int64_t i = t0; i < t0 + 64; ++i) v[size_t(i)] = u(rng) * m;
+      if (trial % 5 == 0) std::fill(v.begin() + t0, v.begin() + t0 + 64, 0.0f);
+    }
+    for (int64_t i = 448; i < 512; ++i) v[size_t(i)] = u(rng);
+    kv_token_store(f, v.data(), tok.data());
+    kv_token_load(f, tok.data(), back.data());
+    for (int64_t t0 = 0; t0 < 448; t0 += 64) {
+      double amax = 1e-4;
+      for (int64_t i = t0; i < t0 + 64; ++i) amax = std::max(amax, double(std::fabs(v[i])));
+      const int e = int(std::ceil(std::log2(double(float(amax) * (1.0f / 448.0f)))));
+      ASSERT_EQ(int(tok[size_t(448 + t0 / 64)]), e + 127) << "tile " << t0 / 64;
+      const double s = std::ldexp(1.0, e);
+      for (int64_t i = t0; i < t0 + 64; ++i) {
+        const double want = nearest(std::clamp(double(v[i]) / s, -448.0, 448.0)) * s;
+        ASSERT_EQ(double(back[size_t(i)]), want) << "value " << i << ": " << v[i];
+      }
+    }
+    for (int64_t i = 448; i < 512; ++i) {
+      ASSERT_EQ(back[size_t(i)], bf16_to_f32(f32_to_bf16(v[size_t(i)])));
     }
   }
 }

@@ -497,6 +497,10 @@ TEST(V4Config, FlashParsesAndItsKvBytesAreTheDocumentedOnes) {
   // each state record's 8 bytes saying where in the block its position lies.
   EXPECT_EQ(layout.block_bytes(),
             size_t(64 * (43 * 1024 + 21 * (256 + 17 + 240) + 20 * (16 + 96)) + 41 * 8));
+  // FP8 (model.py's rounding): 583-byte entries (448 e4m3 values, 7 UE8M0 scales, 64 BF16 RoPE
+  // values); 35,634 bytes per token.
+  EXPECT_EQ(v4_kv_layout(*c, DType::kF8E4M3, false).block_bytes(),
+            size_t(43 * 64 * 583 + 21 * (16 * 583 + 16 * 68 + 15360 + 8) + 20 * (583 + 6144 + 8)));
   // The F32 cache (the reference format) keeps F32 index keys: 512 bytes per 4 tokens.
   EXPECT_EQ(v4_kv_layout(*c, DType::kF32, false).block_bytes(),
             size_t(64 * (43 * 2048 + 21 * (512 + 128 + 240) + 20 * (32 + 96)) + 41 * 8));
