@@ -14,8 +14,9 @@ transformers does not model), so its picks are those of its initial weights; the
 
 Corpus, vocabulary and schedule are tiny-py's (tools/train_tiny.py): the Python standard
 library's source with the DeepSeek-V3 tokenizer, the same held-out split, ids seen fewer than
-twice with zero embedding and head rows (one extra class of logit ln(V - U) in training stands
-for them, as tiny-py's), AdamW (0.9, 0.95), weight decay 0.1 on matrices, warm-up then cosine,
+twice with zero head rows (one extra class of logit ln(V - U) in training stands for them, as
+tiny-py's) and one shared trained embedding row (a zero row, as tiny-py keeps, would feed mHC's
+RMS-scaled mixes an all-zero stream, whose gradient 1/sqrt(eps) swamps every other one), AdamW (0.9, 0.95), weight decay 0.1 on matrices, warm-up then cosine,
 8 windows of 512 tokens a step.
 
 Export: DeepSeek's names and formats (tools/gen_v4_fixture.py's tensor_specs): FP8 e4m3 with
@@ -143,8 +144,12 @@ def official_tensors(sd, c, active, tid2eid_full):
     W = {}
     for a, b in fx._HF_TOP:
         W[a] = sd[b].float()
-    for name in ("embed.weight", "head.weight"):  # back to the full vocabulary, zero rows
+    # Back to the full vocabulary: the untrained ids share the embedding's last row and have
+    # zero head rows (logit 0).
+    for name in ("embed.weight", "head.weight"):
         full = torch.zeros(V, W[name].shape[1])
+        if name == "embed.weight":
+            full[:] = W[name][len(active)]
         full[active] = W[name][: len(active)]
         W[name] = full
     I = c["moe_intermediate_size"]
@@ -213,9 +218,6 @@ def main():
         if buf is None:
             buf = dict(model.named_parameters())[f"model.layers.{L}.mlp.gate.tid2eid"]
         buf.data.copy_(compact.to(buf.dtype))
-    emb = model.get_input_embeddings().weight
-    with torch.no_grad():
-        emb[U].zero_()
 
     data = rows[torch.tensor(streams["train"])]
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and p.requires_grad]
@@ -235,8 +237,6 @@ def main():
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tt.CLIP)
         opt.step()
-        with torch.no_grad():
-            emb[U].zero_()
         rec = {"step": step, "loss": round(loss.item(), 4), "grad_norm": round(float(gnorm), 3),
                "lr": round(tt.lr_at(step, args.steps), 6), "seconds": round(time.time() - t0, 1)}
         log.append(rec)
@@ -259,8 +259,9 @@ def main():
     # The exported (rounded) weights read back through the fixture's byte parser, in the model.
     W, _ = fx.parse_safetensors_bytes(st_path)
     sd = fx.official_to_hf(W, c)
+    untrained = int(torch.nonzero(rows == U)[0])
     sd["model.embed_tokens.weight"] = torch.cat([W["embed.weight"][active],
-                                                 torch.zeros(1, c["hidden_size"])])
+                                                 W["embed.weight"][untrained: untrained + 1]])
     sd["lm_head.weight"] = torch.cat([W["head.weight"][active], torch.zeros(1, c["hidden_size"])])
     for L in range(c["num_hash_layers"]):
         sd[f"model.layers.{L}.mlp.gate.tid2eid"] = torch.cat([tid2eid_full[L][active],
