@@ -455,6 +455,16 @@ TEST(V4Mtp, ModuleMatchesDeepSeeksModelPy) {
   EXPECT_LE(flipped * 4, rows);
 }
 
+// The trained tiny V4 as the build lays it out, and transformers' outputs on it.
+void open_trained_v4(json* fx, std::unique_ptr<Checkpoint>* ck) {
+  std::ifstream in("tests/data/v4/tiny-v4/expected.json");
+  ASSERT_TRUE(in.good()) << "tests/data/v4/tiny-v4/expected.json";
+  *fx = json::parse(in);
+  auto opened = Checkpoint::open(std::string(MOESERVE_MODELS_DIR) + "/tiny-v4");
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  *ck = std::move(*opened);
+}
+
 // The trained tiny V4 (assets/models/tiny-v4, tools/train_tiny_v4.py) against transformers'
 // deepseek_v4 on it (tools/gen_v4_trained_fixture.py): three 300-token prompts cut from held-out
 // files, the top-5 at every prompt position (one step), then 40 steps teacher-forced on
@@ -468,13 +478,10 @@ TEST(V4Mtp, ModuleMatchesDeepSeeksModelPy) {
 // indexer is untrained (its picks are its initial weights', near-tied, and not trained for FP4
 // as DeepSeek's are).
 TEST(V4Trained, PathsMatchTransformers) {
-  const std::string dir = std::string(MOESERVE_MODELS_DIR) + "/tiny-v4";
-  std::ifstream in("tests/data/v4/tiny-v4/expected.json");
-  ASSERT_TRUE(in.good());
-  const json fx = json::parse(in);
-  auto ck = Checkpoint::open(dir);
-  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
-  const ModelConfig& c = (*ck)->config();
+  json fx;
+  std::unique_ptr<Checkpoint> ck;
+  ASSERT_NO_FATAL_FAILURE(open_trained_v4(&fx, &ck));
+  const ModelConfig& c = ck->config();
   ThreadPool pool(2);
   struct Case {
     bool fast;
@@ -485,7 +492,7 @@ TEST(V4Trained, PathsMatchTransformers) {
                         Case{true, DType::kF32, "fast, F32 cache"},
                         Case{true, DType::kBF16, "fast, BF16 cache + FP4 index keys"},
                         Case{true, DType::kF8E4M3, "fast, FP8 cache + FP4 index keys"}}) {
-    std::unique_ptr<CausalLm> m = make_deepseek_v4(c, (*ck)->weights(), &pool, k.fast);
+    std::unique_ptr<CausalLm> m = make_deepseek_v4(c, ck->weights(), &pool, k.fast);
     std::vector<float> errs;
     int64_t greedy_checked = 0;
     for (const json& p : fx["prompts"]) {
@@ -539,16 +546,13 @@ TEST(V4Trained, PathsMatchTransformers) {
 // choice than the reference path (an indexer pick or a routed expert) left out and counted:
 // 84 positions within 1.9e-2 (the 5e-2), 3 left out (2026-12-07).
 TEST(V4Trained, FastPathFromExactPrefixes) {
-  const std::string dir = std::string(MOESERVE_MODELS_DIR) + "/tiny-v4";
-  std::ifstream in("tests/data/v4/tiny-v4/expected.json");
-  ASSERT_TRUE(in.good());
-  const json fx = json::parse(in);
-  auto ck = Checkpoint::open(dir);
-  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
-  const ModelConfig& c = (*ck)->config();
+  json fx;
+  std::unique_ptr<Checkpoint> ck;
+  ASSERT_NO_FATAL_FAILURE(open_trained_v4(&fx, &ck));
+  const ModelConfig& c = ck->config();
   ThreadPool pool(2);
-  std::unique_ptr<CausalLm> ref = make_deepseek_v4(c, (*ck)->weights(), &pool, false);
-  std::unique_ptr<CausalLm> fast = make_deepseek_v4(c, (*ck)->weights(), &pool, true);
+  std::unique_ptr<CausalLm> ref = make_deepseek_v4(c, ck->weights(), &pool, false);
+  std::unique_ptr<CausalLm> fast = make_deepseek_v4(c, ck->weights(), &pool, true);
   Choices ref_choices, fast_choices;
   float worst = 0;
   int64_t measured = 0, flipped = 0;
