@@ -67,9 +67,10 @@ inline float fp4e2m1_to_f32(uint8_t nibble) {
                                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
   return kValues[nibble & 0xf];
 }
-// A UE8M0 scale byte: 2^(byte - 127) (0xff is NaN in the format; read as 2^128 = inf here).
+// A UE8M0 scale byte: 2^(byte - 127) (0xff is NaN in the format; read as 2^128 = inf here),
+// built from its bits (hot in the FP4 index kernels): byte 0 is the subnormal 2^-127.
 inline float f8e8m0_to_f32(uint8_t b) {
-  return std::ldexp(1.0f, int(b) - 127);
+  return f32_from_bits(b == 0 ? 0x00400000u : uint32_t(b) << 23);
 }
 
 inline uint8_t f32_to_fp8e4m3(float f) {

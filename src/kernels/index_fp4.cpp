@@ -5,13 +5,12 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "kernels/index_fp4_internal.h"
 
 namespace moeserve {
 
 namespace {
-
-constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 // The e2m1 code (sign in bit 3) nearest y (|y| <= 6), ties to the even code, as a float cast.
 uint8_t e2m1_code(float y) {
@@ -50,7 +49,7 @@ void fp4_index_quantize(const float* x, int64_t d, uint8_t* out) {
     const float* xb = x + b * kFp4Block;
     const uint8_t e = block_exponent(xb);
     exps[b] = e;
-    const float s = index_fp4_detail::ue8m0_value(e);
+    const float s = f8e8m0_to_f32(e);
     for (int64_t i = 0; i < kFp4Block; i += 2) {
       const uint8_t lo = e2m1_code(std::clamp(xb[i] / s, -6.0f, 6.0f));
       const uint8_t hi = e2m1_code(std::clamp(xb[i + 1] / s, -6.0f, 6.0f));
@@ -61,9 +60,8 @@ void fp4_index_quantize(const float* x, int64_t d, uint8_t* out) {
 
 void fp4_index_dequantize(const uint8_t* in, int64_t d, float* out) {
   for (int64_t i = 0; i < d; ++i) {
-    const uint8_t c = (in[i / 2] >> (4 * (i & 1))) & 0xf;
-    const float v = (c & 8) ? -kE2m1[c & 7] : kE2m1[c & 7];
-    out[i] = v * index_fp4_detail::ue8m0_value(in[d / 2 + i / kFp4Block]);
+    out[i] = fp4e2m1_to_f32(uint8_t(in[i / 2] >> (4 * (i & 1)))) *
+             f8e8m0_to_f32(in[d / 2 + i / kFp4Block]);
   }
 }
 
@@ -85,15 +83,14 @@ void fp4_index_query(const float* q, const float* w, int64_t heads, int64_t d, F
       out.corr[size_t((i / kFp4Block) * heads + h)] -= 12 * v;
     }
     for (int64_t b = 0; b < nb; ++b) {
-      out.scale[size_t(b * heads + h)] =
-          index_fp4_detail::ue8m0_value(packed[size_t(d / 2 + b)]) * 0.25f;
+      out.scale[size_t(b * heads + h)] = f8e8m0_to_f32(packed[size_t(d / 2 + b)]) * 0.25f;
     }
   }
 }
 
 void fp4_index_scores(const Fp4IndexQuery& q, const uint8_t* keys, int64_t n, int64_t ld,
                       float* out, Isa isa) {
-  if (isa >= Isa::kAvx512Bf16 && q.heads % 16 == 0) {
+  if (isa >= Isa::kAvx512Bf16 && q.heads % 16 == 0 && q.d <= index_fp4_detail::kMaxAvx512Dim) {
     return index_fp4_detail::fp4_index_scores_avx512(q, keys, n, ld, out);
   }
   const int64_t H = q.heads, d = q.d, nb = d / kFp4Block;
@@ -104,7 +101,7 @@ void fp4_index_scores(const Fp4IndexQuery& q, const uint8_t* keys, int64_t n, in
     for (int64_t i = 0; i < d; ++i) {
       k2[size_t(i)] = index_fp4_detail::kE2m1Twice[(key[i / 2] >> (4 * (i & 1))) & 0xf];
     }
-    for (int64_t b = 0; b < nb; ++b) ks[size_t(b)] = index_fp4_detail::ue8m0_value(key[d / 2 + b]);
+    for (int64_t b = 0; b < nb; ++b) ks[size_t(b)] = f8e8m0_to_f32(key[d / 2 + b]);
     float sum = 0;
     for (int64_t h = 0; h < H; ++h) {
       float acc = 0;

@@ -2,33 +2,36 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 
+#include "core/dtype.h"
 #include "kernels/index_fp4.h"
 #include "kernels/index_fp4_internal.h"
 
 namespace moeserve::index_fp4_detail {
 namespace {
 
-constexpr int kKeys = 2;     // keys scored together (the queries' loads shared)
-constexpr int kMaxD = 1024;  // values per key held unpacked on the stack
+constexpr int kKeys = 2;  // keys scored together (the queries' loads shared)
+constexpr int64_t kMaxD = kMaxAvx512Dim;
 
 // A key's codes as unsigned bytes 2k + 12, in value order, into out[0, d).
 void unpack_key(const uint8_t* key, int64_t d, uint8_t* out) {
   // Output byte i takes packed byte i / 2, its low nibble at even i and its high one at odd i.
-  alignas(64) static const auto kIdx = [] {
-    struct {
-      uint8_t v[64];
-    } t{};
-    for (int i = 0; i < 64; ++i) t.v[i] = uint8_t(i / 2);
+  // And the 16 codes' bytes 2k + 12 in every 128-bit lane (vpshufb's table).
+  struct Tables {
+    alignas(64) uint8_t idx[64];
+    alignas(64) uint8_t lut[64];
+  };
+  static const Tables kT = [] {
+    Tables t{};
+    for (int i = 0; i < 64; ++i) {
+      t.idx[i] = uint8_t(i / 2);
+      t.lut[i] = uint8_t(kE2m1Twice[i % 16] + 12);
+    }
     return t;
   }();
-  const __m512i idx = _mm512_load_si512(kIdx.v);
-  __m512i lut = _mm512_setzero_si512();
-  {
-    alignas(16) uint8_t t[16];
-    for (int c = 0; c < 16; ++c) t[c] = uint8_t(kE2m1Twice[c] + 12);
-    lut = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(t)));
-  }
+  const __m512i idx = _mm512_load_si512(kT.idx);
+  const __m512i lut = _mm512_load_si512(kT.lut);
   const __m512i nibble = _mm512_set1_epi8(0x0f);
   for (int64_t i = 0; i < d; i += 64) {
     const int64_t bytes = std::min<int64_t>(32, (d - i) / 2);
@@ -102,7 +105,7 @@ void fp4_index_scores_avx512(const Fp4IndexQuery& q, const uint8_t* keys, int64_
     for (int j = 0; j < nk; ++j) {
       const uint8_t* key = keys + (j0 + j) * ld;
       unpack_key(key, d, kb[j]);
-      for (int64_t b = 0; b < nb; ++b) ks[j][b] = ue8m0_value(key[d / 2 + b]);
+      for (int64_t b = 0; b < nb; ++b) ks[j][b] = f8e8m0_to_f32(key[d / 2 + b]);
     }
     __m512 tot[kKeys];
     for (int j = 0; j < kKeys; ++j) tot[j] = _mm512_setzero_ps();

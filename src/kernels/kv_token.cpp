@@ -120,7 +120,7 @@ void kv_token_load(const KvTokenFormat& f, const uint8_t* token, float* out) {
     const uint8_t* at = token + f.fp8_scales_offset() + t0 / tile * f.fp8_scale_bytes();
     float s;
     if (f.fp8 == KvFp8Layout::kV4) {
-      s = std::ldexp(1.0f, int(*at) - 127);
+      s = f8e8m0_to_f32(*at);
     } else {
       std::memcpy(&s, at, 4);
     }
