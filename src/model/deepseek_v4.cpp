@@ -865,6 +865,9 @@ class DeepseekV4 final : public CausalLm {
     const KvTokenFormat fmt = q.kv.layout().token;
     std::vector<float> e;
     std::vector<std::pair<int64_t, std::vector<float>>> snaps;  // (position, state after it)
+    // Only a verify step (the last token and its drafts: the MTP module loaded, a few rows) can
+    // be followed by a step that starts earlier.
+    const bool keep_snapshots = has_mtp() && n <= kSnapshotRows;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = q.pos(i), j = t % ratio;
       for (size_t si = 0; si < sites.size(); ++si) {
@@ -902,7 +905,8 @@ class DeepseekV4 final : public CausalLm {
           cur.clear();
         }
       }
-      if (n - i <= kSnapshotRows) {  // where a rejected draft's successor may resume
+      if (keep_snapshots && n - i <= kSnapshotRows) {  // where a rejected draft's successor
+                                                       // may resume
         snaps.emplace_back(t, std::vector<float>(st.begin(), st.end()));
       }
       if (t % kKvBlockSize == kKvBlockSize - 1 || i == n - 1) {  // the block's record
@@ -951,8 +955,11 @@ class DeepseekV4 final : public CausalLm {
       uint8_t* rec = entry(q.kv, q.s, l, parts(q.kv, l).state, bi, 0);
       int64_t after;  // within the block
       std::memcpy(&after, rec + nf * 4, kStateTail);
-      if (after == (t0 - 1) % kKvBlockSize) continue;
       const auto it = snapshots_.find({l, q.s.block_table[size_t(bi)]});
+      if (after == (t0 - 1) % kKvBlockSize) {  // nothing rejected: the snapshots are done with
+        if (it != snapshots_.end()) snapshots_.erase(it);
+        continue;
+      }
       const std::vector<float>* state = nullptr;
       if (it != snapshots_.end() && after > (t0 - 1) % kKvBlockSize &&
           it->second.record_hash == XXH3_64bits(rec, size_t(nf * 4 + kStateTail))) {
@@ -969,6 +976,7 @@ class DeepseekV4 final : public CausalLm {
       std::memcpy(rec, state->data(), size_t(nf) * 4);
       const int64_t at = (t0 - 1) % kKvBlockSize;
       std::memcpy(rec + nf * 4, &at, kStateTail);
+      snapshots_.erase(it);
     }
     return Status::Ok();
   }
@@ -1137,10 +1145,11 @@ class DeepseekV4 final : public CausalLm {
   bool fast_;
   PackedViews packed_;
   V4ChoiceObserver observer_;
-  // The compressors' states after each of a step's last rows, per (layer, block id) whose record
-  // those rows wrote: what resume_compressors puts back when drafts were rejected. Bounded: the
-  // oldest sets go first past kMaxSnapshotSets sequences' worth.
-  static constexpr int64_t kSnapshotRows = 16;  // more than any verify step's drafts
+  // The compressors' states after each row of a verify step, per (layer, block id) whose record
+  // those rows wrote: what resume_compressors puts back when drafts were rejected, and drops
+  // when the next step has resumed. Bounded: what finished sequences leave goes oldest first past
+  // kMaxSnapshotSets sequences' worth.
+  static constexpr int64_t kSnapshotRows = 16;  // more than any verify step's rows
   static constexpr int64_t kMaxSnapshotSets = 512;
   struct Snapshots {
     uint64_t serial = 0;  // of the step that kept them

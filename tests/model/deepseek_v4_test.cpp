@@ -90,8 +90,10 @@ V4ChoiceObserver record(Choices* out) {
 
 class V4Model : public ::testing::Test {
  protected:
-  void open(DType kv_dtype, bool fast = false) {
-    auto ck = Checkpoint::open(kDir);
+  void open(DType kv_dtype, bool fast = false, bool mtp = false) {
+    LoadOptions lo;
+    lo.mtp = mtp;
+    auto ck = Checkpoint::open(kDir, lo);
     ASSERT_TRUE(ck.ok()) << ck.status().to_string();
     ck_ = std::move(*ck);
     const ModelConfig& c = ck_->config();
@@ -338,7 +340,9 @@ TEST_F(V4Model, ImportedBlocksResumeToTheSameBits) {
 // position (the step's snapshots), not after the last draft that the block's record holds. From
 // position 250, through a 4-token group boundary at every step, the 256-token 128-group and the
 // block boundaries at 256 and 320, accepting 0 to 3 drafts in turn: every accepted row's logits
-// have the bits of one-token decode steps, on both paths.
+// have the bits of one-token decode steps, on both paths (the MTP module loaded: only then are
+// there drafts, and snapshots kept). Without the module, a step that starts before its record's
+// position is an error naming the position, not a wrong state.
 TEST_F(V4Model, RejectedDraftsRollTheCompressorsBack) {
   const Fixture f = load_fixture();
   constexpr int64_t kStart = 250, kSteps = 90;
@@ -353,7 +357,7 @@ TEST_F(V4Model, RejectedDraftsRollTheCompressorsBack) {
       last = run(std::span<const int32_t>(seq).subspan(seq.size() - 1), int64_t(seq.size()) - 1, 1);
       plain.push_back(last);
     }
-    open(DType::kBF16, fast);
+    open(DType::kBF16, fast, /*mtp=*/true);
     run(std::span<const int32_t>(seq).first(kStart), 0, 1);
     int64_t k = 0, verified = 0, rejected = 0;
     for (int64_t step = 0; k + 4 <= kSteps; ++step) {
@@ -374,6 +378,14 @@ TEST_F(V4Model, RejectedDraftsRollTheCompressorsBack) {
     EXPECT_GT(rejected, 15);
     EXPECT_GT(verified, 60);
   }
+  open(DType::kBF16, true);
+  run(std::span<const int32_t>(f.prompt).first(kStart + 4), 0, 1);
+  StepSequence early{std::span<const int32_t>(f.prompt).subspan(kStart + 1, 1), kStart + 1, table_,
+                     1};
+  StepOutput out;
+  const Status st = model_->forward({&early, 1}, *cache_, &out);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("position 250 is gone"), std::string::npos) << st.message();
 }
 
 // The MTP module against DeepSeek's own inference/model.py (MTPBlock; transformers leaves the
