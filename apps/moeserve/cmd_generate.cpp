@@ -58,6 +58,7 @@ struct GenerateOptions {
   std::string weight_cache;
   std::string trace;  // Chrome trace JSON output (per rank under EP: FILE.rank<r>.json)
   int64_t prefill_chunk = 0;
+  std::optional<int64_t> kv_window_blocks;  // the window pool's pages (unset: sized here)
   // Expert parallelism and EPLB (under mpirun or with --ep): every rank runs the same prompts
   // (DP attention is `serve`'s), rank 0 prints.
   EpFlags ep;
@@ -224,6 +225,12 @@ ModelOptions model_options(const GenerateOptions& o, const std::vector<GenerateR
   int64_t n_blocks = 0;
   for (const auto& r : requests) n_blocks += blocks_for(int64_t(r.prompt.size()) + r.max_tokens);
   mo.kv_blocks = n_blocks;
+  // The window pool (V4's sliding windows): what the requests' steps write, twice over; with
+  // the whole batch prefilled at once, one page per block.
+  mo.kv_window_blocks = o.kv_window_blocks;
+  mo.kv_window_seqs = int64_t(requests.size());
+  mo.kv_window_tokens =
+      o.prefill_chunk > 0 ? o.prefill_chunk * int64_t(requests.size()) : n_blocks * kKvBlockSize;
   mo.kv_disk_dir = o.kv_disk;
   mo.kv_disk_gb = o.kv_disk_gb;
   mo.mtp = o.spec.enabled();
@@ -419,6 +426,10 @@ Subcommand add_generate_command(CLI::App& parent) {
       ->check(CLI::IsMember({"fast", "reference"}))
       ->capture_default_str();
   app->add_option("--prefill-chunk", o->prefill_chunk, "Max prompt tokens per step (0 = all)");
+  app->add_option("--kv-window-blocks", o->kv_window_blocks,
+                  "Pages of the sliding-window pool (V4: window entries of the blocks a step "
+                  "reads; default: sized from the requests and --prefill-chunk)")
+      ->check(CLI::PositiveNumber);
   add_ep_flags(*app, o->ep);
   add_spec_flags(*app, o->spec);
   return {app, [o] { return run_generate(*o); }};

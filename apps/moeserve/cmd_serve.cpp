@@ -293,6 +293,11 @@ Subcommand add_serve_command(CLI::App& parent) {
   app->add_option("--kv-cache-gb", e.kv_cache_gb, "Memory for the latent KV cache")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app->add_option("--kv-window-blocks", e.kv_window_blocks,
+                  "Pages of the sliding-window pool (V4: the window entries of the blocks that "
+                  "running sequences read, and cached ones for prefix reuse; default: twice what "
+                  "--max-num-seqs and --max-batch-tokens need, within half of --kv-cache-gb)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--kv-disk", e.kv_disk_dir,
                   "Directory of the KV cache's disk tier (shared by every process using it; "
                   "survives restarts)");

@@ -133,18 +133,27 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
   for (int64_t t : o.contexts) longest = std::max(longest, t);
   for (int64_t t : o.prefill) longest_prefill = std::max(longest_prefill, t);
   const int64_t blocks = (longest + longest_prefill) / kKvBlockSize + 4;
+  // The window pool (docs/kv-cache.md, "The window pool"): pages for the prefill's blocks, the
+  // seed and the decode's new block, and the two blocks before each context's end, whose window
+  // entries the decode step reads; the copies behind them keep none, as a sequence's would not.
+  const int64_t window_pages =
+      longest_prefill / kKvBlockSize + 4 + 2 * int64_t(o.contexts.size()) + 2;
   if (!o.json) {
     fmt::print(
-        "v4 bench: {}  {} layers, {} threads, packed in {:.1f} s; KV {} blocks of {} bytes "
-        "({:.2f} GB); DRAM {:.1f} GB/s, BF16 peak {:.0f} GFLOP/s\n",
-        o.model_dir, c.num_hidden_layers, pool.size(), pack_s, blocks, layout.block_bytes(),
-        double(blocks) * double(layout.block_bytes()) / 1e9, ceil.dram_read_gbps,
-        ceil.bf16_peak_gflops);
+        "v4 bench: {}  {} layers, {} threads, packed in {:.1f} s; KV {} blocks of {} bytes and {} "
+        "window pages of {} ({:.2f} GB); DRAM {:.1f} GB/s, BF16 peak {:.0f} GFLOP/s\n",
+        o.model_dir, c.num_hidden_layers, pool.size(), pack_s, blocks, layout.main_bytes(),
+        window_pages, layout.window_bytes(),
+        (double(blocks) * double(layout.main_bytes()) +
+         double(window_pages) * double(layout.window_bytes())) /
+            1e9,
+        ceil.dram_read_gbps, ceil.bf16_peak_gflops);
   }
-  KvCache cache(layout, int32_t(blocks));
+  KvCache cache(layout, int32_t(blocks), 0, int32_t(window_pages));
+  std::vector<int32_t> holds;  // (held for the bench's life)
   // One block the model wrote (64 tokens), copied into as many blocks as the longest context.
   std::vector<int32_t> seed;
-  if (!cache.allocate(1, &seed)) return 1;
+  if (!cache.allocate(1, &seed, &holds)) return 1;
   std::vector<int32_t> tokens(size_t(std::max<int64_t>(kKvBlockSize, 1)));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(1 + (i * 7919) % 1000);
   StepOutput out;
@@ -154,14 +163,18 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
     if (!st.ok()) return fmt::print(stderr, "{}\n", st.to_string()), 1;
   }
   std::vector<int32_t> table;
+  const std::vector<uint8_t> seed_bytes = cache.export_block(seed[0]).bytes;
   for (int64_t b = 0; b < longest / kKvBlockSize; ++b) {
-    if (!cache.import_bytes(cache.block_view(seed[0]), &table)) {
+    const bool window = std::any_of(o.contexts.begin(), o.contexts.end(), [&](int64_t t) {
+      return b < t / kKvBlockSize && b >= t / kKvBlockSize - cache.window_blocks();
+    });
+    if (!cache.import_bytes(seed_bytes, &table, &holds, window)) {
       fmt::print(stderr, "the KV cache holds {} blocks, fewer than the context needs\n", blocks);
       return 1;
     }
   }
   std::vector<int32_t> extra;
-  if (!cache.allocate(1, &extra)) return 1;
+  if (!cache.allocate(1, &extra, &holds)) return 1;
   const Cost weights = weights_per_token(c, *(*ck)->weights().v4, true);
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (!o.json) {
@@ -217,7 +230,7 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
     std::vector<int32_t> prompt(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) prompt[size_t(i)] = int32_t(1 + (i * 7919) % 5000);
     std::vector<int32_t> ptable;
-    if (!cache.allocate(int32_t(n / kKvBlockSize + 1), &ptable)) return 1;
+    if (!cache.allocate(int32_t(n / kKvBlockSize + 1), &ptable, &holds)) return 1;
     const double t0 = now_s();
     for (int64_t p = 0; p < n; p += 2048) {
       const int64_t len = std::min<int64_t>(2048, n - p);

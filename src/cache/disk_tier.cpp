@@ -163,8 +163,8 @@ void DiskTier::reader_loop() {
     // readahead stays within one file).
     for (int32_t i = 1; i <= kReadAhead && i < job->size(); ++i) prefetch(job->hashes[size_t(i)]);
     int32_t n = 0;
-    while (n < job->size() && read_block(job->hashes[size_t(n)], job->parent_of(n),
-                                         job->tokens_of(n), job->dest[size_t(n)])) {
+    while (n < job->size() &&
+           read_block(job->hashes[size_t(n)], job->parent_of(n), job->tokens_of(n), *job, n)) {
       if (n + 1 + kReadAhead < job->size()) prefetch(job->hashes[size_t(n + 1 + kReadAhead)]);
       ++n;
     }
@@ -181,7 +181,7 @@ void DiskTier::prefetch(uint64_t hash) const {
 }
 
 bool DiskTier::read_block(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
-                          uint8_t* dest) {
+                          const KvLoadJob& job, int32_t i) {
   const std::string path = object_path(hash);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -224,12 +224,21 @@ bool DiskTier::read_block(uint64_t hash, uint64_t parent, std::span<const int32_
                                                                  &XXH3_freeState);
   CHECK(state != nullptr, "out of memory");
   XXH3_64bits_reset(state.get());
-  for (size_t at = 0; at < payload; at += kReadPiece) {
-    const size_t n = std::min<size_t>(kReadPiece, payload - at);
-    if (!read_at(fd, dest + at, n, off_t(head_bytes + at))) {
+  // (Bytes that go nowhere, a window region the loading sequence does not read, are read into
+  // a piece of scratch for the checksum.)
+  std::vector<uint8_t> scratch;
+  for (size_t at = 0; at < payload;) {
+    const size_t n = job.piece(at, std::min<size_t>(kReadPiece, payload - at));
+    uint8_t* dest = job.dest_at(i, at);
+    if (!dest) {
+      scratch.resize(kReadPiece);
+      dest = scratch.data();
+    }
+    if (!read_at(fd, dest, n, off_t(head_bytes + at))) {
       return reject(path, DiskReject::kShort), false;  // shrank under us
     }
-    XXH3_64bits_update_dispatch(state.get(), dest + at, n);
+    XXH3_64bits_update_dispatch(state.get(), dest, n);
+    at += n;
   }
   if (XXH3_64bits_digest(state.get()) != checksum)
     return reject(path, DiskReject::kChecksum), false;

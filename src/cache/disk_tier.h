@@ -84,7 +84,9 @@ class DiskTier final : public KvTier {
 
   // Reads the object of block `hash` (parent, tokens as given) into dest (block_bytes): true
   // when it is there and verifies; else a counted miss or rejection (and dest holds anything).
-  bool read_block(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens, uint8_t* dest);
+  // Reads the object under `hash` into the job's block i (KvLoadJob::dest_at).
+  bool read_block(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens,
+                  const KvLoadJob& job, int32_t i);
 
   DiskTierStats stats() const;
   // Waits until every queued write is done (tests, clean shutdown).

@@ -20,6 +20,14 @@
 // Unreferenced registered blocks stay cached (evictable, least recently used first) until the
 // free list runs dry; a referenced block is never evicted.
 //
+// The window pool (docs/kv-cache.md, "The window pool"). A layout whose layers have a sliding
+// window (V4) keeps each block's window region (KvLayout::main_bytes() on) in a page of a second,
+// smaller pool. A sequence holds the window pages of the blocks it still reads over a window
+// (`holds`: indices into its block table); once a block falls behind every window it lets go,
+// and the page is freed, or, when the block is registered, kept as cached (evictable, least
+// recently used first) so that a later prompt can resume right after it. A prefix hit ends only
+// where the window pages of the window_blocks() blocks before it are still there.
+//
 // Lower tier (KvTier). Beyond a RAM prefix hit, the blocks the tier holds are loaded
 // asynchronously: start_load takes fresh blocks and hands them to the tier's I/O thread, which
 // fills them while steps go on; finish_load registers what arrived. A block registered from KV
@@ -31,6 +39,7 @@
 // of the loads in flight (blocks nobody else holds).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -79,7 +88,12 @@ struct KvLoadJob {
   uint64_t parent = 0;           // the chain hash before the first block
   std::vector<uint64_t> hashes;  // [n] chain hashes, in chain order
   std::vector<int32_t> tokens;   // [n * kKvBlockSize] the blocks' tokens
-  std::vector<uint8_t*> dest;    // [n] RAM blocks to fill (block_bytes each)
+  // [n] where block i goes: bytes [0, main_bytes) to dest[i], the rest (the window region) to
+  // window_dest[i], or nowhere when that is null (a block the loading sequence will not read
+  // over a window; the bytes still count for the object's checksum).
+  std::vector<uint8_t*> dest;
+  std::vector<uint8_t*> window_dest;
+  size_t main_bytes = 0;
   std::shared_ptr<Signal> signal;
 
   int32_t size() const { return int32_t(hashes.size()); }
@@ -87,6 +101,18 @@ struct KvLoadJob {
   std::span<const int32_t> tokens_of(int32_t i) const {
     return std::span<const int32_t>(tokens).subspan(size_t(i) * kKvBlockSize, kKvBlockSize);
   }
+  // Where bytes [at, at + n) of block i go, for n up to piece(at, n): null when they go
+  // nowhere (the window region of a block without a page).
+  uint8_t* dest_at(int32_t i, size_t at) const {
+    if (at < main_bytes) return dest[size_t(i)] + at;
+    uint8_t* w = window_dest[size_t(i)];
+    return w ? w + (at - main_bytes) : nullptr;
+  }
+  size_t piece(size_t at, size_t n) const {
+    return at < main_bytes ? std::min(n, main_bytes - at) : n;
+  }
+  // All of block i's bytes, to where they go.
+  void put(int32_t i, std::span<const uint8_t> bytes) const;
   // The tier: the first n blocks hold verified KV (the rest may hold anything).
   void finish(int32_t n);
   bool finished() const { return finished_.load(std::memory_order_acquire); }
@@ -116,7 +142,9 @@ class KvTier {
 
 class KvCache {
  public:
-  KvCache(const KvLayout& layout, int32_t num_blocks, uint64_t fingerprint = 0);
+  // window_pages: the window pool's pages (a layout with windows; -1: one per block).
+  KvCache(const KvLayout& layout, int32_t num_blocks, uint64_t fingerprint = 0,
+          int32_t window_pages = -1);
   ~KvCache();  // waits for the loads in flight (they write into the pool)
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -134,20 +162,41 @@ class KvCache {
   int32_t num_available() const { return allocator_.num_free() + int32_t(lru_.size()); }
   int32_t num_used() const { return num_blocks() - num_available(); }
   // n fresh blocks (evicting cached ones if needed), each with one reference, appended to
-  // table; or false with nothing taken.
-  bool allocate(int32_t n, std::vector<int32_t>* table);
-  // Drops one reference to each block of the table (last block first).
-  void release(std::span<const int32_t> table);
+  // table; or false with nothing taken. With windows, each also gets a window page, held (its
+  // table index appended to holds, which must then be given).
+  bool allocate(int32_t n, std::vector<int32_t>* table, std::vector<int32_t>* holds = nullptr);
+  // Drops the window holds (indices into table), then one reference to each block of the table
+  // (last block first).
+  void release(std::span<const int32_t> table, std::span<const int32_t> holds = {});
   int32_t refcount(int32_t block) const { return info_[size_t(block)].refs; }
+
+  // ---- The window pool ----
+  bool windowed() const { return layout_.window_bytes() > 0; }
+  int32_t window_blocks() const { return windowed() ? layout_.window_blocks() : 0; }
+  int32_t window_pages() const { return int32_t(window_owner_.size()); }
+  // Pages that can be handed out now (free or cached).
+  int32_t num_windows_available() const {
+    return int32_t(window_free_.size() + window_lru_.size());
+  }
+  bool has_window(int32_t block) const { return info_[size_t(block)].window >= 0; }
+  int32_t window_holds(int32_t block) const { return info_[size_t(block)].window_holds; }
+  // The first block a sequence with n_computed tokens still reads over a window: every block
+  // before it can let its window page go.
+  int32_t window_trim_point(int64_t n_computed) const;
+  // Drops the holds (in *holds) of table indices below `before`, and removes them from *holds.
+  void release_windows(std::span<const int32_t> table, std::vector<int32_t>* holds, int32_t before);
 
   // ---- Prefix index ----
   // The chain hash of a block whose predecessor's hash is `parent` (the fingerprint for the
   // first block).
   uint64_t chain_hash(uint64_t parent, std::span<const int32_t> block_tokens) const;
   // The longest run of cached full blocks in RAM that prefixes `tokens`, at most max_blocks of
-  // them; each gets a reference and is appended to `table`, its hash to `hashes`.
+  // them, and with windows, whose last window_blocks() blocks still have their window pages;
+  // each gets a reference and is appended to `table`, its hash to `hashes` (and the pages of
+  // those last blocks are held: `holds`).
   int32_t acquire_prefix(std::span<const int32_t> tokens, int32_t max_blocks,
-                         std::vector<int32_t>* table, std::vector<uint64_t>* hashes);
+                         std::vector<int32_t>* table, std::vector<uint64_t>* hashes,
+                         std::vector<int32_t>* holds = nullptr);
   // Registers `block` as holding the final KV of `block_tokens` (kKvBlockSize of them) under
   // `hash` (= chain_hash(parent, block_tokens)). A no-op when the block or the hash is already
   // registered.
@@ -158,25 +207,32 @@ class KvCache {
 
   // ---- Loading from the tier (docs/kv-cache.md "The disk tier") ----
   // When the tier holds full block `first` of `tokens` (whose predecessor's chain hash is
-  // `parent`): allocates fresh blocks for full blocks [first, last) (appended to `table`) and
-  // starts loading them. nullptr, nothing taken, when there is no tier, the tier lacks block
-  // `first`, or fewer blocks are available.
+  // `parent`): allocates fresh blocks for full blocks [first, last) (appended to `table`; with
+  // windows, the last window_blocks() of them with held window pages) and starts loading them.
+  // nullptr, nothing taken, when there is no tier, the tier lacks block `first`, or fewer
+  // blocks are available.
   std::shared_ptr<KvLoadJob> start_load(std::span<const int32_t> tokens, int32_t first,
-                                        int32_t last, uint64_t parent, std::vector<int32_t>* table);
+                                        int32_t last, uint64_t parent, std::vector<int32_t>* table,
+                                        std::vector<int32_t>* holds = nullptr);
   // A finished job: its loaded blocks (the job's first n_loaded() of `blocks`, which are the
   // job's destinations) join the prefix index, their hashes are appended to `hashes`; returns
-  // n_loaded(). The other blocks stay the caller's, fresh.
+  // how many: n_loaded(), or with windows 0 when the load stopped short of the blocks that got
+  // window pages (nothing to resume from then). The other blocks stay the caller's, fresh.
   int32_t finish_load(const KvLoadJob& job, std::span<const int32_t> blocks,
                       std::vector<uint64_t>* hashes);
   // Releases `table` (which holds the job's destinations) once the job has finished: now if it
   // has, else when it does (a sequence that went away while loading).
-  void release_after_load(std::shared_ptr<KvLoadJob> job, std::vector<int32_t> table);
+  void release_after_load(std::shared_ptr<KvLoadJob> job, std::vector<int32_t> table,
+                          std::vector<int32_t> holds = {});
   // Jobs started and not finished yet.
   int32_t loads_in_flight();
   // Blocks until a job in flight finishes (at once when none is in flight or one has finished).
   void wait_for_load();
 
   // ---- Bytes ----
+  // (A windowed layer's kLatent part is read and written only through write, read and
+  // token_entry, and only in blocks holding a window page; part_base and layer_base serve the
+  // main region.)
   // Stores dim values as token `pos` of the sequence with this block table (rounded or
   // quantized to the layout's format: kv_token_store).
   // (The layer's kLatent part.)
@@ -197,21 +253,23 @@ class KvCache {
                        int64_t pos);
   const uint8_t* token_entry(int64_t layer, size_t part, std::span<const int32_t> block_table,
                              int64_t pos) const;
-  int64_t block_stride_bytes() const { return int64_t(layout_.block_bytes()); }
+  int64_t block_stride_bytes() const { return int64_t(layout_.main_bytes()); }
 
   // ---- Blocks as objects ----
-  // A copy of block `block` (registered or not; tokens/hash/parent as registered, else empty).
+  // A copy of block `block` (registered or not; tokens/hash/parent as registered, else empty);
+  // a window region without a page reads as zeros.
   KvBlock export_block(int32_t block) const;
-  // Block `block`'s bytes in place (valid while the block is held).
-  std::span<const uint8_t> block_view(int32_t block) const {
-    return {block_ptr(block), layout_.block_bytes()};
-  }
   // A fresh block (one reference, appended to table) holding `b`'s bytes, registered under
   // b.hash when it has one; false (nothing taken) when no block is available. The caller has
-  // checked b.bytes.size() == layout().block_bytes() (CHECKed).
-  bool import_block(const KvBlock& b, std::vector<int32_t>* table);
-  // import_block of bytes alone: the block is not registered.
-  bool import_bytes(std::span<const uint8_t> bytes, std::vector<int32_t>* table);
+  // checked b.bytes.size() == layout().block_bytes() (CHECKed). With windows the block gets a
+  // held window page (holds).
+  bool import_block(const KvBlock& b, std::vector<int32_t>* table,
+                    std::vector<int32_t>* holds = nullptr);
+  // import_block of bytes alone: the block is not registered. window: whether the block gets
+  // (and holds) a window page for the bytes' window region (else they are dropped: a block the
+  // sequence will not read over a window).
+  bool import_bytes(std::span<const uint8_t> bytes, std::vector<int32_t>* table,
+                    std::vector<int32_t>* holds = nullptr, bool window = true);
 
  private:
   struct BlockInfo {
@@ -221,11 +279,25 @@ class KvCache {
     std::vector<int32_t> tokens;  // the registered block's tokens (collision check)
     std::list<int32_t>::iterator lru_pos;
     bool in_lru = false;
+    int32_t window = -1;  // the window page, -1: none
+    int32_t window_holds = 0;
+    std::list<int32_t>::iterator window_lru_pos;
+    bool in_window_lru = false;
   };
 
   uint8_t* block_ptr(int32_t block);
   const uint8_t* block_ptr(int32_t block) const;
-  size_t token_offset(int64_t layer, int32_t block, int64_t slot) const;
+  uint8_t* window_ptr(int32_t block);  // the block's window page (it has one)
+  const uint8_t* window_ptr(int32_t block) const;
+  // n fresh blocks, the last `windows` of them with held window pages.
+  bool allocate_blocks(int32_t n, int32_t windows, std::vector<int32_t>* table,
+                       std::vector<int32_t>* holds);
+  void attach_window(int32_t block);  // a page for a block without one (one is available)
+  void hold_window(int32_t block);
+  void drop_window(int32_t block);
+  void free_window(int32_t block);
+  bool windows_present(std::span<const int32_t> blocks) const;
+  uint8_t* latent_ptr(int64_t layer, std::span<const int32_t> table, int64_t pos);
   std::optional<int32_t> lookup(uint64_t hash, uint64_t parent,
                                 std::span<const int32_t> tokens) const;
   void evict_one();
@@ -241,11 +313,20 @@ class KvCache {
   BlockAllocator allocator_;
   std::vector<BlockInfo> info_;
   std::unordered_map<uint64_t, int32_t> by_hash_;
-  std::list<int32_t> lru_;  // unreferenced cached blocks, least recently used first
-  std::vector<uint8_t> data_;
+  std::list<int32_t> lru_;     // unreferenced cached blocks, least recently used first
+  std::vector<uint8_t> data_;  // [num_blocks][main_bytes]
+  // The window pool: [window_pages][window_bytes]; each page's block (-1: free); free pages;
+  // cached ones' blocks (registered, unheld), least recently used first.
+  std::vector<uint8_t> window_data_;
+  std::vector<int32_t> window_owner_;
+  std::vector<int32_t> window_free_;
+  std::list<int32_t> window_lru_;
   std::shared_ptr<KvLoadJob::Signal> load_signal_ = std::make_shared<KvLoadJob::Signal>();
   std::vector<std::shared_ptr<KvLoadJob>> loads_;  // started, not seen finished yet
-  std::vector<std::pair<std::shared_ptr<KvLoadJob>, std::vector<int32_t>>> release_later_;
+  struct HeldBlocks {
+    std::vector<int32_t> table, holds;
+  };
+  std::vector<std::pair<std::shared_ptr<KvLoadJob>, HeldBlocks>> release_later_;
 };
 
 }  // namespace moeserve

@@ -1,5 +1,7 @@
 #include "cache/kv_layout.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/check.h"
@@ -62,25 +64,42 @@ KvLayout::KvLayout(std::vector<KvLayerFormat> layers) : layers_(std::move(layers
 void KvLayout::index() {
   n_layers = int64_t(layers_.size());
   token = {};
+  window_ = 0;
   bool have_latent = false;
-  layer_offset_.assign(1, 0);
+  part_offset_.assign(layers_.size(), {});
   for (const KvLayerFormat& l : layers_) {
+    window_ = std::max(window_, l.window);
     for (const KvPart& p : l.parts) {
       if (p.kind != KvPartKind::kLatent) continue;
       CHECK(!have_latent || p.token == token, "every latent part of a layout has one format");
       token = p.token;
       have_latent = true;
     }
-    layer_offset_.push_back(layer_offset_.back() + size_t(l.bytes()));
   }
-  block_bytes_ = layer_offset_.back();
+  // The main region, layer by layer, then the window region.
+  size_t off = 0;
+  for (bool window_region : {false, true}) {
+    if (window_region) main_bytes_ = off;
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const std::vector<KvPart>& parts = layers_[size_t(l)].parts;
+      part_offset_[size_t(l)].resize(parts.size());
+      for (size_t p = 0; p < parts.size(); ++p) {
+        if (windowed(l, p) != window_region) continue;
+        part_offset_[size_t(l)][p] = off;
+        off += size_t(parts[p].bytes());
+      }
+    }
+  }
+  block_bytes_ = off;
 }
 
-size_t KvLayout::part_offset(int64_t l, size_t p) const {
-  size_t off = layer_offset_[size_t(l)];
-  const std::vector<KvPart>& parts = layers_[size_t(l)].parts;
-  for (size_t i = 0; i < p; ++i) off += size_t(parts[i].bytes());
-  return off;
+bool KvLayout::windowed(int64_t l, size_t p) const {
+  const KvLayerFormat& layer = layers_[size_t(l)];
+  return layer.window > 0 && layer.parts[p].kind == KvPartKind::kLatent;
+}
+
+int32_t KvLayout::window_blocks() const {
+  return window_ <= 1 ? 0 : int32_t((window_ - 1 + kKvBlockSize - 1) / kKvBlockSize);
 }
 
 int64_t KvLayout::find_part(int64_t l, KvPartKind kind) const {

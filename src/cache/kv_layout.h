@@ -19,11 +19,15 @@
 //                for a group the block leaves unfinished (V4), so that a block is all a prefix
 //                hit needs.
 //
-// A block is one contiguous object whatever its parts (export, disk tier, PD and EP hand-off
-// move block_bytes() at a time), and the prefix cache's hash chain does not depend on them: a
-// block registered under a prompt's tokens holds every part of every layer for them. V2/V3's
-// layout, every layer one kLatent part, has the bytes of kKvLayoutVersion 2 (one token's latent
-// after another, layer after layer).
+// A block is one object whatever its parts (export, disk tier, PD and EP hand-off move
+// block_bytes() at a time), and the prefix cache's hash chain does not depend on them: a block
+// registered under a prompt's tokens holds every part of every layer for them. The parts of
+// windowed layers' kLatent (V4's sliding window) come last, after every other part of every
+// layer: [main: layer by layer, the other parts][window: layer by layer, the windowed latents],
+// so that the cache can keep the two regions in pools of their own and let go of a block's
+// window region once it falls behind the window (docs/kv-cache.md, "The window pool"). V2/V3's
+// layout, every layer one kLatent part and no window, has the bytes of kKvLayoutVersion 2 (one
+// token's latent after another, layer after layer).
 //
 // Plain values; any thread may read them.
 #pragma once
@@ -115,7 +119,17 @@ struct KvLayout {
   size_t token_bytes() const { return size_t(token.bytes()); }
   size_t block_bytes() const { return block_bytes_; }
   // Offset of layer l's part p (an index into layer(l).parts) within a block.
-  size_t part_offset(int64_t l, size_t p) const;
+  size_t part_offset(int64_t l, size_t p) const { return part_offset_[size_t(l)][p]; }
+  // Whether layer l's part p is in the window region (a windowed layer's kLatent).
+  bool windowed(int64_t l, size_t p) const;
+  // The window region: bytes [main_bytes(), block_bytes()) of a block; empty when no layer has
+  // a window.
+  size_t main_bytes() const { return main_bytes_; }
+  size_t window_bytes() const { return block_bytes_ - main_bytes_; }
+  // The longest window of any layer (0: none), and the blocks before a block boundary whose
+  // window regions a sequence resuming there reads: ceil((window - 1) / kKvBlockSize).
+  int64_t window() const { return window_; }
+  int32_t window_blocks() const;
   // The index of layer l's first part of `kind`, or -1 when it has none.
   int64_t find_part(int64_t l, KvPartKind kind) const;
   friend bool operator==(const KvLayout& a, const KvLayout& b) { return a.layers_ == b.layers_; }
@@ -123,8 +137,9 @@ struct KvLayout {
  private:
   void index();
   std::vector<KvLayerFormat> layers_;
-  std::vector<size_t> layer_offset_;  // [n_layers + 1]
-  size_t block_bytes_ = 0;
+  std::vector<std::vector<size_t>> part_offset_;  // [layer][part]
+  size_t main_bytes_ = 0, block_bytes_ = 0;
+  int64_t window_ = 0;
 };
 
 // Ok, or InvalidArgument saying which layer's part cannot be stored and why (an FP8 latent

@@ -441,7 +441,8 @@ void EngineCore::hand_off(Sequence* s, std::vector<GeneratedToken> last) {
   h->n_computed = s->n_computed;
   h->n_cached_prompt = s->n_cached_prompt;
   for (int32_t b = 0; b < blocks_for(s->n_computed); ++b) {
-    const std::span<const uint8_t> bytes = cache_.block_view(s->block_table[size_t(b)]);
+    // (Behind every window a block's window region reads as zeros: the receiver drops it.)
+    const std::vector<uint8_t> bytes = cache_.export_block(s->block_table[size_t(b)]).bytes;
     h->blocks.emplace_back(bytes.begin(), bytes.end());
   }
   std::ostringstream rng;

@@ -392,6 +392,8 @@ Result<std::unique_ptr<Engine>> make_engine(const EngineOptions& o, const Engine
   }
   ModelOptions mo = o;
   mo.mtp = mtp;
+  mo.kv_window_seqs = o.max_num_seqs;
+  mo.kv_window_tokens = o.max_batch_tokens;
   ASSIGN_OR_RETURN(std::unique_ptr<LoadedModel> m,
                    LoadedModel::open(mo, par ? par->dispatcher : nullptr));
   return std::unique_ptr<Engine>(new LlmEngine(o, par, std::move(m)));

@@ -20,17 +20,23 @@ void add_to_plan(StepPlan& plan, Sequence* s, int64_t n, std::vector<int32_t> dr
 
 bool Scheduler::ensure_blocks(Sequence& s, int64_t n_tokens) {
   int32_t need = blocks_for(s.n_computed + n_tokens) - int32_t(s.block_table.size());
-  return need <= 0 || cache_.allocate(need, &s.block_table);
+  return need <= 0 || cache_.allocate(need, &s.block_table, &s.window_holds);
+}
+
+void Scheduler::trim_windows(Sequence& s) {
+  cache_.release_windows(s.block_table, &s.window_holds, cache_.window_trim_point(s.n_computed));
 }
 
 void Scheduler::drop_blocks(Sequence& s) {
   if (s.load) {  // the tier may still be writing into them
-    cache_.release_after_load(std::move(s.load), std::move(s.block_table));
+    cache_.release_after_load(std::move(s.load), std::move(s.block_table),
+                              std::move(s.window_holds));
     s.load.reset();
   } else {
-    cache_.release(s.block_table);
+    cache_.release(s.block_table, s.window_holds);
   }
   s.block_table.clear();
+  s.window_holds.clear();
   s.block_hashes.clear();
   s.n_computed = 0;
 }
@@ -48,6 +54,11 @@ void Scheduler::preempt(Sequence* victim) {
 
 int64_t Scheduler::chunk(const Sequence& s, int64_t budget) const {
   int64_t n = std::min(s.n_uncomputed(), budget);
+  if (cache_.windowed() && cache_.window_pages() < cache_.num_blocks()) {
+    // A chunk whose blocks' window pages the pool holds beside the window_blocks() before it
+    // (and one a chunk may straddle into): what one sequence alone always gets.
+    n = std::min(n, int64_t(cache_.window_pages() - cache_.window_blocks() - 1) * kKvBlockSize);
+  }
   return config_.max_chunk_tokens > 0 ? std::min(n, config_.max_chunk_tokens) : n;
 }
 
@@ -75,15 +86,18 @@ void Scheduler::count_admission(Sequence& s, int64_t lower_tokens) {
 bool Scheduler::import_kv(Sequence& s) {
   const KvHandoff& h = *s.import;
   const int32_t n = int32_t(h.blocks.size());
-  const int32_t hit =
-      cache_.acquire_prefix(s.tokens, int32_t(h.n_computed / kKvBlockSize), &s.block_table,
-                            &s.block_hashes);
-  if (cache_.num_available() < n - hit) {
+  const int32_t hit = cache_.acquire_prefix(s.tokens, int32_t(h.n_computed / kKvBlockSize),
+                                            &s.block_table, &s.block_hashes, &s.window_holds);
+  // (Blocks behind every window come without their window regions.)
+  const int32_t trim = cache_.window_trim_point(h.n_computed);
+  const int32_t windows = cache_.windowed() ? n - std::max(hit, trim) : 0;
+  if (cache_.num_available() < n - hit || cache_.num_windows_available() < windows) {
     drop_blocks(s);
     return false;
   }
   for (int32_t b = hit; b < n; ++b) {
-    CHECK(cache_.import_bytes(h.blocks[size_t(b)], &s.block_table), "blocks counted as available");
+    CHECK(cache_.import_bytes(h.blocks[size_t(b)], &s.block_table, &s.window_holds, b >= trim),
+          "blocks counted as available");
   }
   s.n_computed = h.n_computed;
   register_final_blocks(s);
@@ -101,9 +115,22 @@ void Scheduler::take_loaded() {
     }
     auto reserved =
         std::span<const int32_t>(s.block_table).subspan(size_t(s.n_computed / kKvBlockSize));
-    const int64_t loaded =
-        int64_t(cache_.finish_load(*s.load, reserved, &s.block_hashes)) * kKvBlockSize;
+    const int32_t n_loaded = cache_.finish_load(*s.load, reserved, &s.block_hashes);
+    const int64_t loaded = int64_t(n_loaded) * kKvBlockSize;
     s.load.reset();
+    if (cache_.windowed()) {
+      // The rest of the reserved blocks go (most have no window pages); chunks take fresh ones.
+      const size_t keep = size_t(s.n_computed / kKvBlockSize + n_loaded);
+      std::vector<int32_t> holds,
+          rest(s.block_table.begin() + std::ptrdiff_t(keep), s.block_table.end());
+      std::erase_if(s.window_holds, [&](int32_t idx) {
+        if (size_t(idx) < keep) return false;
+        holds.push_back(idx - int32_t(keep));
+        return true;
+      });
+      cache_.release(rest, holds);
+      s.block_table.resize(keep);
+    }
     s.n_computed += loaded;
     count_admission(s, loaded);
     s.set_state(SeqState::kPrefill);
@@ -126,7 +153,8 @@ void Scheduler::plan_running(SeqState pass, StepPlan& plan, int64_t& budget) {
     std::vector<int32_t> drafts;
     if (pass == SeqState::kDecode && n == s->n_uncomputed() && !s->drafts.empty()) {
       const int64_t d = std::min(int64_t(s->drafts.size()), budget - n);
-      if (d > 0 && ensure_blocks(*s, n + d)) drafts.assign(s->drafts.begin(), s->drafts.begin() + d);
+      if (d > 0 && ensure_blocks(*s, n + d))
+        drafts.assign(s->drafts.begin(), s->drafts.begin() + d);
     }
     s->drafts.clear();
     while (!ensure_blocks(*s, n)) {
@@ -177,7 +205,8 @@ void Scheduler::admit(StepPlan& plan, int64_t& budget) {
     // Cached full blocks of the prefix, always leaving at least one token to compute (its
     // logits are needed).
     int32_t max_blocks = int32_t((int64_t(s->tokens.size()) - 1) / kKvBlockSize);
-    int32_t hit = cache_.acquire_prefix(s->tokens, max_blocks, &s->block_table, &s->block_hashes);
+    int32_t hit = cache_.acquire_prefix(s->tokens, max_blocks, &s->block_table, &s->block_hashes,
+                                        &s->window_holds);
     s->n_computed = int64_t(hit) * kKvBlockSize;
     if (hit < max_blocks) {
       const uint64_t parent = hit > 0 ? s->block_hashes.back() : cache_.fingerprint();
@@ -193,7 +222,8 @@ void Scheduler::admit(StepPlan& plan, int64_t& budget) {
         ++i;
         continue;
       }
-      s->load = cache_.start_load(s->tokens, hit, max_blocks, parent, &s->block_table);
+      s->load =
+          cache_.start_load(s->tokens, hit, max_blocks, parent, &s->block_table, &s->window_holds);
       if (s->load) {
         s->set_state(SeqState::kLoadingKv);
         loading_.push_back(std::move(waiting_[i]));
@@ -256,13 +286,15 @@ void Scheduler::register_final_blocks(const StepPlan& plan) {
 // Blocks whose 64 tokens all have final KV join the prefix index, in chain order.
 void Scheduler::register_final_blocks(Sequence& s) {
   for (int64_t b = int64_t(s.block_hashes.size()); (b + 1) * kKvBlockSize <= s.n_computed; ++b) {
-    auto block_tokens = std::span<const int32_t>(s.tokens).subspan(size_t(b * kKvBlockSize),
-                                                                   size_t(kKvBlockSize));
+    auto block_tokens =
+        std::span<const int32_t>(s.tokens).subspan(size_t(b * kKvBlockSize), size_t(kKvBlockSize));
     const uint64_t parent = b == 0 ? cache_.fingerprint() : s.block_hashes[size_t(b - 1)];
     const uint64_t h = cache_.chain_hash(parent, block_tokens);
     cache_.register_block(s.block_table[size_t(b)], h, parent, block_tokens);
     s.block_hashes.push_back(h);
   }
+  // (Registered first: a block behind every window keeps its page as a cached one.)
+  trim_windows(s);
 }
 
 std::unique_ptr<Sequence> Scheduler::remove(Sequence* seq) {

@@ -83,6 +83,8 @@ class Scheduler {
   bool ensure_blocks(Sequence& s, int64_t n_tokens);
   void preempt(Sequence* victim);
   void drop_blocks(Sequence& s);
+  // Lets go of the window pages of s's blocks behind every window (KvCache::window_trim_point).
+  void trim_windows(Sequence& s);
   int64_t chunk(const Sequence& s, int64_t budget) const;
 
   SchedulerConfig config_;

@@ -35,8 +35,11 @@ struct Sequence {
   int64_t n_prompt = 0;
   std::vector<int32_t> block_table;
   std::vector<uint64_t> block_hashes;  // chain hashes of the leading full, final blocks
-  int64_t n_computed = 0;              // leading tokens whose KV is in the cache
-  int64_t n_cached_prompt = 0;         // prompt tokens found in the prefix cache at first admission
+  // Indices into block_table of the blocks whose window pages it holds (a layout with sliding
+  // windows: KvCache, "The window pool").
+  std::vector<int32_t> window_holds;
+  int64_t n_computed = 0;       // leading tokens whose KV is in the cache
+  int64_t n_cached_prompt = 0;  // prompt tokens found in the prefix cache at first admission
   // While loading KV: the tier's job; its destinations are block_table[n_computed / 64 ...].
   std::shared_ptr<KvLoadJob> load;
   bool admitted_before = false;

@@ -619,7 +619,7 @@ class DeepseekV4 final : public CausalLm {
     const KvPart& part = kv.layout().layer(l).parts[size_t(p)];
     CHECK(block_index < int64_t(s.block_table.size()), "position beyond the block table");
     const int32_t b = s.block_table[size_t(block_index)];
-    return kv.part_base(l, size_t(p)) + size_t(b) * kv.layout().block_bytes() +
+    return kv.part_base(l, size_t(p)) + size_t(b) * size_t(kv.block_stride_bytes()) +
            size_t(slot * part.entry_bytes());
   }
   // Where compressed entry w of ratio r lives: the block of the group's last token.

@@ -47,6 +47,13 @@ struct ModelOptions {
   DType kv_dtype = DType::kBF16;
   double kv_cache_gb = 1.0;  // memory for the KV cache (kv_blocks, when set, instead)
   std::optional<int64_t> kv_blocks;
+  // The window pool (a layout with sliding windows, V4: docs/kv-cache.md "The window pool"):
+  // its pages. Unset: what kv_window_seqs sequences taking kv_window_tokens tokens a step need,
+  // twice over (the rest keeps windows cached for prefix reuse), at most one page per block;
+  // kv_window_seqs 0: one page per block. Sized by kv_cache_gb, the main pool gets the rest.
+  std::optional<int64_t> kv_window_blocks;
+  int64_t kv_window_seqs = 0;
+  int64_t kv_window_tokens = 0;
   // The KV cache's disk tier (cache/disk_tier.h): a directory shared by any number of
   // processes; empty: none. kv_disk_gb bounds it (0: no bound).
   std::string kv_disk_dir;

@@ -56,9 +56,21 @@ TEST(KvLayout, PartsAddUpPerLayer) {
   const KvLayout l({dsa, csa, hca});
   ASSERT_TRUE(kv_layout_status(l).ok()) << kv_layout_status(l).to_string();
   EXPECT_EQ(l.block_bytes(), size_t(dsa.bytes() + csa.bytes() + hca.bytes()));
-  EXPECT_EQ(l.part_offset(1, 0), size_t(dsa.bytes()));
-  EXPECT_EQ(l.part_offset(1, 2), size_t(dsa.bytes() + 64 * 656 + 16 * 1024));
-  EXPECT_EQ(l.part_offset(2, 1), size_t(dsa.bytes() + csa.bytes() + 64 * 656));
+  // The windowed layers' latents come last, after every other part (the window region).
+  const size_t main = size_t(dsa.bytes() + csa.bytes() + hca.bytes() - 2 * 64 * 656);
+  EXPECT_EQ(l.main_bytes(), main);
+  EXPECT_EQ(l.window_bytes(), size_t(2 * 64 * 656));
+  EXPECT_EQ(l.window(), 128);
+  EXPECT_EQ(l.window_blocks(), 2);  // positions p - 127 .. p - 1 span two blocks before p
+  EXPECT_EQ(l.part_offset(0, 1), size_t(64 * 656));
+  EXPECT_EQ(l.part_offset(1, 1), size_t(dsa.bytes()));
+  EXPECT_EQ(l.part_offset(1, 2), size_t(dsa.bytes() + 16 * 1024));
+  EXPECT_EQ(l.part_offset(2, 1), size_t(dsa.bytes() + csa.bytes() - 64 * 656));
+  EXPECT_EQ(l.part_offset(1, 0), main);
+  EXPECT_EQ(l.part_offset(2, 0), main + 64 * 656);
+  EXPECT_FALSE(l.windowed(0, 0));
+  EXPECT_TRUE(l.windowed(1, 0));
+  EXPECT_FALSE(l.windowed(1, 1));
   EXPECT_EQ(l.token, v3_fp8);
   EXPECT_EQ(l.find_part(1, KvPartKind::kState), 3);
   EXPECT_FALSE(l == KvLayout(3, kBf16));
@@ -130,8 +142,7 @@ TEST(KvLayout, CacheKeepsEveryPartOfEveryLayerInItsBlock) {
   KvCache other(l, 2);
   std::vector<int32_t> t2;
   ASSERT_TRUE(other.import_block(cache.export_block(table[1]), &t2));
-  EXPECT_TRUE(std::equal(cache.block_view(table[1]).begin(), cache.block_view(table[1]).end(),
-                         other.block_view(t2[0]).begin()));
+  EXPECT_EQ(other.export_block(t2[0]).bytes, cache.export_block(table[1]).bytes);
   const uint8_t* keys2 = other.part_base(0, 1) + size_t(t2[0]) * size_t(other.block_stride_bytes());
   EXPECT_EQ(std::memcmp(keys, keys2, key), 0);
 }

@@ -31,7 +31,7 @@ class MapTier final : public KvTier {
       for (; n < job->size(); ++n) {
         auto it = blocks.find(job->hashes[size_t(n)]);
         if (it == blocks.end() || it->second.parent != job->parent_of(n)) break;
-        std::memcpy(job->dest[size_t(n)], it->second.bytes.data(), it->second.bytes.size());
+        job->put(n, it->second.bytes);
       }
       job->finish(n);
     }

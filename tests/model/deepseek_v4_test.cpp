@@ -26,6 +26,13 @@
 namespace moeserve {
 namespace {
 
+// The window pages of the blocks these tests take (docs/kv-cache.md, "The window pool"): held
+// for the caches' lives (no test here releases blocks).
+std::vector<int32_t>* window_holds() {
+  static std::vector<int32_t> holds;
+  return &holds;
+}
+
 using json = nlohmann::json;
 
 constexpr char kDir[] = "tests/data/v4/tiny";
@@ -104,7 +111,7 @@ class V4Model : public ::testing::Test {
     ASSERT_TRUE(model_family(c).supports(c, o).ok());
     model_ = make_deepseek_v4(c, ck_->weights(), &pool_, fast);
     cache_ = std::make_unique<KvCache>(v4_kv_layout(c, kv_dtype, false), 16);
-    ASSERT_TRUE(cache_->allocate(8, &table_));
+    ASSERT_TRUE(cache_->allocate(8, &table_, window_holds()));
   }
   // Runs tokens at start_pos; logits of the last n_logits.
   std::vector<float> run(std::span<const int32_t> tokens, int64_t start_pos, int64_t n_logits) {
@@ -176,9 +183,10 @@ TEST_F(V4Model, FastPathMatchesTransformersFromExactPrefixes) {
     std::vector<int32_t> table;
     const int64_t t0 = t / kKvBlockSize * kKvBlockSize;
     for (int64_t b = 0; b < t0 / kKvBlockSize; ++b) {
-      EXPECT_TRUE(c.import_bytes(cache_->block_view(table_[size_t(b)]), &table));
+      EXPECT_TRUE(
+          c.import_bytes(cache_->export_block(table_[size_t(b)]).bytes, &table, window_holds()));
     }
-    EXPECT_TRUE(c.allocate(1, &table));
+    EXPECT_TRUE(c.allocate(1, &table, window_holds()));
     auto forward = [&](CausalLm& model, int64_t from, int64_t count) {
       StepSequence s;
       s.tokens = std::span<const int32_t>(f.prompt).subspan(size_t(from), size_t(count));
@@ -321,9 +329,10 @@ TEST_F(V4Model, ImportedBlocksResumeToTheSameBits) {
   KvCache other(cache_->layout(), 16);
   std::vector<int32_t> table;
   for (int64_t b = 0; b < cut / kKvBlockSize; ++b) {
-    ASSERT_TRUE(other.import_bytes(cache_->block_view(table_[size_t(b)]), &table));
+    ASSERT_TRUE(
+        other.import_bytes(cache_->export_block(table_[size_t(b)]).bytes, &table, window_holds()));
   }
-  ASSERT_TRUE(other.allocate(4, &table));
+  ASSERT_TRUE(other.allocate(4, &table, window_holds()));
   StepSequence s;
   s.tokens = std::span<const int32_t>(f.prompt).subspan(size_t(cut));
   s.start_pos = cut;
@@ -419,8 +428,8 @@ TEST(V4Mtp, ModuleMatchesDeepSeeksModelPy) {
   KvCache kv_ref(v4_kv_layout(c, DType::kF32, /*mtp=*/true), blocks);
   KvCache kv_fast(v4_kv_layout(c, DType::kF32, /*mtp=*/true), blocks);
   std::vector<int32_t> table, table_fast;
-  ASSERT_TRUE(kv_ref.allocate(blocks, &table));
-  ASSERT_TRUE(kv_fast.allocate(blocks, &table_fast));
+  ASSERT_TRUE(kv_ref.allocate(blocks, &table, window_holds()));
+  ASSERT_TRUE(kv_fast.allocate(blocks, &table_fast, window_holds()));
   StepSequence s{f.prompt, 0, table, 1};
   s.n_hidden = n;
   StepOutput main;
@@ -514,7 +523,7 @@ TEST(V4Trained, PathsMatchTransformers) {
       const int64_t n = int64_t(prompt.size());
       KvCache kv(v4_kv_layout(c, k.kv, false), 8);
       std::vector<int32_t> table;
-      ASSERT_TRUE(kv.allocate(8, &table));
+      ASSERT_TRUE(kv.allocate(8, &table, window_holds()));
       StepSequence s{prompt, 0, table, n};
       StepOutput out;
       ASSERT_TRUE(m->forward({&s, 1}, kv, &out).ok());
@@ -583,15 +592,16 @@ TEST(V4Trained, FastPathFromExactPrefixes) {
     for (int64_t t = 10; t < n; t += 10) {
       KvCache kv(v4_kv_layout(c, DType::kF32, false), 8);
       std::vector<int32_t> table;
-      ASSERT_TRUE(kv.allocate(8, &table));
+      ASSERT_TRUE(kv.allocate(8, &table, window_holds()));
       set_v4_choice_observer(*ref, nullptr);
       run(*ref, kv, table, 0, t);   // the exact prefix
       KvCache kv2(kv.layout(), 8);  // the same blocks, for the reference step at t
       std::vector<int32_t> table2;
       for (int64_t b = 0; b <= (t - 1) / kKvBlockSize; ++b) {
-        ASSERT_TRUE(kv2.import_bytes(kv.block_view(table[size_t(b)]), &table2));
+        ASSERT_TRUE(
+            kv2.import_bytes(kv.export_block(table[size_t(b)]).bytes, &table2, window_holds()));
       }
-      ASSERT_TRUE(kv2.allocate(int32_t(8 - table2.size()), &table2));
+      ASSERT_TRUE(kv2.allocate(int32_t(8 - table2.size()), &table2, window_holds()));
       ref_choices.clear();
       fast_choices.clear();
       set_v4_choice_observer(*ref, record(&ref_choices));
@@ -701,7 +711,9 @@ namespace {
 // A million tokens of context (issue 48: "test the bound with a tiny model at the full context
 // length"): make-model's v4-tiny (max_position_embeddings 1,048,576, as V4's) cut to one heavily
 // compressed and one compressed sparse layer, its KV cache holding all 16,384 blocks of the
-// context (each a copy of a block the model wrote, at 33 KB: 0.5 GB). At the last block the
+// context (each a copy of a block the model wrote) with a window pool of 5 pages: only the
+// blocks the last position's sliding window reads keep their window entries, as a sequence
+// that got there would (docs/kv-cache.md, "The window pool"). At the last block the
 // reference and the fast path both run the block's first position over all 262,128 indexer keys
 // and 8,191 compressed entries, with the same choices and logprobs within the fast path's bound;
 // the fast path then runs the block to the last position, 1,048,575; and the engine takes a
@@ -723,7 +735,9 @@ TEST(V4LongContext, RunsAtTheLastOfAMillionPositions) {
   constexpr int64_t kMillion = 1048576;
   ASSERT_EQ(c.max_position_embeddings, kMillion);
   const int64_t last_block = kMillion / kKvBlockSize - 1;
-  KvCache cache(v4_kv_layout(c, DType::kBF16, false), int32_t(last_block + 3));
+  const KvLayout layout = v4_kv_layout(c, DType::kBF16, false);
+  KvCache cache(layout, int32_t(last_block + 3), 0, /*window_pages=*/5);
+  ASSERT_EQ(cache.window_blocks(), 2);
   std::unique_ptr<CausalLm> ref = make_deepseek_v4(c, (*ck)->weights(), &pool, false);
   std::unique_ptr<CausalLm> fast = make_deepseek_v4(c, (*ck)->weights(), &pool, true);
   std::vector<int32_t> ids(static_cast<size_t>(kKvBlockSize));
@@ -736,15 +750,21 @@ TEST(V4LongContext, RunsAtTheLastOfAMillionPositions) {
     return out.logits;
   };
   std::vector<int32_t> seed;
-  ASSERT_TRUE(cache.allocate(1, &seed));
+  ASSERT_TRUE(cache.allocate(1, &seed, window_holds()));
   forward(*ref, ids, 0, seed);
   std::vector<int32_t> table;
+  const std::vector<uint8_t> seed_bytes = cache.export_block(seed[0]).bytes;
   for (int64_t b = 0; b < last_block; ++b) {
-    ASSERT_TRUE(cache.import_bytes(cache.block_view(seed[0]), &table)) << b;
+    ASSERT_TRUE(cache.import_bytes(seed_bytes, &table, window_holds(), b >= last_block - 2)) << b;
   }
+  // Per block the main region (compressed entries, index keys, states: 8,656 bytes here) and
+  // for 5 blocks the window region (16,384 bytes): every block's window kept would be 0.27 GB
+  // more.
+  EXPECT_EQ(cache.num_windows_available(), 5 - 3);
+  EXPECT_GT(layout.window_bytes(), layout.main_bytes());
   std::vector<int32_t> ref_table = table, fast_table = table;
-  ASSERT_TRUE(cache.allocate(1, &ref_table));
-  ASSERT_TRUE(cache.allocate(1, &fast_table));
+  ASSERT_TRUE(cache.allocate(1, &ref_table, window_holds()));
+  ASSERT_TRUE(cache.allocate(1, &fast_table, window_holds()));
   Choices ref_choices, fast_choices;
   set_v4_choice_observer(*ref, record(&ref_choices));
   set_v4_choice_observer(*fast, record(&fast_choices));
@@ -799,7 +819,7 @@ TEST(V4WeightCache, MappedMatricesGiveTheSameBits) {
     std::unique_ptr<CausalLm> m = make_deepseek_v4(c, (*ck)->weights(), &pool, true, cache);
     KvCache kv(v4_kv_layout(c, DType::kF32, false), 4);
     std::vector<int32_t> table;
-    EXPECT_TRUE(kv.allocate(2, &table));
+    EXPECT_TRUE(kv.allocate(2, &table, window_holds()));
     StepSequence s{prompt, 0, table, int64_t(prompt.size())};
     StepOutput out;
     EXPECT_TRUE(m->forward({&s, 1}, kv, &out).ok());
