@@ -72,6 +72,11 @@ std::string check_ep_flags(const EpFlags& f) {
 
 Result<EpGroup> join_ep_group(const EpFlags& f, const ModelConfig& c, int64_t max_tokens_per_rank,
                               bool bf16_rows, bool mtp) {
+  if (c.v4 && f.eplb_interval > 0) {
+    return InvalidArgument(
+        "DeepSeek-V4 places its experts once, at load (--eplb-init, --redundant-experts): "
+        "online rebalancing (--eplb-interval) is not wired to its forward pass yet");
+  }
   EpGroupOptions eo;
   eo.dtype = *dispatch_dtype_from_name(f.dispatch_dtype);
   eo.mode = *ep_mode_from_name(f.ep_mode);
@@ -79,7 +84,8 @@ Result<EpGroup> join_ep_group(const EpFlags& f, const ModelConfig& c, int64_t ma
   eo.max_tokens_per_rank = max_tokens_per_rank;
   eo.bf16_rows = bf16_rows;
   eo.count_loads = f.eplb();
-  eo.moe_layers = int32_t(c.num_moe_layers()) + (mtp && c.is_moe_layer(c.num_hidden_layers) ? 1 : 0);
+  eo.moe_layers =
+      int32_t(c.num_moe_layers()) + (mtp && c.is_moe_layer(c.num_hidden_layers) ? 1 : 0);
   eo.eplb.redundant_experts = f.redundant_experts;
   eo.eplb.groups = f.eplb_groups > 0 ? f.eplb_groups : int32_t(c.n_group);
   eo.eplb.nodes = f.eplb_nodes;

@@ -414,12 +414,19 @@ uint8_t* KvCache::token_entry(int64_t layer, size_t part, std::span<const int32_
   CHECK(pos >= 0 && pos / kKvBlockSize < int64_t(table.size()), "position beyond the block table");
   const KvPart& p = layout_.layer(layer).parts.at(part);
   CHECK(p.ratio == 1 && p.kind != KvPartKind::kState, "a per-token part");
-  const int32_t block = table[size_t(pos / kKvBlockSize)];
-  const size_t slot = size_t(pos % kKvBlockSize) * size_t(p.entry_bytes());
+  return block_entry(layer, part, table[size_t(pos / kKvBlockSize)], pos % kKvBlockSize);
+}
+
+uint8_t* KvCache::block_entry(int64_t layer, size_t part, int32_t block, int64_t slot) {
+  CHECK(layer >= 0 && layer < layout_.n_layers && part < layout_.layer(layer).parts.size(),
+        "bad KV part");
+  const KvPart& p = layout_.layer(layer).parts[part];
+  CHECK(slot >= 0 && slot < p.entries(), "bad KV entry");
+  const size_t at = size_t(slot) * size_t(p.entry_bytes());
   if (layout_.windowed(layer, part)) {
-    return window_ptr(block) + (layout_.part_offset(layer, part) - layout_.main_bytes()) + slot;
+    return window_ptr(block) + (layout_.part_offset(layer, part) - layout_.main_bytes()) + at;
   }
-  return block_ptr(block) + layout_.part_offset(layer, part) + slot;
+  return block_ptr(block) + layout_.part_offset(layer, part) + at;
 }
 
 const uint8_t* KvCache::token_entry(int64_t layer, size_t part, std::span<const int32_t> table,

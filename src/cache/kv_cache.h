@@ -230,9 +230,9 @@ class KvCache {
   void wait_for_load();
 
   // ---- Bytes ----
-  // (A windowed layer's kLatent part is read and written only through write, read and
-  // token_entry, and only in blocks holding a window page; part_base and layer_base serve the
-  // main region.)
+  // (The window region's parts, KvLayout::windowed, are reached only through write, read,
+  // token_entry and block_entry, and only in blocks holding a window page; part_base and
+  // layer_base serve the main region.)
   // Stores dim values as token `pos` of the sequence with this block table (rounded or
   // quantized to the layout's format: kv_token_store).
   // (The layer's kLatent part.)
@@ -254,6 +254,9 @@ class KvCache {
   const uint8_t* token_entry(int64_t layer, size_t part, std::span<const int32_t> block_table,
                              int64_t pos) const;
   int64_t block_stride_bytes() const { return int64_t(layout_.main_bytes()); }
+  // Entry `slot` of layer `layer`'s part `part` in block `block`, in either region (a window
+  // region part only while the block has its page).
+  uint8_t* block_entry(int64_t layer, size_t part, int32_t block, int64_t slot);
 
   // ---- Blocks as objects ----
   // A copy of block `block` (registered or not; tokens/hash/parent as registered, else empty);

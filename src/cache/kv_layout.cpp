@@ -95,7 +95,14 @@ void KvLayout::index() {
 
 bool KvLayout::windowed(int64_t l, size_t p) const {
   const KvLayerFormat& layer = layers_[size_t(l)];
-  return layer.window > 0 && layer.parts[p].kind == KvPartKind::kLatent;
+  switch (layer.parts[p].kind) {
+    case KvPartKind::kLatent:
+      return layer.window > 0;
+    case KvPartKind::kState:  // read only by a step starting right after its block
+      return window_ > 0;
+    default:
+      return false;
+  }
 }
 
 int32_t KvLayout::window_blocks() const {

@@ -21,11 +21,13 @@
 //
 // A block is one object whatever its parts (export, disk tier, PD and EP hand-off move
 // block_bytes() at a time), and the prefix cache's hash chain does not depend on them: a block
-// registered under a prompt's tokens holds every part of every layer for them. The parts of
-// windowed layers' kLatent (V4's sliding window) come last, after every other part of every
-// layer: [main: layer by layer, the other parts][window: layer by layer, the windowed latents],
-// so that the cache can keep the two regions in pools of their own and let go of a block's
-// window region once it falls behind the window (docs/kv-cache.md, "The window pool"). V2/V3's
+// registered under a prompt's tokens holds every part of every layer for them. In a layout
+// with sliding windows (V4) the parts only a step near the block reads come last, after every
+// other part of every layer: the windowed layers' kLatent entries (read over the window) and
+// the kState records (read by a step starting right after the block). So a block is [main:
+// layer by layer, the other parts][window: layer by layer, those], and the cache keeps the
+// window region in a pool of its own, letting go of it once the block falls behind every
+// window (docs/kv-cache.md, "The window pool"). V2/V3's
 // layout, every layer one kLatent part and no window, has the bytes of kKvLayoutVersion 2 (one
 // token's latent after another, layer after layer).
 //
@@ -120,7 +122,8 @@ struct KvLayout {
   size_t block_bytes() const { return block_bytes_; }
   // Offset of layer l's part p (an index into layer(l).parts) within a block.
   size_t part_offset(int64_t l, size_t p) const { return part_offset_[size_t(l)][p]; }
-  // Whether layer l's part p is in the window region (a windowed layer's kLatent).
+  // Whether layer l's part p is in the window region (a windowed layer's kLatent; with any
+  // window, a kState record).
   bool windowed(int64_t l, size_t p) const;
   // The window region: bytes [main_bytes(), block_bytes()) of a block; empty when no layer has
   // a window.

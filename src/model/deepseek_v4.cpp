@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "core/file_pages.h"
 #include "core/thread_pool.h"
+#include "ep/dispatcher.h"
 #include "kernels/attend_f32.h"
 #include "kernels/convert.h"
 #include "kernels/gemm_bf16.h"
@@ -307,12 +308,13 @@ class PackedViews {
 class DeepseekV4 final : public CausalLm {
  public:
   DeepseekV4(const ModelConfig& c, const ModelWeights& weights, ThreadPool* pool, bool fast,
-             const WeightCacheOptions& cache)
+             const WeightCacheOptions& cache, Dispatcher* dispatcher)
       : c_(c),
         v_(*c.v4),
         w_(*weights.v4),
         pool_(pool),
         fast_(fast),
+        dispatcher_(dispatcher && dispatcher->world_size() > 1 ? dispatcher : nullptr),
         experts_(c, weights, nullptr),
         inv_main_(v4_inv_freq(c, false)),
         inv_compressed_(v4_inv_freq(c, true)) {
@@ -326,15 +328,24 @@ class DeepseekV4 final : public CausalLm {
     CHECK(has_mtp(), "forward_mtp without the MTP module");
     out->logits.clear();
     out->hidden.clear();
+    std::vector<Seq> qs;
+    std::vector<std::vector<float>> hs;
     for (const StepSequence& s : batch) {
-      RETURN_IF_ERROR(mtp_one(s, hidden, cache, out));
+      qs.push_back({s, cache});
+      hs.emplace_back();
+      RETURN_IF_ERROR(mtp_streams(s, hidden, &hs.back()));
       hidden += int64_t(s.tokens.size()) * hidden_width();
     }
+    RETURN_IF_ERROR(block(c_.num_hidden_layers, qs, hs));
+    const V4MtpWeights& m = *w_.mtp;
+    for (size_t i = 0; i < qs.size(); ++i) head_rows(qs[i].s, hs[i], m.hc_head, m.norm, out);
     return Status::Ok();
   }
   int64_t hidden_width() const override { return v_.hc_mult * c_.hidden_size; }
   int64_t num_layers() const override { return c_.num_hidden_layers + (has_mtp() ? 1 : 0); }
-  bool collective() const override { return false; }
+  // (An EP group's ranks run every layer's MoE together: dispatch and combine, docs/deepseek-v4.md
+  // "Expert parallelism".)
+  bool collective() const override { return dispatcher_ != nullptr; }
   ExpertStore& experts() override { return experts_; }
   void set_tracer(Tracer*) override {}
   void set_choice_observer(V4ChoiceObserver o) { observer_ = std::move(o); }
@@ -343,7 +354,18 @@ class DeepseekV4 final : public CausalLm {
   Status forward(std::span<const StepSequence> batch, KvCache& cache, StepOutput* out) override {
     out->logits.clear();
     out->hidden.clear();
-    for (const StepSequence& s : batch) RETURN_IF_ERROR(forward_one(s, cache, out));
+    // Layer by layer over the whole batch: attention per sequence, the MoE over every row of
+    // the step at once (one pass over each expert's weights; under EP one dispatch per layer).
+    std::vector<Seq> qs;
+    std::vector<std::vector<float>> hs;
+    for (const StepSequence& s : batch) {
+      qs.push_back({s, cache});
+      hs.emplace_back();
+      RETURN_IF_ERROR(resume_compressors(qs.back()));
+      RETURN_IF_ERROR(embed_streams(s, &hs.back()));
+    }
+    for (int64_t l = 0; l < c_.num_hidden_layers; ++l) RETURN_IF_ERROR(block(l, qs, hs));
+    for (size_t i = 0; i < qs.size(); ++i) head_rows(qs[i].s, hs[i], w_.hc_head, w_.norm, out);
     return Status::Ok();
   }
 
@@ -404,22 +426,17 @@ class DeepseekV4 final : public CausalLm {
     return v;
   }
 
-  Status forward_one(const StepSequence& s, KvCache& kv, StepOutput* out) {
+  // The residual as hc streams [n, hc, D], each the token's embedding.
+  Status embed_streams(const StepSequence& s, std::vector<float>* h) const {
     const int64_t n = int64_t(s.tokens.size()), D = c_.hidden_size, hc = v_.hc_mult;
-    if (n == 0) return Status::Ok();
-    Seq q{s, kv};
-    RETURN_IF_ERROR(resume_compressors(q));
-    // The residual as hc streams, each the token's embedding.
     std::vector<float> e(static_cast<size_t>(n * D));
     RETURN_IF_ERROR(embed(s, e.data()));
-    std::vector<float> h(static_cast<size_t>(n * hc * D));
+    h->resize(size_t(n * hc * D));
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < hc; ++j) {
-        std::copy(e.begin() + i * D, e.begin() + (i + 1) * D, h.begin() + (i * hc + j) * D);
+        std::copy(e.begin() + i * D, e.begin() + (i + 1) * D, h->begin() + (i * hc + j) * D);
       }
     }
-    for (int64_t l = 0; l < c_.num_hidden_layers; ++l) block(l, q, h);
-    head_rows(s, h, w_.hc_head, w_.norm, out);
     return Status::Ok();
   }
 
@@ -440,6 +457,7 @@ class DeepseekV4 final : public CausalLm {
   void head_rows(const StepSequence& s, const std::vector<float>& h, const V4HcWeights& hc_head,
                  const std::vector<float>& norm, StepOutput* out) const {
     const int64_t n = int64_t(s.tokens.size()), D = c_.hidden_size, W = hidden_width();
+    if (n == 0) return;
     const int64_t rows = std::min(n, s.hidden_rows());
     out->hidden.insert(out->hidden.end(), h.begin() + (n - rows) * W, h.end());
     const int64_t nl = std::min(rows, s.n_logits);
@@ -456,11 +474,10 @@ class DeepseekV4 final : public CausalLm {
   // model.py's MTPBlock: the row at position p carries token t_{p+1} and the main model's
   // streams at p (or the module's own output streams at p - 1 when chaining); each stream is
   // hnorm'd and projected by h_proj, the token's enorm'd embedding projected by e_proj is added to
-  // every stream, then the module's block (its layer: a sliding window only) and its own
-  // collapse and norm before the shared head.
-  Status mtp_one(const StepSequence& s, const float* hidden, KvCache& kv, StepOutput* out) {
+  // every stream (here, for one sequence), then the module's block (its layer: a sliding window
+  // only) and its own collapse and norm before the shared head (forward_mtp).
+  Status mtp_streams(const StepSequence& s, const float* hidden, std::vector<float>* out) const {
     const int64_t n = int64_t(s.tokens.size()), D = c_.hidden_size, hc = v_.hc_mult;
-    if (n == 0) return Status::Ok();
     const V4MtpWeights& m = *w_.mtp;
     std::vector<float> e(static_cast<size_t>(n * D)), ep(static_cast<size_t>(n * D));
     RETURN_IF_ERROR(embed(s, e.data()));
@@ -477,9 +494,7 @@ class DeepseekV4 final : public CausalLm {
         }
       }
     }
-    Seq q{s, kv};
-    block(c_.num_hidden_layers, q, h);
-    head_rows(s, h, m.hc_head, m.norm, out);
+    *out = std::move(h);
     return Status::Ok();
   }
 
@@ -577,19 +592,48 @@ class DeepseekV4 final : public CausalLm {
 
   // ---- A block ------------------------------------------------------------------------------
 
-  void block(int64_t l, Seq& q, std::vector<float>& h) {
+  // Layer l over the batch: each sequence's attention, then the MoE over all their rows.
+  Status block(int64_t l, std::vector<Seq>& qs, std::vector<std::vector<float>>& hs) {
     const V4LayerWeights& L = w_.layers[size_t(l)];
-    const int64_t n = q.n(), D = c_.hidden_size, hc = v_.hc_mult;
-    std::vector<float> x(static_cast<size_t>(n * D)), f(static_cast<size_t>(n * D)),
-        post(static_cast<size_t>(n * hc)), comb(static_cast<size_t>(n * hc * hc));
-    hc_pre(L.hc_attn, h.data(), n, x.data(), post.data(), comb.data());
-    for (int64_t i = 0; i < n; ++i) rms_norm(&x[size_t(i * D)], D, L.attn_norm.data(), eps());
-    attention(l, q, x.data(), f.data());
-    hc_post(f.data(), post.data(), comb.data(), n, h.data());
-    hc_pre(L.hc_ffn, h.data(), n, x.data(), post.data(), comb.data());
-    for (int64_t i = 0; i < n; ++i) rms_norm(&x[size_t(i * D)], D, L.ffn_norm.data(), eps());
-    moe(l, q, x.data(), f.data());
-    hc_post(f.data(), post.data(), comb.data(), n, h.data());
+    const int64_t D = c_.hidden_size, hc = v_.hc_mult;
+    int64_t rows = 0;
+    for (const Seq& q : qs) rows += q.n();
+    // The FFN's rows of every sequence, [rows, D], with their tokens (hash routing) and mHC mixes.
+    std::vector<float> x(static_cast<size_t>(rows * D)), f(static_cast<size_t>(rows * D)),
+        post(static_cast<size_t>(rows * hc)), comb(static_cast<size_t>(rows * hc * hc));
+    std::vector<int32_t> tokens;
+    std::vector<int64_t> row_in_seq;
+    tokens.reserve(size_t(rows));
+    row_in_seq.reserve(size_t(rows));
+    int64_t r0 = 0;
+    for (size_t i = 0; i < qs.size(); ++i) {
+      Seq& q = qs[i];
+      const int64_t n = q.n();
+      if (n == 0) continue;
+      float* xi = &x[size_t(r0 * D)];
+      float* fi = &f[size_t(r0 * D)];
+      float* pi = &post[size_t(r0 * hc)];
+      float* ci = &comb[size_t(r0 * hc * hc)];
+      hc_pre(L.hc_attn, hs[i].data(), n, xi, pi, ci);
+      for (int64_t r = 0; r < n; ++r) rms_norm(xi + r * D, D, L.attn_norm.data(), eps());
+      attention(l, q, xi, fi);
+      hc_post(fi, pi, ci, n, hs[i].data());
+      hc_pre(L.hc_ffn, hs[i].data(), n, xi, pi, ci);
+      for (int64_t r = 0; r < n; ++r) rms_norm(xi + r * D, D, L.ffn_norm.data(), eps());
+      tokens.insert(tokens.end(), q.s.tokens.begin(), q.s.tokens.end());
+      for (int64_t r = 0; r < n; ++r) row_in_seq.push_back(r);
+      r0 += n;
+    }
+    RETURN_IF_ERROR(moe(l, tokens, row_in_seq, x.data(), f.data()));
+    r0 = 0;
+    for (size_t i = 0; i < qs.size(); ++i) {
+      const int64_t n = qs[i].n();
+      if (n == 0) continue;
+      hc_post(&f[size_t(r0 * D)], &post[size_t(r0 * hc)], &comb[size_t(r0 * hc * hc)], n,
+              hs[i].data());
+      r0 += n;
+    }
+    return Status::Ok();
   }
 
   float eps() const { return float(c_.rms_norm_eps); }
@@ -616,11 +660,8 @@ class DeepseekV4 final : public CausalLm {
   // Entry `slot` of block `block_index` of the sequence in layer l's part p.
   static uint8_t* entry(KvCache& kv, const StepSequence& s, int64_t l, int64_t p,
                         int64_t block_index, int64_t slot) {
-    const KvPart& part = kv.layout().layer(l).parts[size_t(p)];
     CHECK(block_index < int64_t(s.block_table.size()), "position beyond the block table");
-    const int32_t b = s.block_table[size_t(block_index)];
-    return kv.part_base(l, size_t(p)) + size_t(b) * size_t(kv.block_stride_bytes()) +
-           size_t(slot * part.entry_bytes());
+    return kv.block_entry(l, size_t(p), s.block_table[size_t(block_index)], slot);
   }
   // Where compressed entry w of ratio r lives: the block of the group's last token.
   static uint8_t* group_entry(KvCache& kv, const StepSequence& s, int64_t l, int64_t p, int64_t r,
@@ -1060,22 +1101,28 @@ class DeepseekV4 final : public CausalLm {
 
   // ---- MoE ----------------------------------------------------------------------------------
 
-  void moe(int64_t l, Seq& q, const float* x, float* out) {
+  // The MoE over the step's rows x [n, D] (tokens: their ids, for a hash layer's table;
+  // row_in_seq: each row's index in its sequence, for the observer) -> out [n, D]: the shared
+  // expert, plus each row's routed experts weighted; in an EP group the routed part through the
+  // dispatcher (the experts of this rank over the rows sent to it).
+  Status moe(int64_t l, std::span<const int32_t> tokens, std::span<const int64_t> row_in_seq,
+             const float* x, float* out) {
     const V4LayerWeights& L = w_.layers[size_t(l)];
-    const int64_t n = q.n(), D = c_.hidden_size, E = c_.n_routed_experts,
+    const int64_t n = int64_t(tokens.size()), D = c_.hidden_size, E = c_.n_routed_experts,
                   k = c_.num_experts_per_tok;
     std::vector<float> logits(static_cast<size_t>(n * E));
-    linear(x, n, L.gate, logits.data());
-    // Rows per expert, with their weights.
-    std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
+    if (n > 0) linear(x, n, L.gate, logits.data());
+    // Each row's experts and weights, [n, k].
+    std::vector<int32_t> ids(static_cast<size_t>(n * k));
+    std::vector<float> wts(static_cast<size_t>(n * k));
     std::vector<int32_t> order(static_cast<size_t>(E));
+    std::vector<float> s(static_cast<size_t>(E));
     for (int64_t i = 0; i < n; ++i) {
-      std::vector<float> s(static_cast<size_t>(E));
       for (int64_t e = 0; e < E; ++e) s[size_t(e)] = std::sqrt(softplus(logits[size_t(i * E + e)]));
-      std::vector<int32_t> idx(static_cast<size_t>(k));
+      int32_t* idx = &ids[size_t(i * k)];
       if (!L.tid2eid.empty()) {  // a hash layer: the token's own experts
-        const int32_t id = q.s.tokens[size_t(i)];
-        for (int64_t j = 0; j < k; ++j) idx[size_t(j)] = L.tid2eid[size_t(id * k + j)];
+        const int32_t id = tokens[size_t(i)];
+        for (int64_t j = 0; j < k; ++j) idx[j] = L.tid2eid[size_t(id * k + j)];
       } else {
         std::iota(order.begin(), order.end(), 0);
         std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
@@ -1083,23 +1130,32 @@ class DeepseekV4 final : public CausalLm {
           const float sb = s[size_t(b)] + L.gate_bias[size_t(b)];
           return sa != sb ? sa > sb : a < b;
         });
-        std::copy(order.begin(), order.begin() + k, idx.begin());
+        std::copy(order.begin(), order.begin() + k, idx);
         if (observer_) {
-          std::vector<int64_t> picked(idx.begin(), idx.end());
+          std::vector<int64_t> picked(idx, idx + k);
           std::sort(picked.begin(), picked.end());
-          observer_(l, 0, i, picked);
+          observer_(l, 0, row_in_seq[size_t(i)], picked);
         }
       }
       float sum = 0;
-      for (int32_t e : idx) sum += s[size_t(e)];
-      for (int32_t e : idx) {
-        const float wgt = c_.norm_topk_prob ? s[size_t(e)] / sum : s[size_t(e)];
-        routed[size_t(e)].push_back({i, wgt * float(c_.routed_scaling_factor)});
+      for (int64_t j = 0; j < k; ++j) sum += s[size_t(idx[j])];
+      for (int64_t j = 0; j < k; ++j) {
+        const float wgt = c_.norm_topk_prob ? s[size_t(idx[j])] / sum : s[size_t(idx[j])];
+        wts[size_t(i * k + j)] = wgt * float(c_.routed_scaling_factor);
       }
     }
-    // The shared expert over every row, then each routed expert over its rows.
-    swiglu(L.shared, x, n, out);
-    std::vector<float> xs, ys;
+    if (n > 0) swiglu(L.shared, x, n, out);
+    if (dispatcher_) return moe_ep(l, x, n, ids, wts, out);
+    // Rows per expert, in row order; each expert over its rows, its weighted output summed per
+    // row in expert order, then added to the shared expert's (as an EP group's combine sums,
+    // so that one with F32 dispatch gives these bits).
+    std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < k; ++j) {
+        routed[size_t(ids[size_t(i * k + j)])].push_back({i, wts[size_t(i * k + j)]});
+      }
+    }
+    std::vector<float> xs, ys, sum(static_cast<size_t>(n * D), 0.0f);
     for (int64_t e = 0; e < E; ++e) {
       const auto& rows = routed[size_t(e)];
       if (rows.empty()) continue;
@@ -1113,11 +1169,45 @@ class DeepseekV4 final : public CausalLm {
       }
       swiglu(*L.experts[size_t(e)], xs.data(), m, ys.data());
       for (int64_t r = 0; r < m; ++r) {
-        float* o = out + rows[size_t(r)].first * D;
+        float* o = &sum[size_t(rows[size_t(r)].first * D)];
         const float wgt = rows[size_t(r)].second;
         for (int64_t d = 0; d < D; ++d) o[d] += wgt * ys[size_t(r * D + d)];
       }
     }
+    for (int64_t i = 0; i < n * D; ++i) out[i] += sum[size_t(i)];
+    return Status::Ok();
+  }
+
+  // The routed part across the EP group (ep/dispatcher.h): every rank calls it once per MoE
+  // layer, with no rows too. Its MoE layers are the model's layers (the MTP module's the last).
+  Status moe_ep(int64_t l, const float* x, int64_t n, const std::vector<int32_t>& ids,
+                const std::vector<float>& wts, float* out) {
+    const V4LayerWeights& L = w_.layers[size_t(l)];
+    const int64_t D = c_.hidden_size, k = c_.num_experts_per_tok;
+    ASSIGN_OR_RETURN(ExpertBatch b, dispatcher_->dispatch(l, x, n, D, ids.data(), wts.data(), k));
+    std::vector<float> y(static_cast<size_t>(b.n_rows() * D)), xs;
+    for (size_t sg = 0; sg < b.experts.size(); ++sg) {
+      const int64_t m = b.segment_rows(sg), r0 = b.segment_begin(sg);
+      if (m == 0) continue;
+      const int32_t e = b.experts[sg];
+      if (!L.experts[size_t(e)]) {
+        return Internal(
+            fmt::format("layer {}: rows for expert {}, which this rank does not hold", l, e));
+      }
+      const float* xe = nullptr;
+      if (b.has_bf16_rows()) {  // (what the fast path's GEMMs round to anyway)
+        xs.resize(size_t(m * D));
+        for (int64_t r = 0; r < m; ++r) bf16_to_f32_row(b.bf16_row(r0 + r), D, &xs[size_t(r * D)]);
+        xe = xs.data();
+      } else {
+        xe = b.x.data() + r0 * D;
+      }
+      swiglu(*L.experts[size_t(e)], xe, m, &y[size_t(r0 * D)]);
+    }
+    std::vector<float> routed(static_cast<size_t>(n * D));
+    RETURN_IF_ERROR(dispatcher_->combine(b, y.data(), routed.data()));
+    for (int64_t i = 0; i < n * D; ++i) out[i] += routed[size_t(i)];
+    return Status::Ok();
   }
 
   // y = down(silu(min(gate x, limit)) * clamp(up x, -limit, limit)).
@@ -1143,6 +1233,7 @@ class DeepseekV4 final : public CausalLm {
   const V4Weights& w_;
   ThreadPool* pool_;
   bool fast_;
+  Dispatcher* dispatcher_;  // an EP group's (more than one rank), else null: experts all here
   PackedViews packed_;
   V4ChoiceObserver observer_;
   // The compressors' states after each row of a verify step, per (layer, block id) whose record
@@ -1196,8 +1287,9 @@ void set_v4_choice_observer(CausalLm& model, V4ChoiceObserver observer) {
 
 std::unique_ptr<CausalLm> make_deepseek_v4(const ModelConfig& config, const ModelWeights& weights,
                                            ThreadPool* pool, bool fast,
-                                           const WeightCacheOptions& cache) {
-  return std::make_unique<DeepseekV4>(config, weights, pool, fast, cache);
+                                           const WeightCacheOptions& cache,
+                                           Dispatcher* dispatcher) {
+  return std::make_unique<DeepseekV4>(config, weights, pool, fast, cache, dispatcher);
 }
 
 }  // namespace moeserve

@@ -37,9 +37,10 @@ Status v4_supports(const ModelConfig&, const ForwardOptions& o) {
 }
 
 std::unique_ptr<CausalLm> make_v4(const ModelConfig& config, const ModelWeights& weights,
-                                  Dispatcher&, ThreadPool* pool, const ForwardOptions& o,
+                                  Dispatcher& dispatcher, ThreadPool* pool, const ForwardOptions& o,
                                   const WeightCacheOptions& weight_cache) {
-  return make_deepseek_v4(config, weights, pool, o.compute == ComputePath::kFast, weight_cache);
+  return make_deepseek_v4(config, weights, pool, o.compute == ComputePath::kFast, weight_cache,
+                          &dispatcher);
 }
 
 // The table. V2 and V3 share MLA, the MoE layer and the checkpoint's tensor names; they differ

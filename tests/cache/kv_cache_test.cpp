@@ -25,21 +25,6 @@ KvCache make_cache(int32_t blocks, uint64_t fingerprint = 0) {
                  fingerprint);
 }
 
-// Registers blocks [0, n) of a sequence, as the scheduler does once their tokens are final.
-std::vector<uint64_t> register_blocks(KvCache& c, std::span<const int32_t> t,
-                                      std::span<const int32_t> table, int n) {
-  std::vector<uint64_t> hashes;
-  uint64_t parent = c.fingerprint();
-  for (int b = 0; b < n; ++b) {
-    auto bt = t.subspan(size_t(b) * kKvBlockSize, kKvBlockSize);
-    uint64_t h = c.chain_hash(parent, bt);
-    c.register_block(table[size_t(b)], h, parent, bt);
-    hashes.push_back(h);
-    parent = h;
-  }
-  return hashes;
-}
-
 TEST(BlockAllocator, AllocatesAllThenRefuses) {
   BlockAllocator a(3);
   std::vector<int32_t> got;

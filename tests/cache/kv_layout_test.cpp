@@ -56,20 +56,23 @@ TEST(KvLayout, PartsAddUpPerLayer) {
   const KvLayout l({dsa, csa, hca});
   ASSERT_TRUE(kv_layout_status(l).ok()) << kv_layout_status(l).to_string();
   EXPECT_EQ(l.block_bytes(), size_t(dsa.bytes() + csa.bytes() + hca.bytes()));
-  // The windowed layers' latents come last, after every other part (the window region).
-  const size_t main = size_t(dsa.bytes() + csa.bytes() + hca.bytes() - 2 * 64 * 656);
+  // The windowed layers' latents and the state records come last (the window region).
+  const size_t window = size_t(2 * 64 * 656 + 4096);
+  const size_t main = size_t(dsa.bytes() + csa.bytes() + hca.bytes()) - window;
   EXPECT_EQ(l.main_bytes(), main);
-  EXPECT_EQ(l.window_bytes(), size_t(2 * 64 * 656));
+  EXPECT_EQ(l.window_bytes(), window);
   EXPECT_EQ(l.window(), 128);
   EXPECT_EQ(l.window_blocks(), 2);  // positions p - 127 .. p - 1 span two blocks before p
   EXPECT_EQ(l.part_offset(0, 1), size_t(64 * 656));
   EXPECT_EQ(l.part_offset(1, 1), size_t(dsa.bytes()));
   EXPECT_EQ(l.part_offset(1, 2), size_t(dsa.bytes() + 16 * 1024));
-  EXPECT_EQ(l.part_offset(2, 1), size_t(dsa.bytes() + csa.bytes() - 64 * 656));
+  EXPECT_EQ(l.part_offset(2, 1), size_t(dsa.bytes() + 16 * 1024 + 16 * 132));
   EXPECT_EQ(l.part_offset(1, 0), main);
-  EXPECT_EQ(l.part_offset(2, 0), main + 64 * 656);
+  EXPECT_EQ(l.part_offset(1, 3), main + 64 * 656);
+  EXPECT_EQ(l.part_offset(2, 0), main + 64 * 656 + 4096);
   EXPECT_FALSE(l.windowed(0, 0));
   EXPECT_TRUE(l.windowed(1, 0));
+  EXPECT_TRUE(l.windowed(1, 3));
   EXPECT_FALSE(l.windowed(1, 1));
   EXPECT_EQ(l.token, v3_fp8);
   EXPECT_EQ(l.find_part(1, KvPartKind::kState), 3);

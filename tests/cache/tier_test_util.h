@@ -1,5 +1,6 @@
-// Test helpers for a KvCache over a lower tier: an in-memory tier whose loads can be held back,
-// and the RAM-then-tier lookup the scheduler makes at admission, done synchronously.
+// Test helpers for a KvCache: the scheduler's registration of final blocks; over a lower tier, an
+// in-memory tier whose loads can be held back, and the RAM-then-tier lookup the scheduler makes
+// at admission, done synchronously.
 #pragma once
 
 #include <cstring>
@@ -43,6 +44,21 @@ class MapTier final : public KvTier {
   bool hold = false;
   bool keep_registered = false;
 };
+
+// Registers blocks [0, n) of a sequence, as the scheduler does once their tokens are final.
+inline std::vector<uint64_t> register_blocks(KvCache& c, std::span<const int32_t> t,
+                                             std::span<const int32_t> table, int n) {
+  std::vector<uint64_t> hashes;
+  uint64_t parent = c.fingerprint();
+  for (int b = 0; b < n; ++b) {
+    auto bt = t.subspan(size_t(b) * kKvBlockSize, kKvBlockSize);
+    uint64_t h = c.chain_hash(parent, bt);
+    c.register_block(table[size_t(b)], h, parent, bt);
+    hashes.push_back(h);
+    parent = h;
+  }
+  return hashes;
+}
 
 // The admission lookup: RAM hits, then what the tier loads beyond them (waited for). Returns
 // the blocks found; table also holds the reserved blocks the tier did not fill.

@@ -4,12 +4,15 @@
 #   - generate on the reference path with the F32 cache: transformers' deepseek_v4 greedy tokens
 #     and top-5 logprobs within 2e-3 (the engine's scheduler chunks the prompt);
 #   - the BF16 cache: a batch gives each prompt what it gets alone, and the disk tier (a second
-#     process reading the prompt's blocks, compressor state included) gives the same bits;
+#     process reading the prompt's blocks, compressor state included) gives the same bits; so do
+#     a window pool of 6 pages, alone and loading from the disk tier;
 #   - the fast path: a batch gives each prompt what it gets alone, so do the starts that write
 #     and map the weight cache; --expert-dtype is refused by name;
 #   - MTP speculative decoding with V4's module gives the plain runs' output on both paths;
 #   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) runs from text;
-#     an EP group of 2 ranks is refused by name;
+#   - EP: 2 and 4 ranks, each loading its share of the routed experts, give the one-process
+#     run's bits with F32 dispatch on both paths (MTP too); FP8 dispatch runs; online EPLB is
+#     refused by name;
 #   - the FP8 KV cache (V4's 583-byte entries): batch = alone, the disk tier the same bits;
 #   - PD: a router with a prefill and a decode unit gives one server's output on prompts whose
 #     hand-off carries whole and unfinished 128-token groups (the blocks' compressor state).
@@ -51,6 +54,23 @@ done
 grep -q 'kv-disk: [1-9][0-9]* hits' "$dir/disk2.jsonl.err" || fail "no disk hits: $(cat "$dir/disk2.jsonl.err")"
 cmp -s "$dir/disk1.jsonl" "$dir/disk2.jsonl" || fail "the disk tier changed the output"
 cmp -s "$dir/disk1.jsonl" "$dir/batch.jsonl" || fail "the disk tier run differs from the plain run"
+# The window pool (docs/kv-cache.md "The window pool") at 6 pages (this model's window is 16: one
+# block before a boundary; chunks of at most 256 tokens),
+# pages let go of behind the window (and sequences preempted when the two need more); then a
+# second process loading the first's blocks from the disk tier, pages only for the blocks before
+# its end.
+gen "$dir/wpool.jsonl" --prompt-ids "$p1" --prompt-ids "$p2" --kv-window-blocks 6
+cmp -s "$dir/wpool.jsonl" "$dir/batch.jsonl" || fail "a window pool of 6 pages changed the output"
+for i in 1 2; do
+  gen "$dir/wdisk$i.jsonl" --prompt-ids "$p1" --prompt-ids "$p2" --kv-window-blocks 6 --kv-disk "$dir/kvdisk-w"
+done
+grep -q 'kv-disk: [1-9][0-9]* hits' "$dir/wdisk2.jsonl.err" || fail "no disk hits with the window pool"
+cmp -s "$dir/wdisk2.jsonl" "$dir/batch.jsonl" || fail "the disk tier with the window pool changed the output"
+if "$bin" generate --model "$model" --prompt-ids "$p1" --max-tokens 1 --kv-window-blocks 2 \
+  > "$dir/w3.out" 2>&1; then
+  fail "a window pool of 2 pages was taken"
+fi
+grep -q "window pool of 2 pages is too small" "$dir/w3.out" || fail "no clear refusal: $(cat "$dir/w3.out")"
 # The fast path (the default: FP8 projections through gemm_fp8, FP4 experts through gemm_fp4):
 # a batch gives each prompt what it gets alone; the requantizing options are refused by name.
 compute=fast gen "$dir/fbatch.jsonl" --prompt-ids "$p1" --prompt-ids "$p2"
@@ -92,12 +112,47 @@ PY
   --json --threads 1 > "$dir/v4t.json" 2> "$dir/v4t.err" || { cat "$dir/v4t.err" >&2; fail "generate v4-tiny"; }
 python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); assert len(d["tokens"]) == 4, d' \
   "$dir/v4t.json" || fail "v4-tiny generated no tokens"
+# EP (docs/deepseek-v4.md "Expert parallelism"): each rank loads the routed experts placement
+# gives it and runs the batch; every MoE layer dispatches and combines. With F32 dispatch the
+# combine sums a row's experts in expert order, as the one-process MoE does: the same bits.
 mpirun="mpirun --allow-run-as-root --oversubscribe"
-if $mpirun -np 2 "$bin" generate --model "$dir/v4t" --prompt-ids 1,2,3 --max-tokens 1 \
-  --compute reference --threads 1 > "$dir/ep.out" 2>&1; then
-  fail "V4 ran as an EP group"
+for c in reference fast; do
+  kv=bf16
+  [[ $c == reference ]] && kv=f32
+  compute=$c gen "$dir/ep1_$c.jsonl" --prompt-ids "$p1" --prompt-ids "$p2" --kv-cache-dtype $kv
+  for np in 2 4; do
+    $mpirun -np $np "$bin" generate --model "$model" --max-tokens 12 --json --logprobs 5 --ignore-eos \
+      --threads 1 --compute $c --kv-cache-dtype $kv --dispatch-dtype f32 --prompt-ids "$p1" \
+      --prompt-ids "$p2" > "$dir/ep${np}_$c.jsonl" 2> "$dir/ep.err" || { cat "$dir/ep.err" >&2; fail "EP R=$np $c"; }
+    cmp -s "$dir/ep1_$c.jsonl" "$dir/ep${np}_$c.jsonl" || fail "EP R=$np ($c, F32 dispatch) != one process"
+  done
+done
+$mpirun -np 2 "$bin" generate --model "$model" --max-tokens 12 --json --logprobs 5 --ignore-eos \
+  --threads 1 --compute fast --dispatch-dtype f32 --speculative mtp --num-draft-tokens 2 \
+  --prompt-ids "$p1" --prompt-ids "$p2" > "$dir/epm.jsonl" 2> "$dir/ep.err" || { cat "$dir/ep.err" >&2; fail "EP MTP"; }
+$mpirun -np 2 "$bin" generate --model "$model" --max-tokens 12 --json --logprobs 5 --ignore-eos \
+  --threads 1 --dispatch-dtype fp8 --prompt-ids "$p1" --prompt-ids "$p2" > "$dir/ep8.jsonl" \
+  2> "$dir/ep.err" || { cat "$dir/ep.err" >&2; fail "EP FP8 dispatch"; }
+python3 - "$dir/ep1_fast.jsonl" "$dir/epm.jsonl" "$dir/ep8.jsonl" <<'PY' || fail "EP with MTP or FP8 dispatch"
+import json, sys
+plain, mtp, fp8 = ([json.loads(l) for l in open(p) if '"tokens"' in l] for p in sys.argv[1:])
+assert len(plain) == len(mtp) == len(fp8) == 2
+for a, b in zip(plain, mtp):
+    assert a["tokens"] == b["tokens"] and a["top_logprobs"] == b["top_logprobs"], (a, b)
+    assert b["draft_tokens"] > 0, b
+worst = 0
+for a, b in zip(plain, fp8):
+    assert len(b["tokens"]) == 12, b
+    ours = {x["id"]: x["logprob"] for x in b["top_logprobs"][0]}
+    worst = max([worst] + [abs(ours[x["id"]] - x["logprob"]) for x in a["top_logprobs"][0] if x["id"] in ours])
+print(f"v4: EP R = 2 and 4 (F32 dispatch) = one process on both paths, MTP too; FP8 dispatch: "
+      f"first token's top-5 within {worst:.2e} of one process")
+PY
+if $mpirun -np 2 "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --threads 1 \
+  --eplb-interval 4 > "$dir/ep.out" 2>&1; then
+  fail "V4 ran with online EPLB"
 fi
-grep -q "does not run as an EP group yet" "$dir/ep.out" || fail "no clear EP refusal: $(cat "$dir/ep.out")"
+grep -q "eplb-interval" "$dir/ep.out" || fail "no clear EPLB refusal: $(cat "$dir/ep.out")"
 
 # The FP8 KV cache (model.py's rounding: 448 e4m3 values, 7 UE8M0 scales per 64, the RoPE values
 # in BF16): a batch gives each prompt what it gets alone, the disk tier the same bits; a head

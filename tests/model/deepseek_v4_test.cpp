@@ -668,6 +668,12 @@ TEST(V4Config, FlashParsesAndItsKvBytesAreTheDocumentedOnes) {
   // each state record's 8 bytes saying where in the block its position lies.
   EXPECT_EQ(layout.block_bytes(),
             size_t(64 * (43 * 1024 + 21 * (256 + 17 + 240) + 20 * (16 + 96)) + 41 * 8));
+  // The main region, what a long context costs per token once the window pool holds the window
+  // entries and state records (docs/kv-cache.md, "The window pool"): 6,053 bytes a token.
+  EXPECT_EQ(layout.main_bytes(), size_t(64 * (21 * (256 + 17) + 20 * 16)));
+  EXPECT_EQ(layout.window_bytes(), size_t(43 * 64 * 1024 + 21 * 15368 + 20 * 6152));
+  EXPECT_EQ(v4_kv_layout(*c, DType::kF8E4M3, false).main_bytes(),
+            size_t(21 * (16 * 583 + 16 * 68) + 20 * 583));  // 3,600 bytes a token
   // FP8 (model.py's rounding): 583-byte entries (448 e4m3 values, 7 UE8M0 scales, 64 BF16 RoPE
   // values); 35,634 bytes per token.
   EXPECT_EQ(v4_kv_layout(*c, DType::kF8E4M3, false).block_bytes(),
