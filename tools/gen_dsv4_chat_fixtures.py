@@ -23,7 +23,9 @@ tests/server/dsml_tool_calls_test.cpp, tests/data/tokenizer/chat_dsv4.jsonl, one
 The conversations are tools/gen_dsv32_chat_fixtures.py's (imported, same seed), then V4's own
 cases (latest_reminder, merged and reordered tool results, reasoning_effort, ...) and the
 encoder's four test inputs in the form an API request can carry them (test 3's tools moved from
-its developer message to the request; test 4's `task` and `mask`, internal fields, left out).
+its developer message to the request; test 4's `mask`, a training field, left out, its `task`
+kept), and quick-instruction tasks (`task` on a message: its token after the message, an
+action's after the assistant's opening; the answer without reasoning; unknown tasks refused).
 
 Pinned source: huggingface.co/deepseek-ai/DeepSeek-V4-Pro (and -Flash), encoding/encoding_dsv4.py,
 sha256 below; a public copy is github.com/Nicooo-Wang/DeepSeek-V4-Pro-code at commit
@@ -80,7 +82,6 @@ def encoder_tests(enc, encoder_dir):
         msgs = []
         for m in copy.deepcopy(data["messages"] if isinstance(data, dict) else data):
             tools = m.pop("tools", None) or tools
-            m.pop("task", None)
             m.pop("mask", None)
             msgs.append(m)
         out.append((msgs, tools, mode == "thinking", i))
@@ -92,6 +93,39 @@ def v4_conversations():
         {"type": "function", "function": {"name": name, "arguments": args}},
         **({"id": id_} if id_ else {}))
     T = v32.TOOLS
+    tasks = [
+        # each task after a user turn and answered; an action as the generation prompt
+        ([{"role": "user", "content": "热海大滚锅", "task": t}, {"role": "assistant", "content": "A"}], [])
+        for t in ("query", "authority", "domain", "title", "read_url", "action")
+    ] + [
+        ([{"role": "system", "content": "S"}, {"role": "user", "content": "Q", "task": "action"}], []),
+        ([{"role": "user", "content": "Q", "task": "title"}], []),
+        # the answer to a task has no reasoning; later turns do
+        ([{"role": "user", "content": "a", "task": "query"},
+          {"role": "assistant", "content": "b", "reasoning_content": "r"},
+          {"role": "user", "content": "c"}, {"role": "assistant", "content": "d",
+                                             "reasoning_content": "e"},
+          {"role": "user", "content": "f"}], []),
+        # a user message after a task's turn starts a turn of its own; one joining a turn loses
+        # its task
+        ([{"role": "user", "content": "a", "task": "domain"}, {"role": "user", "content": "b"},
+          {"role": "assistant", "content": "c"}], []),
+        ([{"role": "user", "content": "a"}, {"role": "user", "content": "b", "task": "domain"},
+          {"role": "assistant", "content": "c"}], []),
+        # tool results join a task's turn; tasks on system, latest_reminder and assistant turns
+        ([{"role": "user", "content": "a", "task": "query"}, {"role": "tool", "content": "r",
+                                                             "tool_call_id": "x"},
+          {"role": "assistant", "content": "c"}], []),
+        ([{"role": "system", "content": "S", "task": "authority"}, {"role": "assistant", "content": "c"}], []),
+        ([{"role": "latest_reminder", "content": "R", "task": "title"},
+          {"role": "assistant", "content": "c"}], []),
+        ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "task": "query"}], []),
+        # a task followed by a user turn renders no token; an unknown one is refused where it
+        # would be rendered
+        ([{"role": "user", "content": "a", "task": "nope"}, {"role": "user", "content": "b"}], []),
+        ([{"role": "user", "content": "a", "task": "nope"}], []),
+        ([{"role": "user", "content": "a", "task": "nope"}, {"role": "assistant", "content": "b"}], []),
+    ]
     return [
         # latest_reminder before a user turn, and between turns
         ([{"role": "system", "content": "S"}, {"role": "latest_reminder", "content": "2026-02-21,App"},
@@ -141,7 +175,7 @@ def v4_conversations():
           {"role": "user", "content": "v"}], []),
         ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "no reasoning"}], T[:1]),
         ([], []),
-    ]
+    ] + tasks
 
 
 def completions(rng, enc, n):

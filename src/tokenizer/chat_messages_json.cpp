@@ -132,6 +132,10 @@ Result<Message> parse_message(const json& j, size_t i) {
     if (!r->is_string()) return InvalidArgument(where + ".reasoning_content: not a string");
     m.reasoning_content = r->get<std::string>();
   }
+  if (auto t = j.find("task"); t != j.end() && !t->is_null()) {
+    if (!t->is_string()) return InvalidArgument(where + ".task: not a string");
+    m.task = t->get<std::string>();
+  }
   return m;
 }
 

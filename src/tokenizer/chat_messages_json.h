@@ -4,8 +4,8 @@
 // (string, required), "content" (string, null or absent = null; an array of {"type": "text",
 // "text": ...} parts is joined), "tool_calls" ([{"id", "type", "function": {"name",
 // "arguments"}}]; "arguments" given as a JSON object is serialised compactly, where Hugging
-// Face's template would fail), "tool_call_id", "reasoning_content" (string or null). Errors name
-// the message index and field.
+// Face's template would fail), "tool_call_id", "reasoning_content" (string or null), "task"
+// (string or null; DeepSeek-V4's). Errors name the message index and field.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>

@@ -73,6 +73,10 @@ struct Message {
   // An earlier turn's reasoning, as DeepSeek's API returns it; only V3.2 renders it (the
   // templates before it keep reasoning in `content`).
   std::optional<std::string> reasoning_content;
+  // DeepSeek-V4's quick-instruction tasks (encoding_dsv4.py's DS_TASK_SP_TOKENS: action, query,
+  // authority, domain, title, read_url): the message is followed by the task's token instead of
+  // the assistant's turn opening; other templates ignore it.
+  std::optional<std::string> task;
 };
 
 class ChatTemplate {

@@ -307,26 +307,44 @@ struct V4Turn {
   std::string_view role;
   std::string_view content;
   bool has_tools = false;
-  std::vector<Block> blocks;  // user turns: their texts and tool outputs, in order
+  std::vector<Block> blocks;          // user turns: their texts and tool outputs, in order
+  const std::string* task = nullptr;  // the message's task, when it has one
 };
 
 // merge_tool_messages: a tool output becomes a tool_result block of a user turn, joining the
-// previous turn when that is a user turn (itself merged or not), as does a user message's text.
+// previous turn when that is a user turn (itself merged or not), as does a user message's text
+// unless that turn has a task. A user message that starts a turn brings its task; one that
+// joins a turn loses it (as the encoder's merge keeps the fields of new turns only).
 std::vector<V4Turn> merge_tool_messages(std::span<const Turn> turns) {
   std::vector<V4Turn> out;
   for (const Turn& t : turns) {
     const std::string& role = t.m->role;
-    const bool joins = !out.empty() && out.back().role == "user";
+    const bool after_user = !out.empty() && out.back().role == "user";
     if (role == "tool" || role == "user") {
       Block b{role == "tool", t.content, {}};
       if (b.tool_result && t.m->tool_call_id) b.tool_use_id = *t.m->tool_call_id;
-      if (!joins) out.push_back({nullptr, "user", {}, false, {}});
+      const bool joins = after_user && (role == "tool" || !out.back().task);
+      if (!joins) {
+        out.push_back({nullptr, "user", {}, false, {}});
+        if (role == "user" && t.m->task) out.back().task = &*t.m->task;
+      }
       out.back().blocks.push_back(b);
     } else {
-      out.push_back({t.m, role, t.content, t.has_tools, {}});
+      out.push_back({t.m, role, t.content, t.has_tools, {}, t.m->task ? &*t.m->task : nullptr});
     }
   }
   return out;
+}
+
+// DS_TASK_SP_TOKENS of encoding_dsv4.py.
+std::optional<std::string_view> v4_task_token(std::string_view task) {
+  static constexpr std::pair<std::string_view, std::string_view> kTasks[] = {
+      {"action", "<｜action｜>"}, {"query", "<｜query｜>"}, {"authority", "<｜authority｜>"},
+      {"domain", "<｜domain｜>"}, {"title", "<｜title｜>"}, {"read_url", "<｜read_url｜>"}};
+  for (const auto& [name, token] : kTasks) {
+    if (name == task) return token;
+  }
+  return std::nullopt;
 }
 
 // sort_tool_results_by_call_order: a user turn's tool outputs (two or more) in the order of
@@ -405,8 +423,10 @@ Result<std::string> render_v4_turn(std::span<const V4Turn> turns, size_t i,
     out += "<｜latest_reminder｜>" + std::string(t.content);
   } else if (t.role == "assistant") {
     ASSIGN_OR_RETURN(std::string calls, dsml_calls(*t.m, "tool_calls", /*wrap_text=*/true));
-    // Reasoning is rendered after the last user turn, and everywhere when nothing is dropped.
-    if (thinking && (!drop || int64_t(i) > last_user)) {
+    // Reasoning is rendered after the last user turn, and everywhere when nothing is dropped;
+    // never in the answer to a task.
+    const bool task_answer = i > 0 && turns[i - 1].task;
+    if (thinking && !task_answer && (!drop || int64_t(i) > last_user)) {
       if (t.m->reasoning_content) out += *t.m->reasoning_content;
       out += kThinkClose;
     }
@@ -418,6 +438,19 @@ Result<std::string> render_v4_turn(std::span<const V4Turn> turns, size_t i,
   // the assistant's: <think> where its reasoning is rendered, </think> elsewhere.
   if (i + 1 < turns.size() && turns[i + 1].role != "assistant" &&
       turns[i + 1].role != "latest_reminder") {
+    return out;
+  }
+  if (t.task) {  // a task's token instead (an action's after the assistant's opening)
+    const std::optional<std::string_view> token = v4_task_token(*t.task);
+    if (!token) {
+      return error_at(i, t,
+                      "unknown task '" + *t.task +
+                          "' (DeepSeek-V4's are action, query, authority, domain, title and "
+                          "read_url)");
+    }
+    if (*t.task == "action")
+      out += std::string(kAssistant) + std::string(thinking ? kThinkOpen : kThinkClose);
+    out += *token;
     return out;
   }
   if (t.role == "user" || t.role == "developer") {

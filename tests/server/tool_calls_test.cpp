@@ -666,5 +666,27 @@ TEST(ToolCalls, V4ReasoningEffortAndLatestReminderReachThePrompt) {
   EXPECT_EQ(json::parse(r->body)["error"]["param"], "messages[1].role") << r->body;
 }
 
+// A message's `task` reaches V4's prompt as encoding_dsv4.py writes it (the fixtures hold the
+// forms); an unknown task is a 400, not a prompt; a non-string one names the field.
+TEST(ToolCalls, V4TasksReachThePromptAndAnUnknownOneIsA400) {
+  auto post = [&](const std::string& task) {
+    Harness h(scripted("Search"), {}, {}, v4());
+    auto r =
+        h.post("/v1/chat/completions",
+               R"({"messages":[{"role":"user","content":"Hot springs?","task":)" + task + "}]}");
+    return std::make_pair(r->status, r->status == 200 ? prompt_text(h) : r->body);
+  };
+  const auto [status, action] = post(R"("action")");
+  EXPECT_EQ(status, 200) << action;
+  EXPECT_TRUE(action.ends_with("Hot springs?<｜Assistant｜></think><｜action｜>")) << action;
+  EXPECT_TRUE(post(R"("title")").second.ends_with("Hot springs?<｜title｜>"));
+  const auto [bad, body] = post(R"("summarise")");
+  EXPECT_EQ(bad, 400);
+  EXPECT_NE(body.find("unknown task 'summarise'"), std::string::npos) << body;
+  const auto [wrong, why] = post("7");
+  EXPECT_EQ(wrong, 400);
+  EXPECT_NE(why.find("task"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace moeserve::testing

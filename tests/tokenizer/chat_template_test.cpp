@@ -194,6 +194,7 @@ TEST(ChatTemplate, LaterTemplatesMatchJinja2OnEveryFixtureConversation) {
 struct EncoderFixtureRun {
   int rendered = 0, refused = 0, with_tools = 0, with_results = 0, thinking_rows = 0;
   int effort_max = 0, reminders = 0, encoder_tests = 0;
+  int tasks = 0;  // rendered with a quick-instruction task's token (V4)
 };
 
 // Renders every "render" row of an encoder fixture (tools/gen_dsv*_chat_fixtures.py) with `t`:
@@ -238,6 +239,13 @@ EncoderFixtureRun render_encoder_fixture(const ChatTemplate& t, const std::strin
     run.thinking_rows += thinking;
     run.effort_max += text->find("Reasoning Effort: Absolute maximum") != std::string::npos;
     run.reminders += text->find("<｜latest_reminder｜>") != std::string::npos;
+    for (std::string_view token : {"<｜action｜>", "<｜query｜>", "<｜authority｜>", "<｜domain｜>",
+                                   "<｜title｜>", "<｜read_url｜>"}) {
+      if (text->find(token) != std::string::npos) {
+        ++run.tasks;
+        break;
+      }
+    }
     run.encoder_tests += row.value("source", "").starts_with("encoder test");
   }
   return run;
@@ -287,6 +295,7 @@ TEST(ChatTemplate, V4MatchesDeepSeeksEncoderOnEveryFixtureConversation) {
   EXPECT_GE(run.thinking_rows, 150);
   EXPECT_GE(run.effort_max, 10);
   EXPECT_GE(run.reminders, 5);
+  EXPECT_GE(run.tasks, 20);  // every task, encoder test 4's action
   EXPECT_EQ(run.encoder_tests, 4);
 }
 
