@@ -34,8 +34,10 @@ double macs(const WeightView& w) {
   return double(w.rows) * double(w.cols);
 }
 
-// What one token costs outside attention: weight bytes (every matrix but the routed experts,
-// top-k of those at their average size) and multiply-adds.
+// What a step of `batch` tokens costs outside attention: weight bytes (every matrix but the
+// routed experts once; of those, the expected distinct experts the batch's top-k picks touch,
+// E (1 - (1 - k/E)^batch), at their average size: top-k for one token) and multiply-adds (each
+// token's, its k experts at their average size).
 struct Cost {
   double bytes = 0, gemm_macs = 0, f32_macs = 0, int8_macs = 0;
   void add(const WeightView& w) {
@@ -44,31 +46,37 @@ struct Cost {
   }
 };
 
-Cost weights_per_token(const ModelConfig& c, const V4Weights& w, bool with_head) {
-  Cost k;
-  k.bytes += double(c.hidden_size) * 2;  // an embedding row
-  if (with_head) k.add(w.head);
+Cost weights_per_step(const ModelConfig& c, const V4Weights& w, bool with_head, int64_t batch) {
+  const double b = double(batch);
+  Cost k, dense;  // dense: every matrix but the routed experts, read once, run per token
+  k.bytes += b * double(c.hidden_size) * 2;  // embedding rows
+  if (with_head) dense.add(w.head);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const V4LayerWeights& L = w.layers[size_t(l)];
     for (const WeightView* v : {&L.hc_attn.fn, &L.hc_ffn.fn, &L.wq_a, &L.wq_b, &L.wkv, &L.wo_a,
                                 &L.wo_b, &L.gate, &L.shared.gate, &L.shared.up, &L.shared.down}) {
-      k.add(*v);
+      dense.add(*v);
     }
     for (const auto* cw :
          {L.compressor ? &*L.compressor : nullptr, L.indexer ? &L.indexer->compressor : nullptr}) {
-      if (cw) k.add(cw->wkv), k.add(cw->wgate);
+      if (cw) dense.add(cw->wkv), dense.add(cw->wgate);
     }
-    if (L.indexer) k.add(L.indexer->wq_b), k.add(L.indexer->weights_proj);
+    if (L.indexer) dense.add(L.indexer->wq_b), dense.add(L.indexer->weights_proj);
     Cost experts;
     int n = 0;
     for (const auto& e : L.experts) {
       if (e) experts.add(e->gate), experts.add(e->up), experts.add(e->down), ++n;
     }
     const double share = n > 0 ? double(c.num_experts_per_tok) / n : 0;
-    k.bytes += experts.bytes * share;
-    k.gemm_macs += experts.gemm_macs * share;
+    k.bytes += experts.bytes * (1 - std::pow(1 - share, b));
+    k.gemm_macs += experts.gemm_macs * share * b;
   }
+  k.bytes += dense.bytes;
+  k.gemm_macs += dense.gemm_macs * b;
   return k;
+}
+Cost weights_per_token(const ModelConfig& c, const V4Weights& w, bool with_head) {
+  return weights_per_step(c, w, with_head, 1);
 }
 
 // Attention's reads and F32 multiply-adds for the query at position t (K = V: scores and
@@ -132,12 +140,16 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
   int64_t longest = 0, longest_prefill = 0;
   for (int64_t t : o.contexts) longest = std::max(longest, t);
   for (int64_t t : o.prefill) longest_prefill = std::max(longest_prefill, t);
-  const int64_t blocks = (longest + longest_prefill) / kKvBlockSize + 4;
+  int64_t batch_blocks = 0;  // the batched decode's sequences, each its own copies
+  for (int64_t b : o.batches) batch_blocks += b * (o.batch_context / kKvBlockSize + 1);
+  const int64_t blocks = (longest + longest_prefill) / kKvBlockSize + 4 + batch_blocks;
   // The window pool (docs/kv-cache.md, "The window pool"): pages for the prefill's blocks, the
   // seed and the decode's new block, and the two blocks before each context's end, whose window
   // entries the decode step reads; the copies behind them keep none, as a sequence's would not.
+  int64_t batch_pages = 0;
+  for (int64_t b : o.batches) batch_pages = std::max(batch_pages, b * 3);
   const int64_t window_pages =
-      longest_prefill / kKvBlockSize + 4 + 2 * int64_t(o.contexts.size()) + 2;
+      longest_prefill / kKvBlockSize + 4 + 2 * int64_t(o.contexts.size()) + 2 + batch_pages;
   if (!o.json) {
     fmt::print(
         "v4 bench: {}  {} layers, {} threads, packed in {:.1f} s; KV {} blocks of {} bytes and {} "
@@ -225,12 +237,58 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
     here.dram_read_gbps = std::max(dram_before, measure_dram_read_gbps(pool, 1, 0.3));
     report("decode", s.start_pos, best, k, here);
   }
+  // Batched decode: `b` sequences at o.batch_context each (their own copies of the seed block,
+  // window pages for the blocks their windows read), one token each: the MoE runs the step's
+  // rows at once, so the routed experts are read once per step.
+  for (int64_t b : o.batches) {
+    const int64_t ctx = o.batch_context;
+    std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b)), bholds(tables.size());
+    std::vector<StepSequence> seqs;
+    std::vector<int32_t> ids(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) {
+      ids[size_t(i)] = int32_t(42 + i);
+      std::vector<int32_t>& t = tables[size_t(i)];
+      for (int64_t blk = 0; blk < ctx / kKvBlockSize; ++blk) {
+        const bool window = blk >= ctx / kKvBlockSize - cache.window_blocks();
+        if (!cache.import_bytes(seed_bytes, &t, &bholds[size_t(i)], window)) {
+          fmt::print(stderr, "the KV cache holds {} blocks, fewer than the batch needs\n", blocks);
+          return 1;
+        }
+      }
+      if (!cache.allocate(1, &t, &bholds[size_t(i)])) return 1;
+    }
+    for (int64_t i = 0; i < b; ++i) {
+      seqs.push_back({std::span<const int32_t>(&ids[size_t(i)], 1),
+                      ctx / kKvBlockSize * kKvBlockSize, tables[size_t(i)], 1});
+    }
+    const double dram_before = measure_dram_read_gbps(pool, 1, 0.3);
+    double best = 1e30;
+    for (int rep = 0; rep <= o.repeats; ++rep) {
+      const double t0 = now_s();
+      Status st = model->forward(seqs, cache, &out);
+      if (!st.ok()) return fmt::print(stderr, "{}\n", st.to_string()), 1;
+      if (rep > 0) best = std::min(best, now_s() - t0);
+    }
+    Cost k = weights_per_step(c, *(*ck)->weights().v4, true, b);
+    const Cost a = attention_at(c, layout, ctx / kKvBlockSize * kKvBlockSize);
+    k.bytes += double(b) * a.bytes;
+    k.f32_macs += double(b) * a.f32_macs;
+    k.int8_macs += double(b) * a.int8_macs;
+    Ceilings here = ceil;
+    here.dram_read_gbps = std::max(dram_before, measure_dram_read_gbps(pool, 1, 0.3));
+    report(fmt::format("decode-b{}", b).c_str(), ctx, best, k, here);
+    if (!o.json) {
+      fmt::print("  batch {}: {:.1f} tokens/s ({:.2f} ms a step)\n", b, double(b) / best,
+                 best * 1e3);
+    }
+    for (size_t i = 0; i < tables.size(); ++i) cache.release(tables[i], bholds[i]);
+  }
   // Prefill: the prompt in chunks of 2048 (as the scheduler chunks it), from position 0.
   for (int64_t n : o.prefill) {
     std::vector<int32_t> prompt(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) prompt[size_t(i)] = int32_t(1 + (i * 7919) % 5000);
-    std::vector<int32_t> ptable;
-    if (!cache.allocate(int32_t(n / kKvBlockSize + 1), &ptable, &holds)) return 1;
+    std::vector<int32_t> ptable, pholds;
+    if (!cache.allocate(int32_t(n / kKvBlockSize + 1), &ptable, &pholds)) return 1;
     const double t0 = now_s();
     for (int64_t p = 0; p < n; p += 2048) {
       const int64_t len = std::min<int64_t>(2048, n - p);
@@ -240,7 +298,7 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
       if (!st.ok()) return fmt::print(stderr, "{}\n", st.to_string()), 1;
     }
     const double t = now_s() - t0;
-    cache.release(ptable);
+    cache.release(ptable, pholds);
     Cost k = weights_per_token(c, *(*ck)->weights().v4, false);
     k.gemm_macs *= double(n);
     k.f32_macs = 0;

@@ -20,6 +20,8 @@ struct V4BenchOptions {
   bool json = false;
   std::vector<int64_t> contexts = {4096, 65536, 262144, 1048576};  // decode
   std::vector<int64_t> prefill = {8192};
+  std::vector<int64_t> batches = {32};  // batched decode, at batch_context each
+  int64_t batch_context = 4096;
   int repeats = 3;
 };
 

@@ -338,7 +338,7 @@ class DeepseekV4 final : public CausalLm {
     }
     RETURN_IF_ERROR(block(c_.num_hidden_layers, qs, hs));
     const V4MtpWeights& m = *w_.mtp;
-    for (size_t i = 0; i < qs.size(); ++i) head_rows(qs[i].s, hs[i], m.hc_head, m.norm, out);
+    head_rows(qs, hs, m.hc_head, m.norm, out);
     return Status::Ok();
   }
   int64_t hidden_width() const override { return v_.hc_mult * c_.hidden_size; }
@@ -365,7 +365,7 @@ class DeepseekV4 final : public CausalLm {
       RETURN_IF_ERROR(embed_streams(s, &hs.back()));
     }
     for (int64_t l = 0; l < c_.num_hidden_layers; ++l) RETURN_IF_ERROR(block(l, qs, hs));
-    for (size_t i = 0; i < qs.size(); ++i) head_rows(qs[i].s, hs[i], w_.hc_head, w_.norm, out);
+    head_rows(qs, hs, w_.hc_head, w_.norm, out);
     return Status::Ok();
   }
 
@@ -375,6 +375,24 @@ class DeepseekV4 final : public CausalLm {
     KvCache& kv;
     int64_t n() const { return int64_t(s.tokens.size()); }
     int64_t pos(int64_t i) const { return s.start_pos + i; }
+  };
+  // A step's rows, sequence after sequence: each row's sequence, its index there, its token.
+  struct Rows {
+    explicit Rows(const std::vector<Seq>& qs) {
+      for (size_t i = 0; i < qs.size(); ++i) {
+        starts.push_back(int64_t(seq.size()));
+        for (int64_t r = 0; r < qs[i].n(); ++r) {
+          seq.push_back(int32_t(i));
+          local.push_back(r);
+          tokens.push_back(qs[i].s.tokens[size_t(r)]);
+        }
+      }
+    }
+    int64_t n() const { return int64_t(seq.size()); }
+    int64_t first(size_t i) const { return starts[i]; }
+    std::vector<int32_t> seq;
+    std::vector<int64_t> local, starts;
+    std::vector<int32_t> tokens;
   };
 
   void linear(const float* x, int64_t m, const WeightView& w, float* y) const {
@@ -452,23 +470,32 @@ class DeepseekV4 final : public CausalLm {
     return Status::Ok();
   }
 
-  // The rows asked for: the streams as hidden rows (what the MTP module takes), and the logits of
-  // the last n_logits through the collapse of the streams, the norm and the head.
-  void head_rows(const StepSequence& s, const std::vector<float>& h, const V4HcWeights& hc_head,
-                 const std::vector<float>& norm, StepOutput* out) const {
-    const int64_t n = int64_t(s.tokens.size()), D = c_.hidden_size, W = hidden_width();
-    if (n == 0) return;
-    const int64_t rows = std::min(n, s.hidden_rows());
-    out->hidden.insert(out->hidden.end(), h.begin() + (n - rows) * W, h.end());
-    const int64_t nl = std::min(rows, s.n_logits);
-    std::vector<float> y(static_cast<size_t>(nl * D));
-    for (int64_t r = 0; r < nl; ++r) {
-      hc_collapse(hc_head, &h[size_t((n - nl + r) * W)], &y[size_t(r * D)]);
-      rms_norm(&y[size_t(r * D)], D, norm.data(), float(c_.rms_norm_eps));
+  // The rows asked for, in batch order: the streams as hidden rows (what the MTP module takes),
+  // and the logits of each sequence's last n_logits through the collapse of the streams, the
+  // norm and the head (one GEMM for the batch: the head is read once a step).
+  void head_rows(const std::vector<Seq>& qs, const std::vector<std::vector<float>>& hs,
+                 const V4HcWeights& hc_head, const std::vector<float>& norm,
+                 StepOutput* out) const {
+    const int64_t D = c_.hidden_size, W = hidden_width();
+    std::vector<float> y;
+    for (size_t i = 0; i < qs.size(); ++i) {
+      const StepSequence& s = qs[i].s;
+      const std::vector<float>& h = hs[i];
+      const int64_t n = int64_t(s.tokens.size());
+      if (n == 0) continue;
+      const int64_t rows = std::min(n, s.hidden_rows());
+      out->hidden.insert(out->hidden.end(), h.begin() + (n - rows) * W, h.end());
+      const int64_t nl = std::min(rows, s.n_logits);
+      for (int64_t r = 0; r < nl; ++r) {
+        y.resize(y.size() + size_t(D));
+        float* yr = &y[y.size() - size_t(D)];
+        hc_collapse(hc_head, &h[size_t((n - nl + r) * W)], yr);
+        rms_norm(yr, D, norm.data(), float(c_.rms_norm_eps));
+      }
     }
-    const size_t at = out->logits.size();
-    out->logits.resize(at + size_t(nl * c_.vocab_size));
-    linear(y.data(), nl, w_.head, &out->logits[at]);
+    const int64_t nl = int64_t(y.size()) / D;
+    out->logits.resize(size_t(nl * c_.vocab_size));
+    if (nl > 0) linear(y.data(), nl, w_.head, out->logits.data());
   }
 
   // model.py's MTPBlock: the row at position p carries token t_{p+1} and the main model's
@@ -592,47 +619,41 @@ class DeepseekV4 final : public CausalLm {
 
   // ---- A block ------------------------------------------------------------------------------
 
-  // Layer l over the batch: each sequence's attention, then the MoE over all their rows.
+  // Layer l over the batch: attention (its projections over every row of the step, each
+  // sequence's queries over its own KV), then the MoE over all the rows.
   Status block(int64_t l, std::vector<Seq>& qs, std::vector<std::vector<float>>& hs) {
     const V4LayerWeights& L = w_.layers[size_t(l)];
     const int64_t D = c_.hidden_size, hc = v_.hc_mult;
-    int64_t rows = 0;
-    for (const Seq& q : qs) rows += q.n();
-    // The FFN's rows of every sequence, [rows, D], with their tokens (hash routing) and mHC mixes.
-    std::vector<float> x(static_cast<size_t>(rows * D)), f(static_cast<size_t>(rows * D)),
-        post(static_cast<size_t>(rows * hc)), comb(static_cast<size_t>(rows * hc * hc));
-    std::vector<int32_t> tokens;
-    std::vector<int64_t> row_in_seq;
-    tokens.reserve(size_t(rows));
-    row_in_seq.reserve(size_t(rows));
-    int64_t r0 = 0;
-    for (size_t i = 0; i < qs.size(); ++i) {
-      Seq& q = qs[i];
-      const int64_t n = q.n();
-      if (n == 0) continue;
+    const Rows rows(qs);
+    const int64_t n = rows.n();
+    std::vector<float> x(static_cast<size_t>(n * D)), f(static_cast<size_t>(n * D)),
+        post(static_cast<size_t>(n * hc)), comb(static_cast<size_t>(n * hc * hc));
+    // (Each sequence's rows: r0 on, n of them.)
+    auto each = [&](auto&& fn) {
+      for (size_t i = 0; i < qs.size(); ++i) {
+        if (qs[i].n() > 0) fn(i, rows.first(i), qs[i].n());
+      }
+    };
+    each([&](size_t i, int64_t r0, int64_t m) {
+      hc_pre(L.hc_attn, hs[i].data(), m, &x[size_t(r0 * D)], &post[size_t(r0 * hc)],
+             &comb[size_t(r0 * hc * hc)]);
+      for (int64_t r = r0; r < r0 + m; ++r)
+        rms_norm(&x[size_t(r * D)], D, L.attn_norm.data(), eps());
+    });
+    attention(l, qs, rows, x.data(), f.data());
+    each([&](size_t i, int64_t r0, int64_t m) {
       float* xi = &x[size_t(r0 * D)];
-      float* fi = &f[size_t(r0 * D)];
       float* pi = &post[size_t(r0 * hc)];
       float* ci = &comb[size_t(r0 * hc * hc)];
-      hc_pre(L.hc_attn, hs[i].data(), n, xi, pi, ci);
-      for (int64_t r = 0; r < n; ++r) rms_norm(xi + r * D, D, L.attn_norm.data(), eps());
-      attention(l, q, xi, fi);
-      hc_post(fi, pi, ci, n, hs[i].data());
-      hc_pre(L.hc_ffn, hs[i].data(), n, xi, pi, ci);
-      for (int64_t r = 0; r < n; ++r) rms_norm(xi + r * D, D, L.ffn_norm.data(), eps());
-      tokens.insert(tokens.end(), q.s.tokens.begin(), q.s.tokens.end());
-      for (int64_t r = 0; r < n; ++r) row_in_seq.push_back(r);
-      r0 += n;
-    }
-    RETURN_IF_ERROR(moe(l, tokens, row_in_seq, x.data(), f.data()));
-    r0 = 0;
-    for (size_t i = 0; i < qs.size(); ++i) {
-      const int64_t n = qs[i].n();
-      if (n == 0) continue;
-      hc_post(&f[size_t(r0 * D)], &post[size_t(r0 * hc)], &comb[size_t(r0 * hc * hc)], n,
+      hc_post(&f[size_t(r0 * D)], pi, ci, m, hs[i].data());
+      hc_pre(L.hc_ffn, hs[i].data(), m, xi, pi, ci);
+      for (int64_t r = 0; r < m; ++r) rms_norm(xi + r * D, D, L.ffn_norm.data(), eps());
+    });
+    RETURN_IF_ERROR(moe(l, rows.tokens, rows.local, x.data(), f.data()));
+    each([&](size_t i, int64_t r0, int64_t m) {
+      hc_post(&f[size_t(r0 * D)], &post[size_t(r0 * hc)], &comb[size_t(r0 * hc * hc)], m,
               hs[i].data());
-      r0 += n;
-    }
+    });
     return Status::Ok();
   }
 
@@ -673,59 +694,70 @@ class DeepseekV4 final : public CausalLm {
 
   // ---- Attention ----------------------------------------------------------------------------
 
-  void attention(int64_t l, Seq& q, const float* x, float* out) {
+  void attention(int64_t l, std::vector<Seq>& qs, const Rows& rows, const float* x, float* out) {
     const V4LayerWeights& L = w_.layers[size_t(l)];
-    const int64_t n = q.n(), H = c_.num_attention_heads, Dh = v_.head_dim;
+    const int64_t n = rows.n(), H = c_.num_attention_heads, Dh = v_.head_dim;
     const int64_t qr = *c_.q_lora_rank, ratio = v_.ratio(l);
     const std::vector<float>& inv = ratio == 0 ? inv_main_ : inv_compressed_;
     const float e = eps();
+    auto seq_of = [&](int64_t r) -> Seq& { return qs[size_t(rows.seq[size_t(r)])]; };
+    auto pos_of = [&](int64_t r) { return seq_of(r).pos(rows.local[size_t(r)]); };
     // Queries: q_a, its norm, q_b, each head normalised (unweighted), RoPE.
     std::vector<float> qlat(static_cast<size_t>(n * qr)), qh(static_cast<size_t>(n * H * Dh)),
         kvr(static_cast<size_t>(n * Dh));
-    linear(x, n, L.wq_a, qlat.data());
+    if (n > 0) {
+      linear(x, n, L.wq_a, qlat.data());
+      linear(x, n, L.wkv, kvr.data());
+    }
     for (int64_t i = 0; i < n; ++i) rms_norm(&qlat[size_t(i * qr)], qr, L.q_norm.data(), e);
-    linear(qlat.data(), n, L.wq_b, qh.data());
+    if (n > 0) linear(qlat.data(), n, L.wq_b, qh.data());
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t hh = 0; hh < H; ++hh) {
         float* v = &qh[size_t((i * H + hh) * Dh)];
         rms_norm(v, Dh, nullptr, e);
-        rope_tail(v, Dh, inv, q.pos(i));
+        rope_tail(v, Dh, inv, pos_of(i));
       }
     }
     // The shared KV head: into the cache (the window reads it back in the cache's format).
-    linear(x, n, L.wkv, kvr.data());
     for (int64_t i = 0; i < n; ++i) {
       float* v = &kvr[size_t(i * Dh)];
       rms_norm(v, Dh, L.kv_norm.data(), e);
-      rope_tail(v, Dh, inv, q.pos(i));
-      q.kv.write(l, q.s.block_table, q.pos(i), v);
+      rope_tail(v, Dh, inv, pos_of(i));
+      Seq& q = seq_of(i);
+      q.kv.write(l, q.s.block_table, pos_of(i), v);
     }
-    if (ratio != 0) compress(l, q, x);
+    if (ratio != 0) {
+      for (size_t s = 0; s < qs.size(); ++s) {
+        if (qs[s].n() > 0) compress(l, qs[s], x + rows.first(s) * c_.hidden_size);
+      }
+    }
     // The indexer's queries and head weights for every query row at once (each row's bits are
     // what a one-row product gives).
     const int64_t nh = ratio == 4 ? c_.indexer->n_heads : 0,
                   id = ratio == 4 ? c_.indexer->head_dim : 0;
     std::vector<float> iq(static_cast<size_t>(n * nh * id)), iw(static_cast<size_t>(n * nh));
-    if (ratio == 4) {
+    if (ratio == 4 && n > 0) {
       linear(qlat.data(), n, L.indexer->wq_b, iq.data());
       linear(x, n, L.indexer->weights_proj, iw.data());
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t hh = 0; hh < nh; ++hh) {
-          rope_tail(&iq[size_t((i * nh + hh) * id)], id, inv_compressed_, q.pos(i));
+          rope_tail(&iq[size_t((i * nh + hh) * id)], id, inv_compressed_, pos_of(i));
         }
       }
     }
     // Per query: the window, then the compressed entries it sees; one softmax with the sink. A
     // query's result does not depend on the others (every KV entry of the step is written), so a
     // prefill spreads its queries over the threads; a few queries spread each one's work.
-    const Parts p = parts(q.kv, l);
-    const KvTokenFormat fmt = q.kv.layout().token;
+    if (n == 0) return;
+    const Parts p = parts(qs[0].kv, l);
+    const KvTokenFormat fmt = qs[0].kv.layout().token;
     const float scale = 1.0f / std::sqrt(float(Dh));
     std::vector<float> o(static_cast<size_t>(n * H * Dh));
     std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n));
     auto query = [&](int64_t i, ThreadPool* inner) {
       thread_local std::vector<float> keys, scores;
-      const int64_t t = q.pos(i);
+      Seq& q = seq_of(i);
+      const int64_t t = pos_of(i);
       const int64_t first = std::max<int64_t>(0, t - v_.sliding_window + 1);
       int64_t nk = t - first + 1;
       std::vector<int64_t>& picked = picks[size_t(i)];
@@ -780,7 +812,7 @@ class DeepseekV4 final : public CausalLm {
       for (int64_t i = 0; i < n; ++i) query(i, pool_);
     }
     if (observer_ && ratio == 4) {
-      for (int64_t i = 0; i < n; ++i) observer_(l, 1, i, picks[size_t(i)]);
+      for (int64_t i = 0; i < n; ++i) observer_(l, 1, rows.local[size_t(i)], picks[size_t(i)]);
     }
     // The grouped output projection: group g's heads through its own o_lora_rank rows of wo_a.
     const int64_t G = v_.o_groups, R = v_.o_lora_rank, gw = H * Dh / G;
@@ -792,7 +824,7 @@ class DeepseekV4 final : public CausalLm {
       linear(u.data(), n, L.wo_b, out);
       return;
     }
-    auto rows = [&](int64_t r0, int64_t r1) {
+    auto wo_rows = [&](int64_t r0, int64_t r1) {
       std::vector<float> wr(static_cast<size_t>(gw));
       for (int64_t r = r0; r < r1; ++r) {
         L.wo_a.row_to_f32(r, wr.data());
@@ -806,9 +838,9 @@ class DeepseekV4 final : public CausalLm {
       }
     };
     if (pool_) {
-      pool_->parallel_for(G * R, rows, 16);
+      pool_->parallel_for(G * R, wo_rows, 16);
     } else {
-      rows(0, G * R);
+      wo_rows(0, G * R);
     }
     linear(u.data(), n, L.wo_b, out);
   }
