@@ -105,6 +105,9 @@ struct EngineStats {
   int64_t loading = 0;  // admitted, their KV on its way from the disk tier
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
+  // The window pool (sliding-window layouts, V4: docs/kv-cache.md); zero without one.
+  int64_t kv_window_pages_used = 0;  // held by sequences (cached ones count as free)
+  int64_t kv_window_pages_total = 0;
   int64_t prefix_queries = 0;  // prompt tokens looked up in the prefix cache (cumulative)
   int64_t prefix_hits = 0;     // of those, tokens found (cumulative)
   int64_t prompt_tokens = 0;   // cumulative
@@ -143,15 +146,15 @@ struct EngineStats {
   // entry in this list, and its metric (server/metrics.cpp).
   static constexpr auto fields() {
     using S = EngineStats;
-    return std::make_tuple(&S::running, &S::waiting, &S::loading, &S::kv_blocks_used,
-                           &S::kv_blocks_total, &S::prefix_queries, &S::prefix_hits,
-                           &S::prompt_tokens, &S::generated_tokens, &S::preemptions,
-                           &S::prefix_hits_disk, &S::kv_disk_hit_blocks, &S::kv_disk_miss_blocks,
-                           &S::kv_disk_rejected, &S::kv_disk_written, &S::kv_disk_write_drops,
-                           &S::kv_disk_write_errors, &S::kv_disk_writes_off, &S::kv_disk_evicted,
-                           &S::kv_disk_bytes_read, &S::kv_disk_bytes_written, &S::spec_verified,
-                           &S::spec_accepted, &S::spec_verify_steps, &S::spec_verify_tokens,
-                           &S::spec_off_steps, &S::grammar_tokens, &S::grammar_ns);
+    return std::make_tuple(
+        &S::running, &S::waiting, &S::loading, &S::kv_blocks_used, &S::kv_blocks_total,
+        &S::prefix_queries, &S::prefix_hits, &S::prompt_tokens, &S::generated_tokens,
+        &S::preemptions, &S::prefix_hits_disk, &S::kv_disk_hit_blocks, &S::kv_disk_miss_blocks,
+        &S::kv_disk_rejected, &S::kv_disk_written, &S::kv_disk_write_drops,
+        &S::kv_disk_write_errors, &S::kv_disk_writes_off, &S::kv_disk_evicted,
+        &S::kv_disk_bytes_read, &S::kv_disk_bytes_written, &S::spec_verified, &S::spec_accepted,
+        &S::spec_verify_steps, &S::spec_verify_tokens, &S::spec_off_steps, &S::grammar_tokens,
+        &S::grammar_ns, &S::kv_window_pages_used, &S::kv_window_pages_total);
   }
   // Adds every field of fields() of `o` (another rank's figures) to this one's.
   EngineStats& operator+=(const EngineStats& o) {

@@ -317,6 +317,8 @@ class LlmEngine final : public Engine {
     s.loading = int64_t(sch.loading().size()) + dp_.pulls_in_flight();
     s.kv_blocks_used = cache_.num_used();
     s.kv_blocks_total = cache_.num_blocks();
+    s.kv_window_pages_total = cache_.window_pages();
+    s.kv_window_pages_used = cache_.window_pages() - cache_.num_windows_available();
     s.prefix_queries = sch.prefix_queries();
     s.prefix_hits = sch.prefix_hits();
     s.prefix_hits_disk = sch.prefix_hits_lower();

@@ -161,6 +161,11 @@ std::string ServerMetrics::render(const EngineStats& e) const {
   add_metric(out, "moeserve_kv_blocks_used", "gauge", "KV cache blocks in use.", e.kv_blocks_used);
   add_metric(out, "moeserve_kv_blocks_total", "gauge", "KV cache blocks in all.",
              e.kv_blocks_total);
+  add_metric(out, "moeserve_kv_window_pages_used", "gauge",
+             "Window pool pages held by sequences (sliding-window models; 0 without).",
+             e.kv_window_pages_used);
+  add_metric(out, "moeserve_kv_window_pages_total", "gauge", "Window pool pages in all.",
+             e.kv_window_pages_total);
   ttft_.render(out, "moeserve_time_to_first_token_seconds", "Time to first token.");
   itl_.render(out, "moeserve_inter_token_latency_seconds", "Time between output tokens.");
   e2e_.render(out, "moeserve_e2e_request_latency_seconds", "Request latency, arrival to finish.");

@@ -14,6 +14,8 @@
 #     run's bits with F32 dispatch on both paths (MTP too); FP8 dispatch runs; online EPLB is
 #     refused by name;
 #   - the FP8 KV cache (V4's 583-byte entries): batch = alone, the disk tier the same bits;
+#   - serve with an 8-page window pool resumes a prompt after an earlier one's blocks (cached
+#     pages) and answers as a fresh server;
 #   - PD: a router with a prefill and a decode unit gives one server's output on prompts whose
 #     hand-off carries whole and unfinished 128-token groups (the blocks' compressor state).
 set -euo pipefail
@@ -179,9 +181,54 @@ if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --kv-cache
 fi
 grep -q "multiple of 64" "$dir/fp8.out" || fail "no clear FP8 refusal: $(cat "$dir/fp8.out")"
 
+# A second request through serve with a window pool of 8 pages: the first's blocks stay
+# registered with the pages of its last ones cached, so a prompt that starts with the first's
+# resumes after them (prefix hits in /metrics) and answers as a fresh server does.
+wport=$(free_port) fport=$(free_port)
+# (make-model's v4-tiny above: it has a tokenizer, and a 128-token window, two blocks before a
+# boundary.)
+"$bin" serve --model "$dir/v4t" --threads 1 --compute reference --kv-window-blocks 8 \
+  --host 127.0.0.1 --port "$wport" > "$dir/wserve.log" 2>&1 &
+pid=$!
+wait_health "$wport"
+pids+=("$pid")
+"$bin" serve --model "$dir/v4t" --threads 1 --compute reference --host 127.0.0.1 --port "$fport" \
+  > "$dir/fserve.log" 2>&1 &
+pid=$!
+wait_health "$fport"
+pids+=("$pid")
+pid=
+python3 - "$wport" "$fport" "$p1" "$p2" <<'PY' || fail "a second turn over cached window pages"
+import json, sys, urllib.request
+wport, fport, p1, p2 = sys.argv[1:]
+def ask(port, ids, n=8):
+    body = {"prompt": ids, "max_tokens": n, "temperature": 0, "logprobs": 5, "ignore_eos": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
+def hits(port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    return next(float(l.split()[-1]) for l in text.splitlines()
+                if l.startswith("moeserve_prefix_cache_hits_total"))
+first = [int(x) for x in p1.split(",")]
+ask(wport, first)
+second = first + [int(x) for x in p2.split(",")][:40]  # (a new turn after the first's blocks)
+before = hits(wport)
+b = ask(wport, second)
+assert hits(wport) - before >= 256, (before, hits(wport))
+metrics = urllib.request.urlopen(f"http://127.0.0.1:{wport}/metrics", timeout=30).read().decode()
+assert "moeserve_kv_window_pages_total 8" in metrics, metrics
+c = ask(fport, second)
+assert b["text"] == c["text"], (b["text"], c["text"])
+assert b["logprobs"]["token_logprobs"] == c["logprobs"]["token_logprobs"]
+assert b["logprobs"]["top_logprobs"] == c["logprobs"]["top_logprobs"]
+print(f"v4: a second turn resumed {int(hits(wport) - before)} tokens from cached window pages, "
+      "answering as a fresh server")
+PY
+
 # PD: a router, a prefill and a decode unit (serve --compute reference) against one serve, on
 # 300- and 150-token prompts: 128-token groups whole and unfinished in the hand-off.
 pd_beside_one "$dir/v4t" --threads 1 --kv-cache-gb 0.2 --compute reference
 pd_equals_one "$p1" "$p2"
 echo "v4: PD (router, prefill and decode unit) = one server"
-echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path batch == alone, --expert-dtype and MTP refused by name, make-model v4-tiny runs"
+echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path batch == alone, --expert-dtype refused by name, make-model v4-tiny runs"
