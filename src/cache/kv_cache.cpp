@@ -460,7 +460,8 @@ bool KvCache::import_block(const KvBlock& b, std::vector<int32_t>* table,
 
 bool KvCache::import_bytes(std::span<const uint8_t> bytes, std::vector<int32_t>* table,
                            std::vector<int32_t>* holds, bool window) {
-  CHECK(bytes.size() == layout_.block_bytes(), "imported KV block of the wrong size");
+  CHECK(bytes.size() == layout_.block_bytes() || (!window && bytes.size() == layout_.main_bytes()),
+        "imported KV block of the wrong size");
   if (!allocate_blocks(1, window && windowed() ? 1 : 0, table, holds)) return false;
   const int32_t b = table->back();
   std::memcpy(block_ptr(b), bytes.data(), layout_.main_bytes());

@@ -269,8 +269,8 @@ class KvCache {
   bool import_block(const KvBlock& b, std::vector<int32_t>* table,
                     std::vector<int32_t>* holds = nullptr);
   // import_block of bytes alone: the block is not registered. window: whether the block gets
-  // (and holds) a window page for the bytes' window region (else they are dropped: a block the
-  // sequence will not read over a window).
+  // (and holds) a window page for the bytes' window region (else they are dropped, or absent:
+  // bytes of main_bytes(); a block the sequence will not read over a window).
   bool import_bytes(std::span<const uint8_t> bytes, std::vector<int32_t>* table,
                     std::vector<int32_t>* holds = nullptr, bool window = true);
 

@@ -440,10 +440,12 @@ void EngineCore::hand_off(Sequence* s, std::vector<GeneratedToken> last) {
   h->n_prompt = s->n_prompt;
   h->n_computed = s->n_computed;
   h->n_cached_prompt = s->n_cached_prompt;
+  // Blocks behind every window go without their window regions (KvHandoff::blocks).
+  const int32_t trim = cache_.window_trim_point(s->n_computed);
   for (int32_t b = 0; b < blocks_for(s->n_computed); ++b) {
-    // (Behind every window a block's window region reads as zeros: the receiver drops it.)
     const std::vector<uint8_t> bytes = cache_.export_block(s->block_table[size_t(b)]).bytes;
-    h->blocks.emplace_back(bytes.begin(), bytes.end());
+    const size_t size = b < trim ? cache_.layout().main_bytes() : bytes.size();
+    h->blocks.emplace_back(bytes.begin(), bytes.begin() + std::ptrdiff_t(size));
   }
   std::ostringstream rng;
   rng << s->rng;

@@ -62,7 +62,9 @@ struct KvHandoff {
   int64_t n_computed = 0;       // leading tokens whose KV `blocks` hold (< tokens.size())
   int64_t n_cached_prompt = 0;  // prompt tokens the prefill unit found in its prefix cache
   // blocks_for(n_computed) blocks of block_bytes each: the KvCache's block objects, in order
-  // (the last one partly filled unless n_computed is a multiple of 64).
+  // (the last one partly filled unless n_computed is a multiple of 64). With sliding windows
+  // (V4), the blocks before KvCache::window_trim_point(n_computed) hold their main region only
+  // (KvLayout::main_bytes(): the window region is read by no later step).
   std::vector<KvBytes> blocks;
   // The request's sampler (std::mt19937_64 written with operator<<) after its last sample.
   std::string rng_state;

@@ -191,9 +191,13 @@ class LlmEngine final : public Engine {
       return InvalidArgument(fmt::format("the hand-off has {} KV blocks for {} tokens",
                                          h.blocks.size(), h.n_computed));
     }
-    for (const auto& b : h.blocks) {
-      if (b.size() != h.block_bytes)
-        return InvalidArgument("a hand-off KV block of the wrong size");
+    const int32_t trim = cache_.window_trim_point(h.n_computed);
+    for (size_t b = 0; b < h.blocks.size(); ++b) {
+      const size_t want = int32_t(b) < trim ? cache_.layout().main_bytes() : h.block_bytes;
+      if (h.blocks[b].size() != want) {
+        return InvalidArgument(
+            fmt::format("hand-off KV block {} has {} bytes, not {}", b, h.blocks[b].size(), want));
+      }
     }
     std::mt19937_64 rng;
     std::istringstream in(h.rng_state);
