@@ -196,7 +196,8 @@ class LlmEngine final : public Engine {
       const size_t want = int32_t(b) < trim ? cache_.layout().main_bytes() : h.block_bytes;
       if (h.blocks[b].size() != want) {
         return InvalidArgument(
-            fmt::format("hand-off KV block {} has {} bytes, not {}", b, h.blocks[b].size(), want));
+            fmt::format("hand-off KV block {} is of the wrong size: {} bytes, not {}", b,
+                        h.blocks[b].size(), want));
       }
     }
     std::mt19937_64 rng;
