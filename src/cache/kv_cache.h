@@ -7,9 +7,10 @@
 // one part, the latent per token: kv_lora_rank normalised latent values then qk_rope_head_dim
 // rotated rope-key values (FlashMLA's per-layer layout inside a block) in one of the formats of
 // kernels/kv_token.h: F32 (reference path), BF16 (the served default: 1,152 bytes per token per
-// layer for V3) or FlashMLA's FP8 with scale (656 bytes). One block is one contiguous object
-// whatever its parts (export_block / import_block, the disk tier, PD hand-off); a layer's view
-// of one part of the pool is a base pointer plus a block stride.
+// layer for V3) or FlashMLA's FP8 with scale (656 bytes). One block is one object whatever its
+// parts (export_block / import_block, the disk tier, PD hand-off); in memory its main region is
+// contiguous and, with sliding windows, its window region is a page of the window pool (below).
+// A layer's view of one main-region part of the pool is a base pointer plus a block stride.
 //
 // Prefix index. A full block whose tokens are final is registered under its chain hash:
 // hash(block 0) = H(fingerprint, tokens of block 0), hash(block i) = H(hash(block i - 1),
