@@ -72,11 +72,6 @@ std::string check_ep_flags(const EpFlags& f) {
 
 Result<EpGroup> join_ep_group(const EpFlags& f, const ModelConfig& c, int64_t max_tokens_per_rank,
                               bool bf16_rows, bool mtp) {
-  if (c.v4 && f.eplb_interval > 0) {
-    return InvalidArgument(
-        "DeepSeek-V4 places its experts once, at load (--eplb-init, --redundant-experts): "
-        "online rebalancing (--eplb-interval) is not wired to its forward pass yet");
-  }
   EpGroupOptions eo;
   eo.dtype = *dispatch_dtype_from_name(f.dispatch_dtype);
   eo.mode = *ep_mode_from_name(f.ep_mode);

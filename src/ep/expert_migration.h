@@ -4,7 +4,7 @@
 //
 //   ExpertHost      what a rank's model offers the migration: the bytes of an expert it holds,
 //                   and installing or dropping an expert between two steps (model/expert_store.h
-//                   implements it over DeepseekModel).
+//                   implements it over a model's ExpertStore, V3's and V4's).
 //   ExpertBlob      an expert's bytes as a list of spans, not copied (they point into the
 //                   checkpoint mapping or an installed buffer, which `keep` holds alive).
 //   plan_migration  pure and deterministic (every rank computes the same plan from the same two

@@ -241,6 +241,23 @@ class PackedViews {
     }
   }
 
+  // Packs one FP4 or FP8 matrix more (an expert installed at run time, docs/eplb.md "Online
+  // rebalancing"); the error names what gemm_fp4's packing refused.
+  Status add(const WeightView& v) {
+    Packed p;
+    p.dtype = v.dtype;
+    if (v.dtype == DType::kF4E2M1) {
+      ASSIGN_OR_RETURN(p.fp4, pack_fp4_weight(v, "a received FP4 expert"));
+    } else if (v.dtype == DType::kF8E4M3 && v.block_rows == 128 && v.block_cols == 128) {
+      p.fp8 = pack_fp8_weight(v.data, v.scale_inv, v.rows, v.cols);
+    } else {
+      return Status::Ok();  // (linear_ref's, as at load)
+    }
+    packed_[Key{v.data, v.rows}] = std::move(p);
+    return Status::Ok();
+  }
+  void erase(const WeightView& v) { packed_.erase(Key{v.data, v.rows}); }
+
   // y [m, w.rows] (row stride ldy) = x [m, w.cols] (row stride ldx) times w^T through the packed
   // copy; false when w has none.
   bool linear(const float* x, int64_t m, int64_t ldx, const WeightView& w, float* y, int64_t ldy,
@@ -318,7 +335,18 @@ class DeepseekV4 final : public CausalLm {
         experts_(c, weights, nullptr),
         inv_main_(v4_inv_freq(c, false)),
         inv_compressed_(v4_inv_freq(c, true)) {
-    if (fast_) packed_.prepare(fast_views(), f32_views(), pool_, cache);
+    if (fast_) {
+      packed_.prepare(fast_views(), f32_views(), pool_, cache);
+      experts_.set_packer(ExpertPacker{[this](const MlpWeights& m) -> Status {
+                                         for (const WeightView* v : {&m.gate, &m.up, &m.down})
+                                           RETURN_IF_ERROR(packed_.add(*v));
+                                         return Status::Ok();
+                                       },
+                                       [this](const MlpWeights& m) {
+                                         for (const WeightView* v : {&m.gate, &m.up, &m.down})
+                                           packed_.erase(*v);
+                                       }});
+    }
   }
 
   const ModelConfig& config() const override { return c_; }
@@ -1191,7 +1219,8 @@ class DeepseekV4 final : public CausalLm {
     for (int64_t e = 0; e < E; ++e) {
       const auto& rows = routed[size_t(e)];
       if (rows.empty()) continue;
-      CHECK(L.experts[size_t(e)].has_value(), "a routed expert this process does not hold");
+      const MlpWeights* held = experts_.held(L.experts, int32_t(e));
+      CHECK(held != nullptr, "a routed expert this process does not hold");
       const int64_t m = int64_t(rows.size());
       xs.resize(size_t(m * D));
       ys.resize(size_t(m * D));
@@ -1199,7 +1228,7 @@ class DeepseekV4 final : public CausalLm {
         std::copy(x + rows[size_t(r)].first * D, x + (rows[size_t(r)].first + 1) * D,
                   xs.begin() + r * D);
       }
-      swiglu(*L.experts[size_t(e)], xs.data(), m, ys.data());
+      swiglu(*held, xs.data(), m, ys.data());
       for (int64_t r = 0; r < m; ++r) {
         float* o = &sum[size_t(rows[size_t(r)].first * D)];
         const float wgt = rows[size_t(r)].second;
@@ -1222,7 +1251,8 @@ class DeepseekV4 final : public CausalLm {
       const int64_t m = b.segment_rows(sg), r0 = b.segment_begin(sg);
       if (m == 0) continue;
       const int32_t e = b.experts[sg];
-      if (!L.experts[size_t(e)]) {
+      const MlpWeights* held = experts_.held(L.experts, e);
+      if (!held) {
         return Internal(
             fmt::format("layer {}: rows for expert {}, which this rank does not hold", l, e));
       }
@@ -1234,7 +1264,7 @@ class DeepseekV4 final : public CausalLm {
       } else {
         xe = b.x.data() + r0 * D;
       }
-      swiglu(*L.experts[size_t(e)], xe, m, &y[size_t(r0 * D)]);
+      swiglu(*held, xe, m, &y[size_t(r0 * D)]);
     }
     std::vector<float> routed(static_cast<size_t>(n * D));
     RETURN_IF_ERROR(dispatcher_->combine(b, y.data(), routed.data()));

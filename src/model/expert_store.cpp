@@ -1,5 +1,5 @@
 // Routed experts installed and dropped at run time: the wire format (expert_store.h) and the
-// DeepseekModel members that keep a table of run-time experts over the checkpoint's.
+// ExpertStore, the table of run-time experts over the checkpoint's that V3's and V4's models read.
 #include "model/expert_store.h"
 
 #include <cstring>
@@ -8,6 +8,7 @@
 
 #include "core/file_pages.h"
 #include "model/deepseek.h"
+#include "model/deepseek_v4_weights.h"
 
 namespace moeserve {
 
@@ -25,7 +26,7 @@ static_assert(sizeof(MatrixHeader) == 56);
 constexpr size_t kHeaderBytes = 8 + kMatrices * sizeof(MatrixHeader);
 
 uint64_t scale_count(const WeightView& w) {
-  if (w.dtype != DType::kF8E4M3) return 0;
+  if (!w.block_scaled()) return 0;
   return uint64_t(((w.rows + w.block_rows - 1) / w.block_rows) *
                   ((w.cols + w.block_cols - 1) / w.block_cols));
 }
@@ -35,7 +36,7 @@ const WeightView* matrix(const MlpWeights& w, uint32_t i) {
 }
 
 bool known_weight_dtype(uint32_t d) {
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3, DType::kF4E2M1}) {
     if (d == uint32_t(t)) return true;
   }
   return false;
@@ -58,7 +59,7 @@ ExpertBlob encode_expert(const MlpWeights& w, std::shared_ptr<const void> keep) 
     h.cols = v.cols;
     h.block_rows = v.block_rows;
     h.block_cols = v.block_cols;
-    h.data_bytes = uint64_t(v.rows * v.cols) * dtype_size(v.dtype);
+    h.data_bytes = uint64_t(v.bytes());
     h.scales = scale_count(v);
     std::memcpy(p + 8 + i * sizeof(MatrixHeader), &h, sizeof h);
     blob.parts.emplace_back(v.data, size_t(h.data_bytes));
@@ -99,11 +100,13 @@ Result<std::shared_ptr<const RuntimeExpert>> decode_expert(std::vector<uint8_t> 
     v.cols = m.cols;
     v.block_rows = m.block_rows;
     v.block_cols = m.block_cols;
-    if (v.dtype == DType::kF8E4M3 && (m.block_rows < 1 || m.block_cols < 1)) {
+    if (v.block_scaled() && (m.block_rows < 1 || m.block_cols < 1)) {
       return Corrupt(fmt::format("expert bytes: matrix {}: bad scale blocks", i));
     }
-    if (m.data_bytes != uint64_t(m.rows * m.cols) * dtype_size(v.dtype) ||
-        m.scales != scale_count(v)) {
+    if (v.dtype == DType::kF4E2M1 && m.cols % 2 != 0) {
+      return Corrupt(fmt::format("expert bytes: matrix {}: FP4 with an odd row", i));
+    }
+    if (m.data_bytes != uint64_t(v.bytes()) || m.scales != scale_count(v)) {
       return Corrupt(fmt::format("expert bytes: matrix {}: sizes disagree with its shape", i));
     }
     at += size_t(m.data_bytes + m.scales * sizeof(float));
@@ -134,41 +137,46 @@ ExpertStore::ExpertStore(const ModelConfig& config, const ModelWeights& weights,
                          PackedLinears* packed, WeightFormat format)
     : config_(config), weights_(weights), packed_(packed), format_(format) {}
 
-const MoeWeights* ExpertStore::moe_layer_weights(int64_t moe_layer) const {
+const ExpertList* ExpertStore::moe_layer_experts(int64_t moe_layer) const {
+  if (weights_.v4) {  // every layer routes (the MTP block's last)
+    const auto& layers = weights_.v4->layers;
+    if (moe_layer < 0 || moe_layer >= int64_t(layers.size())) return nullptr;
+    return &layers[size_t(moe_layer)].experts;
+  }
   int64_t m = 0;
   for (int64_t l = 0; l < int64_t(weights_.layers.size()); ++l) {  // (the MTP layer's last)
     if (!config_.is_moe_layer(l)) continue;
     if (m++ == moe_layer) {
       const auto& moe = weights_.layers[size_t(l)].moe;
-      return moe ? &*moe : nullptr;
+      return moe ? &moe->experts : nullptr;
     }
   }
   return nullptr;
 }
 
-const MlpWeights* ExpertStore::held(const MoeWeights& w, int32_t expert) const {
+const MlpWeights* ExpertStore::held(const ExpertList& experts, int32_t expert) const {
   if (!runtime_.empty()) {
-    auto it = runtime_.find({&w, expert});
+    auto it = runtime_.find({&experts, expert});
     if (it != runtime_.end()) return it->second ? &it->second->weights : nullptr;
   }
-  const auto& e = w.experts[size_t(expert)];
+  const auto& e = experts[size_t(expert)];
   return e ? &*e : nullptr;
 }
 
 bool ExpertStore::has_expert(int64_t moe_layer, int32_t expert) const {
-  const MoeWeights* w = moe_layer_weights(moe_layer);
+  const ExpertList* w = moe_layer_experts(moe_layer);
   return w && expert >= 0 && expert < config_.n_routed_experts && held(*w, expert);
 }
 
 bool ExpertStore::expert_received(int64_t moe_layer, int32_t expert) const {
-  const MoeWeights* w = moe_layer_weights(moe_layer);
+  const ExpertList* w = moe_layer_experts(moe_layer);
   if (!w) return false;
   auto it = runtime_.find({w, expert});
   return it != runtime_.end() && it->second;
 }
 
 Result<ExpertBlob> ExpertStore::export_expert(int64_t moe_layer, int32_t expert) {
-  const MoeWeights* w = moe_layer_weights(moe_layer);
+  const ExpertList* w = moe_layer_experts(moe_layer);
   const MlpWeights* e =
       w && expert >= 0 && expert < config_.n_routed_experts ? held(*w, expert) : nullptr;
   if (!e) {
@@ -180,7 +188,7 @@ Result<ExpertBlob> ExpertStore::export_expert(int64_t moe_layer, int32_t expert)
 }
 
 Status ExpertStore::install_expert(int64_t moe_layer, int32_t expert, std::vector<uint8_t> bytes) {
-  const MoeWeights* w = moe_layer_weights(moe_layer);
+  const ExpertList* w = moe_layer_experts(moe_layer);
   if (!w || expert < 0 || expert >= config_.n_routed_experts) {
     return InvalidArgument(
         fmt::format("no MoE layer {} expert {} in this model", moe_layer, expert));
@@ -208,6 +216,14 @@ Status ExpertStore::install_expert(int64_t moe_layer, int32_t expert, std::vecto
         fmt::format("MoE layer {} expert {}: its dtype differs from the layer's other experts",
                     moe_layer, expert));
   }
+  if (want == DType::kF4E2M1) {
+    for (const WeightView* v : {&m.gate, &m.up, &m.down}) {
+      if (v->block_rows != 1 || v->block_cols != 32) {
+        return InvalidArgument(fmt::format(
+            "MoE layer {} expert {}: FP4 weights need one scale per 1 x 32", moe_layer, expert));
+      }
+    }
+  }
   std::vector<std::pair<const uint8_t*, PackedLinear>> packed;
   if (packed_) {
     for (const WeightView* v : {&m.gate, &m.up, &m.down}) {
@@ -219,6 +235,14 @@ Status ExpertStore::install_expert(int64_t moe_layer, int32_t expert, std::vecto
       release_file_pages(v->data, v->bytes());  // (nothing, unless it is the checkpoint's)
     }
   }
+  if (packer_.pack) {
+    const Status s = packer_.pack(m);
+    if (!s.ok()) {
+      packer_.forget(m);
+      return InvalidArgument(
+          fmt::format("MoE layer {} expert {}: {}", moe_layer, expert, s.message()));
+    }
+  }
   drop_expert(moe_layer, expert);
   for (auto& [key, p] : packed) (*packed_)[key] = std::move(p);
   runtime_[{w, expert}] = std::move(e);
@@ -226,10 +250,13 @@ Status ExpertStore::install_expert(int64_t moe_layer, int32_t expert, std::vecto
 }
 
 void ExpertStore::drop_expert(int64_t moe_layer, int32_t expert) {
-  const MoeWeights* w = moe_layer_weights(moe_layer);
+  const ExpertList* w = moe_layer_experts(moe_layer);
   if (!w || expert < 0 || expert >= config_.n_routed_experts) return;
-  if (const MlpWeights* e = held(*w, expert); e && packed_) {
-    for (const WeightView* v : {&e->gate, &e->up, &e->down}) packed_->erase(v->data);
+  if (const MlpWeights* e = held(*w, expert); e) {
+    if (packed_) {
+      for (const WeightView* v : {&e->gate, &e->up, &e->down}) packed_->erase(v->data);
+    }
+    if (packer_.forget) packer_.forget(*e);
   }
   runtime_[{w, expert}] = nullptr;
 }

@@ -11,8 +11,8 @@
 #   - MTP speculative decoding with V4's module gives the plain runs' output on both paths;
 #   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) runs from text;
 #   - EP: 2 and 4 ranks, each loading its share of the routed experts, give the one-process
-#     run's bits with F32 dispatch on both paths (MTP too); FP8 dispatch runs; online EPLB is
-#     refused by name;
+#     run's bits with F32 dispatch on both paths (MTP too); FP8 dispatch runs; so does online
+#     EPLB, moving FP4 experts between ranks while generating;
 #   - the FP8 KV cache (V4's 583-byte entries): batch = alone, the disk tier the same bits;
 #   - serve with an 8-page window pool resumes a prompt after an earlier one's blocks (cached
 #     pages) and answers as a fresh server;
@@ -150,11 +150,21 @@ for a, b in zip(plain, fp8):
 print(f"v4: EP R = 2 and 4 (F32 dispatch) = one process on both paths, MTP too; FP8 dispatch: "
       f"first token's top-5 within {worst:.2e} of one process")
 PY
-if $mpirun -np 2 "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --threads 1 \
-  --eplb-interval 4 > "$dir/ep.out" 2>&1; then
-  fail "V4 ran with online EPLB"
-fi
-grep -q "eplb-interval" "$dir/ep.out" || fail "no clear EPLB refusal: $(cat "$dir/ep.out")"
+# Online EPLB: re-planned every 2 steps, the FP4 experts moved between ranks 64 KiB a step in
+# the wire format (UE8M0 scales as F32) and packed on arrival: the one-process bits, and the
+# placement changed with experts moved.
+for run in "fast 4" "reference 2"; do
+  set -- $run
+  kv=bf16
+  [[ $1 == reference ]] && kv=f32
+  $mpirun -np $2 "$bin" generate --model "$model" --max-tokens 12 --json --logprobs 5 --ignore-eos \
+    --threads 1 --compute $1 --kv-cache-dtype $kv --dispatch-dtype f32 --prompt-ids "$p1" \
+    --prompt-ids "$p2" --eplb-interval 2 --redundant-experts 4 --eplb-migrate-mb 0.0625 \
+    > "$dir/eplb_$1.jsonl" 2> "$dir/ep.err" || { cat "$dir/ep.err" >&2; fail "online EPLB R=$2 $1"; }
+  grep -Eq "eplb: new placement after step [0-9]+ \(planned after step [0-9]+\): [1-9][0-9]* experts moved" \
+    "$dir/ep.err" || fail "online EPLB R=$2 $1: no migration: $(cat "$dir/ep.err")"
+  cmp -s "$dir/ep1_$1.jsonl" "$dir/eplb_$1.jsonl" || fail "online EPLB R=$2 ($1) != one process"
+done
 
 # The FP8 KV cache (model.py's rounding: 448 e4m3 values, 7 UE8M0 scales per 64, the RoPE values
 # in BF16): a batch gives each prompt what it gets alone, the disk tier the same bits; a head

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -20,6 +21,7 @@
 #include "engine/engine_core.h"
 #include "model/checkpoint.h"
 #include "model/deepseek_v4.h"
+#include "model/expert_store.h"
 #include "model/family.h"
 #include "model/make_model.h"
 
@@ -854,6 +856,69 @@ TEST(V4WeightCache, MappedMatricesGiveTheSameBits) {
   EXPECT_NE(err.find("checksum mismatch"), std::string::npos) << err;
   EXPECT_EQ(logits(cache), plain);  // the rewritten file
   std::filesystem::remove_all(dir);
+}
+
+// Online EPLB's migration (docs/eplb.md "Online rebalancing") on V4's FP4 experts: every expert
+// exported in the wire format, dropped and installed again (packed for gemm_fp4 on arrival)
+// gives the logits' bits back; one installed in another's place changes them (installed experts
+// are what the MoE reads); bytes whose scale is not UE8M0's power of two, or cut short, are
+// refused by name and the expert held before stays.
+TEST(V4Eplb, ReinstalledFp4ExpertsKeepTheBitsAndBadOnesAreRefused) {
+  auto ck = Checkpoint::open(kDir);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const ModelConfig& c = (*ck)->config();
+  const Fixture f = load_fixture();
+  const std::vector<int32_t> prompt(f.prompt.begin(), f.prompt.begin() + 100);
+  ThreadPool pool(2);
+  std::unique_ptr<CausalLm> m = make_deepseek_v4(c, (*ck)->weights(), &pool, true);
+  auto logits = [&] {
+    KvCache kv(v4_kv_layout(c, DType::kBF16, false), 4);
+    std::vector<int32_t> table, holds;
+    EXPECT_TRUE(kv.allocate(2, &table, &holds));
+    StepSequence s{prompt, 0, table, 4};
+    StepOutput out;
+    EXPECT_TRUE(m->forward({&s, 1}, kv, &out).ok());
+    return out.logits;
+  };
+  auto bytes_of = [&](int64_t layer, int32_t e) {
+    auto blob = m->experts().export_expert(layer, e);
+    EXPECT_TRUE(blob.ok()) << blob.status().to_string();
+    std::vector<uint8_t> b(blob.ok() ? blob->size() : 0);
+    if (blob.ok()) blob->copy(0, b.size(), b.data());
+    return b;
+  };
+  const std::vector<float> plain = logits();
+  const int32_t E = int32_t(c.n_routed_experts);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (int32_t e = 0; e < E; ++e) {
+      std::vector<uint8_t> b = bytes_of(l, e);
+      m->experts().drop_expert(l, e);
+      EXPECT_FALSE(m->experts().has_expert(l, e));
+      const Status st = m->experts().install_expert(l, e, std::move(b));
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      EXPECT_TRUE(m->experts().expert_received(l, e));
+    }
+  }
+  EXPECT_EQ(logits(), plain);
+
+  const int64_t l = 3;  // a top-k layer
+  const std::vector<uint8_t> e0 = bytes_of(l, 0), e1 = bytes_of(l, 1);
+  ASSERT_TRUE(m->experts().install_expert(l, 0, e1).ok());
+  EXPECT_NE(logits(), plain) << "an expert installed in another's place was not read";
+  ASSERT_TRUE(m->experts().install_expert(l, 0, e0).ok());
+  EXPECT_EQ(logits(), plain);
+
+  // The header (8 bytes, 3 x 56), then gate's FP4 codes, then its F32 scales.
+  const size_t gate_codes = size_t(c.moe_intermediate_size * c.hidden_size / 2);
+  std::vector<uint8_t> bad = e0;
+  const float three = 3.0f;
+  std::memcpy(bad.data() + 8 + 3 * 56 + gate_codes, &three, 4);
+  Status st = m->experts().install_expert(l, 0, bad);
+  EXPECT_NE(st.message().find("is not a power of two"), std::string::npos) << st.to_string();
+  st = m->experts().install_expert(l, 0, std::vector<uint8_t>(e0.begin(), e0.end() - 4));
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.to_string();
+  EXPECT_TRUE(m->experts().has_expert(l, 0));
+  EXPECT_EQ(logits(), plain);
 }
 
 }  // namespace
