@@ -730,22 +730,13 @@ class DeepseekV4 final : public CausalLm {
     const float e = eps();
     auto seq_of = [&](int64_t r) -> Seq& { return qs[size_t(rows.seq[size_t(r)])]; };
     auto pos_of = [&](int64_t r) { return seq_of(r).pos(rows.local[size_t(r)]); };
-    // Queries: q_a, its norm, q_b, each head normalised (unweighted), RoPE.
-    std::vector<float> qlat(static_cast<size_t>(n * qr)), qh(static_cast<size_t>(n * H * Dh)),
-        kvr(static_cast<size_t>(n * Dh));
+    // The query latents (q_a and its norm) and the shared KV head of every row.
+    std::vector<float> qlat(static_cast<size_t>(n * qr)), kvr(static_cast<size_t>(n * Dh));
     if (n > 0) {
       linear(x, n, L.wq_a, qlat.data());
       linear(x, n, L.wkv, kvr.data());
     }
     for (int64_t i = 0; i < n; ++i) rms_norm(&qlat[size_t(i * qr)], qr, L.q_norm.data(), e);
-    if (n > 0) linear(qlat.data(), n, L.wq_b, qh.data());
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t hh = 0; hh < H; ++hh) {
-        float* v = &qh[size_t((i * H + hh) * Dh)];
-        rms_norm(v, Dh, nullptr, e);
-        rope_tail(v, Dh, inv, pos_of(i));
-      }
-    }
     // The shared KV head: into the cache (the window reads it back in the cache's format).
     for (int64_t i = 0; i < n; ++i) {
       float* v = &kvr[size_t(i * Dh)];
@@ -759,13 +750,51 @@ class DeepseekV4 final : public CausalLm {
         if (qs[s].n() > 0) compress(l, qs[s], x + rows.first(s) * c_.hidden_size);
       }
     }
-    // The indexer's queries and head weights for every query row at once (each row's bits are
-    // what a one-row product gives).
+    if (n == 0) return;
+    // Every KV entry of the step is written: the queries go in chunks of rows (each row's bits
+    // are what a one-row product gives), so that a long prefill's per-row buffers (the heads'
+    // queries and outputs, 2 x 128 KB a row at V4-Flash's widths) stay a chunk's, not the step's.
+    std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n));
+    const int64_t chunk = std::max<int64_t>(kQueryChunk, pool_ ? 4 * int64_t(pool_->size()) : 0);
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+      const int64_t m = std::min(chunk, n - r0);
+      attention_rows(l, qs, rows, r0, m, x + r0 * c_.hidden_size, &qlat[size_t(r0 * qr)], &picks,
+                     out + r0 * c_.hidden_size);
+    }
+    if (observer_ && ratio == 4) {
+      for (int64_t i = 0; i < n; ++i) observer_(l, 1, rows.local[size_t(i)], picks[size_t(i)]);
+    }
+  }
+
+  // Rows [r0, r0 + m) of the step's attention (x and qlat their inputs and normalised query
+  // latents, out their outputs): the heads' queries (q_b, each head normalised, unweighted, and
+  // RoPE'd), the indexer's queries and weights, each query over its window and the compressed
+  // entries it sees (one softmax with the sink), and the grouped output projection.
+  void attention_rows(int64_t l, std::vector<Seq>& qs, const Rows& rows, int64_t r0, int64_t n,
+                      const float* x, const float* qlat, std::vector<std::vector<int64_t>>* picks,
+                      float* out) {
+    const V4LayerWeights& L = w_.layers[size_t(l)];
+    const int64_t H = c_.num_attention_heads, Dh = v_.head_dim, ratio = v_.ratio(l);
+    const std::vector<float>& inv = ratio == 0 ? inv_main_ : inv_compressed_;
+    const float e = eps();
+    auto seq_of = [&](int64_t i) -> Seq& { return qs[size_t(rows.seq[size_t(r0 + i)])]; };
+    auto pos_of = [&](int64_t i) { return seq_of(i).pos(rows.local[size_t(r0 + i)]); };
+    std::vector<float>& qh = scratch_.qh;
+    qh.resize(static_cast<size_t>(n * H * Dh));
+    linear(qlat, n, L.wq_b, qh.data());
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t hh = 0; hh < H; ++hh) {
+        float* v = &qh[size_t((i * H + hh) * Dh)];
+        rms_norm(v, Dh, nullptr, e);
+        rope_tail(v, Dh, inv, pos_of(i));
+      }
+    }
+    // The indexer's queries and head weights.
     const int64_t nh = ratio == 4 ? c_.indexer->n_heads : 0,
                   id = ratio == 4 ? c_.indexer->head_dim : 0;
     std::vector<float> iq(static_cast<size_t>(n * nh * id)), iw(static_cast<size_t>(n * nh));
-    if (ratio == 4 && n > 0) {
-      linear(qlat.data(), n, L.indexer->wq_b, iq.data());
+    if (ratio == 4) {
+      linear(qlat, n, L.indexer->wq_b, iq.data());
       linear(x, n, L.indexer->weights_proj, iw.data());
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t hh = 0; hh < nh; ++hh) {
@@ -774,21 +803,20 @@ class DeepseekV4 final : public CausalLm {
       }
     }
     // Per query: the window, then the compressed entries it sees; one softmax with the sink. A
-    // query's result does not depend on the others (every KV entry of the step is written), so a
-    // prefill spreads its queries over the threads; a few queries spread each one's work.
-    if (n == 0) return;
+    // query's result does not depend on the others, so a chunk spreads its queries over the
+    // threads; a few queries spread each one's work.
     const Parts p = parts(qs[0].kv, l);
     const KvTokenFormat fmt = qs[0].kv.layout().token;
     const float scale = 1.0f / std::sqrt(float(Dh));
-    std::vector<float> o(static_cast<size_t>(n * H * Dh));
-    std::vector<std::vector<int64_t>> picks(static_cast<size_t>(n));
+    std::vector<float>& o = scratch_.o;
+    o.resize(static_cast<size_t>(n * H * Dh));
     auto query = [&](int64_t i, ThreadPool* inner) {
       thread_local std::vector<float> keys, scores;
       Seq& q = seq_of(i);
       const int64_t t = pos_of(i);
       const int64_t first = std::max<int64_t>(0, t - v_.sliding_window + 1);
       int64_t nk = t - first + 1;
-      std::vector<int64_t>& picked = picks[size_t(i)];
+      std::vector<int64_t>& picked = (*picks)[size_t(r0 + i)];
       if (ratio == 128) {
         picked.resize(size_t((t + 1) / ratio));
         std::iota(picked.begin(), picked.end(), 0);
@@ -839,9 +867,6 @@ class DeepseekV4 final : public CausalLm {
     } else {
       for (int64_t i = 0; i < n; ++i) query(i, pool_);
     }
-    if (observer_ && ratio == 4) {
-      for (int64_t i = 0; i < n; ++i) observer_(l, 1, rows.local[size_t(i)], picks[size_t(i)]);
-    }
     // The grouped output projection: group g's heads through its own o_lora_rank rows of wo_a.
     const int64_t G = v_.o_groups, R = v_.o_lora_rank, gw = H * Dh / G;
     std::vector<float> u(static_cast<size_t>(n * G * R));
@@ -852,9 +877,9 @@ class DeepseekV4 final : public CausalLm {
       linear(u.data(), n, L.wo_b, out);
       return;
     }
-    auto wo_rows = [&](int64_t r0, int64_t r1) {
+    auto wo_rows = [&](int64_t a, int64_t b) {
       std::vector<float> wr(static_cast<size_t>(gw));
-      for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t r = a; r < b; ++r) {
         L.wo_a.row_to_f32(r, wr.data());
         const int64_t g = r / R;
         for (int64_t i = 0; i < n; ++i) {
@@ -1314,6 +1339,12 @@ class DeepseekV4 final : public CausalLm {
   uint64_t snapshot_serial_ = 0;
   ExpertStore experts_;
   std::vector<float> inv_main_, inv_compressed_;
+  // A query chunk's heads' queries and outputs, kept between calls (attention_rows): fresh
+  // buffers of this size would be page-faulted in at every layer of every step.
+  static constexpr int64_t kQueryChunk = 128;
+  struct {
+    std::vector<float> qh, o;
+  } scratch_;
 };
 
 }  // namespace
