@@ -16,6 +16,8 @@
 #   - the FP8 KV cache (V4's 583-byte entries): batch = alone, the disk tier the same bits;
 #   - serve with an 8-page window pool resumes a prompt after an earlier one's blocks (cached
 #     pages) and answers as a fresh server;
+#   - under EP (2 ranks, F32 dispatch), serve with DP attention, and PD with 2-rank prefill and
+#     decode units, answer concurrent completions as one server does;
 #   - PD: a router with a prefill and a decode unit gives one server's output on prompts whose
 #     hand-off carries whole and unfinished 128-token groups (the blocks' compressor state).
 set -euo pipefail
@@ -234,6 +236,48 @@ assert b["logprobs"]["token_logprobs"] == c["logprobs"]["token_logprobs"]
 assert b["logprobs"]["top_logprobs"] == c["logprobs"]["top_logprobs"]
 print(f"v4: a second turn resumed {int(hits(wport) - before)} tokens from cached window pages, "
       "answering as a fresh server")
+PY
+
+# Under EP (docs/deepseek-v4.md "Expert parallelism"): serve with DP attention over 2 ranks, each
+# holding half the routed experts, and PD whose prefill and decode units are each 2 ranks (F32
+# dispatch): concurrent completions give the one-process server's bits.
+eport=$(free_port) router=$(free_port) pport=$(free_port) dport=$(free_port)
+ep_serve=(serve --model "$dir/v4t" --threads 1 --compute reference --dispatch-dtype f32
+          --kv-cache-gb 0.2 --host 127.0.0.1)
+$mpirun -np 2 "$bin" "${ep_serve[@]}" --port "$eport" > "$dir/epserve.log" 2>&1 &
+pids+=($!)
+"$bin" router --model "$dir/v4t" --host 127.0.0.1 --port "$router" > "$dir/eprouter.log" 2>&1 &
+pids+=($!)
+$mpirun -np 2 "$bin" "${ep_serve[@]}" --port "$pport" --role prefill \
+  --router "http://127.0.0.1:$router" > "$dir/epprefill.log" 2>&1 &
+pids+=($!)
+$mpirun -np 2 "$bin" "${ep_serve[@]}" --port "$dport" --role decode \
+  --router "http://127.0.0.1:$router" > "$dir/epdecode.log" 2>&1 &
+pids+=($!)
+wait_health "$eport"
+wait_health "$router"
+wait_units "$router" 2
+python3 - "$eport" "$router" "$fport" "$p1" <<'PY' || fail "V4 under EP (serve, PD) != one server"
+import json, sys, threading, urllib.request
+eport, rport, fport = sys.argv[1:4]
+p1 = [int(x) for x in sys.argv[4].split(",")]
+def ask(port, ids):
+    body = {"prompt": ids, "max_tokens": 8, "temperature": 0, "logprobs": 5, "ignore_eos": True}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    c = json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]
+    return c["text"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+prompts = [p1[:300], p1[:150][::-1], p1[20:90], p1[5:200]]
+for port in (eport, rport):
+    got = [None] * len(prompts)
+    def go(i):
+        got[i] = ask(port, prompts[i])
+    ts = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    for i, p in enumerate(prompts):
+        assert got[i] is not None and got[i] == ask(fport, p), (port, i)
+print("v4: serve under EP (2 ranks) and PD with 2-rank units = one server")
 PY
 
 # PD: a router, a prefill and a decode unit (serve --compute reference) against one serve, on
