@@ -899,50 +899,37 @@ class DeepseekV4 final : public CausalLm {
   }
 
   // The fast path's attention of one query's heads q [H][Dh] over keys [nk][Dh] (K = V) with the
-  // sinks: the same softmax as the reference's loops, its dot products and sums on attend_f32
-  // and the threads. Keys are taken in chunks of 64 (in L2) for every head, so the keys are read
-  // once for the scores and once per thread for the output.
+  // sinks: the reference's softmax, its two products as F32 GEMMs in gemm_f32_kn's form (each
+  // output a k-ordered sum of FMAs, whatever the blocking or the threads): the scores as
+  // keys [nk][Dh] times q transposed [Dh][H] (rows of keys over the threads), then the
+  // weights [H][nk] times keys [nk][Dh] (columns of the output over the threads). Every head
+  // shares each key load, where a dot product per head read the keys once per head.
   void attend_fast(const V4LayerWeights& L, const float* q, const float* keys, int64_t nk, float* o,
                    ThreadPool* pool) const {
     const int64_t H = c_.num_attention_heads, Dh = v_.head_dim;
-    constexpr int64_t kChunk = 64;
     const float scale = 1.0f / std::sqrt(float(Dh));
-    thread_local std::vector<float> s;  // [H][nk] scores, then weights
+    thread_local std::vector<float> qt, st, s;  // q^T [Dh][H]; scores [nk][H]; weights [H][nk]
+    qt.resize(size_t(Dh * H));
+    st.resize(size_t(nk * H));
     s.resize(size_t(H * nk));
-    float* sp = s.data();
-    auto scores = [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        const int64_t j0 = c * kChunk, cnt = std::min(kChunk, nk - j0);
-        for (int64_t h = 0; h < H; ++h) {
-          dot_rows_f32(q + h * Dh, keys + j0 * Dh, cnt, Dh, Dh, sp + h * nk + j0);
-        }
-      }
-    };
-    const int64_t chunks = (nk + kChunk - 1) / kChunk;
-    auto per_heads = [&](int64_t h0, int64_t h1) {
-      for (int64_t h = h0; h < h1; ++h) {  // softmax with the sink, then the weighted keys
-        float* sh = sp + h * nk;
-        float m = L.attn_sink[size_t(h)];
-        for (int64_t j = 0; j < nk; ++j) m = std::max(m, sh[j] *= scale);
-        float denom = std::exp(L.attn_sink[size_t(h)] - m);
-        for (int64_t j = 0; j < nk; ++j) denom += (sh[j] = std::exp(sh[j] - m));
-        for (int64_t j = 0; j < nk; ++j) sh[j] /= denom;
-        std::fill(o + h * Dh, o + (h + 1) * Dh, 0.0f);
-      }
-      for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t j0 = c * kChunk, cnt = std::min(kChunk, nk - j0);
-        for (int64_t h = h0; h < h1; ++h) {
-          axpy_rows_f32(sp + h * nk + j0, keys + j0 * Dh, cnt, Dh, Dh, o + h * Dh);
-        }
-      }
-    };
-    if (pool) {
-      pool->parallel_for(chunks, scores);
-      pool->parallel_for(H, per_heads);
-    } else {
-      scores(0, chunks);
-      per_heads(0, H);
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t d = 0; d < Dh; ++d) qt[size_t(d * H + h)] = q[h * Dh + d];
     }
+    const float* qtp = qt.data();
+    float* stp = st.data();
+    auto scores = [&](int64_t j0, int64_t j1) {
+      gemm_f32_kn(keys + j0 * Dh, j1 - j0, Dh, qtp, H, Dh, H, stp + j0 * H, H, nullptr);
+    };
+    pool ? pool->parallel_for(nk, scores, 6) : scores(0, nk);
+    for (int64_t h = 0; h < H; ++h) {  // softmax with the sink
+      float* sh = &s[size_t(h * nk)];
+      float m = L.attn_sink[size_t(h)];
+      for (int64_t j = 0; j < nk; ++j) m = std::max(m, sh[j] = st[size_t(j * H + h)] * scale);
+      float denom = std::exp(L.attn_sink[size_t(h)] - m);
+      for (int64_t j = 0; j < nk; ++j) denom += (sh[j] = std::exp(sh[j] - m));
+      for (int64_t j = 0; j < nk; ++j) sh[j] /= denom;
+    }
+    gemm_f32_kn(s.data(), H, nk, keys, Dh, nk, Dh, o, Dh, pool);
   }
 
   // The compressors of layer l over the step's tokens, in order: each token's kv and gate pooled
