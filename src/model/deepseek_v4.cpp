@@ -724,7 +724,7 @@ class DeepseekV4 final : public CausalLm {
 
   void attention(int64_t l, std::vector<Seq>& qs, const Rows& rows, const float* x, float* out) {
     const V4LayerWeights& L = w_.layers[size_t(l)];
-    const int64_t n = rows.n(), H = c_.num_attention_heads, Dh = v_.head_dim;
+    const int64_t n = rows.n(), Dh = v_.head_dim;
     const int64_t qr = *c_.q_lora_rank, ratio = v_.ratio(l);
     const std::vector<float>& inv = ratio == 0 ? inv_main_ : inv_compressed_;
     const float e = eps();

@@ -217,6 +217,11 @@ Status ExpertStore::install_expert(int64_t moe_layer, int32_t expert, std::vecto
                     moe_layer, expert));
   }
   if (want == DType::kF4E2M1) {
+    if (!config_.v4 || !config_.v4->fp4_experts) {
+      return InvalidArgument(fmt::format(
+          "MoE layer {} expert {}: FP4 weights for a model whose routed experts are not FP4",
+          moe_layer, expert));
+    }
     for (const WeightView* v : {&m.gate, &m.up, &m.down}) {
       if (v->block_rows != 1 || v->block_cols != 32) {
         return InvalidArgument(fmt::format(
