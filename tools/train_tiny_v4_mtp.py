@@ -32,6 +32,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import sys
 import time
 
@@ -186,6 +187,14 @@ def export(mtp, c):
     return out
 
 
+def tensor_bytes(path):
+    """The bytes of a safetensors file's tensors (its header's data offsets)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    return sum(t["data_offsets"][1] - t["data_offsets"][0] for n, t in header.items()
+               if n != "__metadata__")
+
+
 def load_exported(mtp, path, c):
     """The module's weights from its exported (rounded) tensors, through the fixture's parser."""
     Wm, _ = fx.parse_safetensors_bytes(path)
@@ -288,6 +297,8 @@ def main():
     index = json.load(open(os.path.join(args.model, "model.safetensors.index.json")))
     for name in tensors:
         index["weight_map"][name] = "mtp.safetensors"
+    index["metadata"]["total_size"] = sum(  # (the main shards' bytes and the module's)
+        tensor_bytes(os.path.join(args.out, f)) for f in set(index["weight_map"].values()))
     with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f, indent=2)
         f.write("\n")
