@@ -149,6 +149,8 @@ class DeepseekModel final : public CausalLm {
   // o [n, heads, v_head_dim] = W_UV o_lat.
   void absorb_queries(int64_t layer, const float* q, int64_t n, float* qa);
   void project_values(int64_t layer, const float* o_lat, int64_t n, float* o);
+  void absorbed_fp8(const float* x, int64_t n, int64_t dx, std::span<const PackedFp8Weight> w,
+                    float* y, int64_t dy);
   MlaShape mla_shape() const;
   // DSA on the fast path: each sequence's new tokens whose context fits the top-k (a leading
   // run) through the paged MLA kernel over the cache, the others through the same kernel over
@@ -260,6 +262,8 @@ class DeepseekModel final : public CausalLm {
   // Scratch of attention() and attend_absorbed_fast(), reused by every layer and step.
   struct AttentionScratch {
     std::vector<float> q, q_lora, kv, o, q_lat, o_lat;
+    std::vector<uint16_t> bf16;          // absorbed_fp8: the input's two BF16 terms
+    std::vector<float> residual, terms;  // absorbed_fp8: x - hi of a row; the terms' products
   } attn_scratch_;
   // Fast absorbed attention: kv_b_proj split per head and dequantized to F32 (BF16 rounding
   // of these small matrices moved logprobs by up to 0.3 on the test models: the scores
@@ -269,8 +273,8 @@ class DeepseekModel final : public CausalLm {
     std::vector<float> uv_t;  // [nh][R][dv]: W_UV^T, maps the attended latent to values
     // When kv_b_proj is FP8 and every head's slices are whole 128x128 scale blocks (V3: dn = dv
     // = 128), the same matrices stay FP8 (a quarter of the bytes; exact FP8 values, F32
-    // arithmetic via gemm_fp8_f32x) and uk/uv_t are left empty: per head, W_UK^T [R, dn] and
-    // W_UV [dv, R].
+    // activations as two BF16 terms through gemm_fp8: absorbed_fp8) and uk/uv_t are left
+    // empty: per head, W_UK^T [R, dn] and W_UV [dv, R].
     std::vector<PackedFp8Weight> uk_t_fp8, uv_fp8;
   };
   std::vector<AbsorbedWeights> absorbed_;  // per layer

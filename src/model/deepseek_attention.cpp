@@ -11,7 +11,6 @@
 #include "core/check.h"
 #include "kernels/convert.h"
 #include "kernels/gemm_bf16.h"
-#include "kernels/gemm_fp8_f32x.h"
 #include "kernels/mla_decode.h"
 #include "kernels/rmsnorm.h"
 #include "model/deepseek.h"
@@ -121,24 +120,22 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
   linear(o.data(), n, nh * dv, A.o, out, H);  // [n, H]
 }
 
-// The absorbed form's projections, heads in parallel: q_lat = W_UK^T q_nope per head (FP32 GEMM
-// against matrices dequantized at construction) beside q_pe, and o = W_UV o_lat per head.
+// The absorbed form's projections, heads in parallel: q_lat = W_UK^T q_nope per head beside
+// q_pe, and o = W_UV o_lat per head; FP8 slices through absorbed_fp8 below, otherwise FP32 GEMMs
+// against matrices dequantized at construction.
 void DeepseekModel::absorb_queries(int64_t layer, const float* q, int64_t n, float* qa) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
   const int64_t dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
   const AbsorbedWeights& W = absorbed_[size_t(layer)];
+  for (int64_t i = 0; i < n * nh; ++i) std::copy_n(q + i * dq + dn, dr, qa + i * D + R);  // q_pe
+  if (!W.uk_t_fp8.empty()) {  // q_lat [n, R] of head h = q_nope W_UK
+    absorbed_fp8(q, n, dq, W.uk_t_fp8, qa, D);
+    return;
+  }
   // Heads in parallel (one pool pass per projection, not one per head).
   auto q_heads = [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {
-      for (int64_t i = 0; i < n; ++i) {
-        std::copy_n(q + (i * nh + h) * dq + dn, dr, qa + (i * nh + h) * D + R);  // q_pe
-      }
-      if (!W.uk_t_fp8.empty()) {  // q_lat [n, R] of head h = q_nope W_UK
-        gemm_fp8_f32x(q + h * dq, n, nh * dq, W.uk_t_fp8[size_t(h)],
-                      GemmOutput{qa + h * D, DType::kF32, nh * D}, nullptr);
-        continue;
-      }
       gemm_f32_kn(q + h * dq, n, nh * dq, &W.uk[size_t(h * dn * R)], R, dn, R, qa + h * D, nh * D,
                   nullptr);
     }
@@ -150,18 +147,68 @@ void DeepseekModel::project_values(int64_t layer, const float* o_lat, int64_t n,
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, dv = c.v_head_dim, R = c.kv_lora_rank;
   const AbsorbedWeights& W = absorbed_[size_t(layer)];
+  if (!W.uv_fp8.empty()) {  // o [n, dv] of head h = o_lat W_UV^T
+    absorbed_fp8(o_lat, n, R, W.uv_fp8, o, dv);
+    return;
+  }
   auto o_heads = [&](int64_t h0, int64_t h1) {
-    for (int64_t h = h0; h < h1; ++h) {  // o [n, dv] of head h = o_lat W_UV^T
-      if (!W.uv_fp8.empty()) {
-        gemm_fp8_f32x(o_lat + h * R, n, nh * R, W.uv_fp8[size_t(h)],
-                      GemmOutput{o + h * dv, DType::kF32, nh * dv}, nullptr);
-        continue;
-      }
+    for (int64_t h = h0; h < h1; ++h) {
       gemm_f32_kn(o_lat + h * R, n, nh * R, &W.uv_t[size_t(h * R * dv)], dv, R, dv, o + h * dv,
                   nh * dv, nullptr);
     }
   };
   pool_ ? pool_->parallel_for(nh, o_heads) : o_heads(0, nh);
+}
+
+// y[i, h, :w.n] (head stride dy) = x[i, h, :w.k] (head stride dx) times w[h]^T for every token i
+// and head h, in F32 to within FP32 accumulation: each F32 row is split into two BF16 terms, hi =
+// bf16(x) and lo = bf16(x - hi) (x - hi is exact, and lo leaves ~2^-17 of x), and gemm_fp8 takes
+// both as rows of one GEMM (the slice is read once), y = W hi + W lo. The BF16 dot products
+// cost half of gemm_fp8_f32x's FP32 FMAs per row, so at decode, where these slices are 6% of a
+// token's bytes and were 10% of its time, they stream near memory speed; at prefill the two
+// terms are as much work as the FMAs were. (One BF16 term moved logprobs past the naive form's
+// by 0.02-0.04 on the test models: the scores q_lat . c amplify it.)
+void DeepseekModel::absorbed_fp8(const float* x, int64_t n, int64_t dx,
+                                 std::span<const PackedFp8Weight> w, float* y, int64_t dy) {
+  const int64_t nh = int64_t(w.size()), out = w[0].n;
+  const int64_t row = nh * dx;                     // x's row stride
+  constexpr int64_t kChunk = 64;                   // tokens per GEMM: 2 kChunk rows
+  std::vector<uint16_t>& xs = attn_scratch_.bf16;  // per chunk [hi: c rows][lo: c rows] of row
+  xs.resize(size_t(2 * n * row));
+  std::vector<float>& res = attn_scratch_.residual;
+  res.resize(size_t(row));
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t cn = std::min(kChunk, n - i0);
+    uint16_t* hi = xs.data() + 2 * i0 * row;
+    uint16_t* lo = hi + cn * row;
+    f32_to_bf16_row(x + i0 * row, cn * row, hi);
+    for (int64_t i = 0; i < cn; ++i) {
+      bf16_to_f32_row(hi + i * row, row, res.data());
+      const float* xi = x + (i0 + i) * row;
+      for (int64_t j = 0; j < row; ++j) res[size_t(j)] = xi[j] - res[size_t(j)];
+      f32_to_bf16_row(res.data(), row, lo + i * row);
+    }
+  }
+  const int64_t chunk_rows = 2 * std::min(kChunk, n);
+  std::vector<float>& tmp = attn_scratch_.terms;  // [nh][chunk_rows][out]
+  tmp.resize(size_t(nh * chunk_rows * out));
+  auto heads = [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) {
+      float* t = tmp.data() + h * chunk_rows * out;
+      for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+        const int64_t cn = std::min(kChunk, n - i0);
+        gemm_fp8(xs.data() + 2 * i0 * row + h * dx, 2 * cn, row, w[size_t(h)],
+                 GemmOutput{t, DType::kF32, out}, nullptr);
+        for (int64_t i = 0; i < cn; ++i) {
+          float* yi = y + ((i0 + i) * nh + h) * dy;
+          const float* a = t + i * out;
+          const float* b = t + (cn + i) * out;
+          for (int64_t j = 0; j < out; ++j) yi[j] = a[j] + b[j];
+        }
+      }
+    }
+  };
+  pool_ ? pool_->parallel_for(nh, heads) : heads(0, nh);
 }
 
 MlaShape DeepseekModel::mla_shape() const {
