@@ -20,9 +20,29 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The format a matrix runs in with the requantizing options, as the model's packing picks it
+// (docs/deepseek-v4.md "Requantized weights"): kFp8 for its own.
+struct Formats {
+  WeightFormats options;
+  const uint8_t* head = nullptr;  // the lm_head's bytes
+  WeightFormat of(const WeightView& w) const {
+    if (w.data == head) {
+      return options.lm_head == HeadFormat::kInt8   ? WeightFormat::kInt8
+             : options.lm_head == HeadFormat::kInt4 ? WeightFormat::kInt4
+                                                    : WeightFormat::kFp8;
+    }
+    if (w.dtype == DType::kF4E2M1) return options.experts.value_or(WeightFormat::kFp8);
+    if (w.dtype == DType::kF8E4M3) return options.projections;
+    return WeightFormat::kFp8;
+  }
+};
+
 // A matrix's bytes as the fast path reads them (FP8 with its F32 block scales; FP4 with a scale
-// byte per 32; F32/BF16 as stored).
-double view_bytes(const WeightView& w) {
+// byte per 32; F32/BF16 as stored; requantized INT8 with an F32 per 128, INT4 with two).
+double view_bytes(const WeightView& w, WeightFormat f) {
+  const double n = double(w.rows) * double(w.cols);
+  if (f == WeightFormat::kInt8) return n * (1 + 4.0 / 128);
+  if (f == WeightFormat::kInt4) return n * (0.5 + 8.0 / 128);
   if (w.dtype == DType::kF4E2M1) return double(w.rows) * double(w.cols) * (0.5 + 1.0 / 32);
   double b = double(w.rows) * double(w.cols) * double(dtype_size(w.dtype));
   if (w.dtype == DType::kF8E4M3) {
@@ -38,17 +58,22 @@ double macs(const WeightView& w) {
 // routed experts once; of those, the expected distinct experts the batch's top-k picks touch,
 // E (1 - (1 - k/E)^batch), at their average size: top-k for one token) and multiply-adds (each
 // token's, its k experts at their average size).
+// Requantized matrices' multiply-adds count as 8-bit ones (VNNI).
 struct Cost {
   double bytes = 0, gemm_macs = 0, f32_macs = 0, int8_macs = 0;
+  const Formats* formats = nullptr;
   void add(const WeightView& w) {
-    bytes += view_bytes(w);
-    gemm_macs += macs(w);
+    const WeightFormat f = formats ? formats->of(w) : WeightFormat::kFp8;
+    bytes += view_bytes(w, f);
+    (f == WeightFormat::kFp8 ? gemm_macs : int8_macs) += macs(w);
   }
 };
 
-Cost weights_per_step(const ModelConfig& c, const V4Weights& w, bool with_head, int64_t batch) {
+Cost weights_per_step(const ModelConfig& c, const V4Weights& w, const Formats& fm, bool with_head,
+                      int64_t batch) {
   const double b = double(batch);
   Cost k, dense;  // dense: every matrix but the routed experts, read once, run per token
+  k.formats = dense.formats = &fm;
   k.bytes += b * double(c.hidden_size) * 2;  // embedding rows
   if (with_head) dense.add(w.head);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -63,6 +88,7 @@ Cost weights_per_step(const ModelConfig& c, const V4Weights& w, bool with_head, 
     }
     if (L.indexer) dense.add(L.indexer->wq_b), dense.add(L.indexer->weights_proj);
     Cost experts;
+    experts.formats = &fm;
     int n = 0;
     for (const auto& e : L.experts) {
       if (e) experts.add(e->gate), experts.add(e->up), experts.add(e->down), ++n;
@@ -70,13 +96,16 @@ Cost weights_per_step(const ModelConfig& c, const V4Weights& w, bool with_head, 
     const double share = n > 0 ? double(c.num_experts_per_tok) / n : 0;
     k.bytes += experts.bytes * (1 - std::pow(1 - share, b));
     k.gemm_macs += experts.gemm_macs * share * b;
+    k.int8_macs += experts.int8_macs * share * b;
   }
   k.bytes += dense.bytes;
   k.gemm_macs += dense.gemm_macs * b;
+  k.int8_macs += dense.int8_macs * b;
   return k;
 }
-Cost weights_per_token(const ModelConfig& c, const V4Weights& w, bool with_head) {
-  return weights_per_step(c, w, with_head, 1);
+Cost weights_per_token(const ModelConfig& c, const V4Weights& w, const Formats& fm,
+                       bool with_head) {
+  return weights_per_step(c, w, fm, with_head, 1);
 }
 
 // Attention's reads and F32 multiply-adds for the query at position t (K = V: scores and
@@ -134,20 +163,27 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
   }
   ThreadPool pool(outer.size());
   const double t_load = now_s();
-  std::unique_ptr<CausalLm> model = make_deepseek_v4(c, (*ck)->weights(), &pool, /*fast=*/true);
+  std::unique_ptr<CausalLm> model =
+      make_deepseek_v4(c, (*ck)->weights(), &pool, /*fast=*/true, {}, nullptr, o.formats);
+  const Formats fm{o.formats, (*ck)->weights().v4->head.data};
+  auto positive = [](std::vector<int64_t> v) {  // --batches 0 / --prefill 0: none
+    std::erase_if(v, [](int64_t x) { return x <= 0; });
+    return v;
+  };
+  const std::vector<int64_t> batches = positive(o.batches), prefills = positive(o.prefill);
   const double pack_s = now_s() - t_load;
   const KvLayout layout = v4_kv_layout(c, DType::kBF16, false);
   int64_t longest = 0, longest_prefill = 0;
   for (int64_t t : o.contexts) longest = std::max(longest, t);
-  for (int64_t t : o.prefill) longest_prefill = std::max(longest_prefill, t);
+  for (int64_t t : prefills) longest_prefill = std::max(longest_prefill, t);
   int64_t batch_blocks = 0;  // the batched decode's sequences, each its own copies
-  for (int64_t b : o.batches) batch_blocks += b * (o.batch_context / kKvBlockSize + 1);
+  for (int64_t b : batches) batch_blocks += b * (o.batch_context / kKvBlockSize + 1);
   const int64_t blocks = (longest + longest_prefill) / kKvBlockSize + 4 + batch_blocks;
   // The window pool (docs/kv-cache.md, "The window pool"): pages for the prefill's blocks, the
   // seed and the decode's new block, and the two blocks before each context's end, whose window
   // entries the decode step reads; the copies behind them keep none, as a sequence's would not.
   int64_t batch_pages = 0;
-  for (int64_t b : o.batches) batch_pages = std::max(batch_pages, b * 3);
+  for (int64_t b : batches) batch_pages = std::max(batch_pages, b * 3);
   const int64_t window_pages =
       longest_prefill / kKvBlockSize + 4 + 2 * int64_t(o.contexts.size()) + 2 + batch_pages;
   if (!o.json) {
@@ -187,7 +223,7 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
   }
   std::vector<int32_t> extra;
   if (!cache.allocate(1, &extra, &holds)) return 1;
-  const Cost weights = weights_per_token(c, *(*ck)->weights().v4, true);
+  const Cost weights = weights_per_token(c, *(*ck)->weights().v4, fm, true);
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (!o.json) {
     fmt::print("{:<8} {:>9} {:>10} {:>10} {:>10} {:>8} {:>8}  {:<7} {}\n", "case", "context", "ms",
@@ -240,7 +276,7 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
   // Batched decode: `b` sequences at o.batch_context each (their own copies of the seed block,
   // window pages for the blocks their windows read), one token each: the MoE runs the step's
   // rows at once, so the routed experts are read once per step.
-  for (int64_t b : o.batches) {
+  for (int64_t b : batches) {
     const int64_t ctx = o.batch_context;
     std::vector<std::vector<int32_t>> tables(static_cast<size_t>(b)), bholds(tables.size());
     std::vector<StepSequence> seqs;
@@ -269,7 +305,7 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
       if (!st.ok()) return fmt::print(stderr, "{}\n", st.to_string()), 1;
       if (rep > 0) best = std::min(best, now_s() - t0);
     }
-    Cost k = weights_per_step(c, *(*ck)->weights().v4, true, b);
+    Cost k = weights_per_step(c, *(*ck)->weights().v4, fm, true, b);
     const Cost a = attention_at(c, layout, ctx / kKvBlockSize * kKvBlockSize);
     k.bytes += double(b) * a.bytes;
     k.f32_macs += double(b) * a.f32_macs;
@@ -284,7 +320,7 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
     for (size_t i = 0; i < tables.size(); ++i) cache.release(tables[i], bholds[i]);
   }
   // Prefill: the prompt in chunks of 2048 (as the scheduler chunks it), from position 0.
-  for (int64_t n : o.prefill) {
+  for (int64_t n : prefills) {
     std::vector<int32_t> prompt(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) prompt[size_t(i)] = int32_t(1 + (i * 7919) % 5000);
     std::vector<int32_t> ptable, pholds;
@@ -299,15 +335,17 @@ int run_v4_bench(const V4BenchOptions& o, const Ceilings& ceil, const ThreadPool
     }
     const double t = now_s() - t0;
     cache.release(ptable, pholds);
-    Cost k = weights_per_token(c, *(*ck)->weights().v4, false);
+    Cost k = weights_per_token(c, *(*ck)->weights().v4, fm, false);
     k.gemm_macs *= double(n);
+    k.int8_macs *= double(n);
     k.f32_macs = 0;
     for (int64_t i = 0; i < n; ++i) {
       const Cost a = attention_at(c, layout, i);
       k.f32_macs += a.f32_macs;
       k.int8_macs += a.int8_macs;
     }
-    k.gemm_macs += macs((*ck)->weights().v4->head);
+    const WeightView& head = (*ck)->weights().v4->head;
+    (fm.of(head) == WeightFormat::kFp8 ? k.gemm_macs : k.int8_macs) += macs(head);
     report("prefill", n, t, k, ceil);
   }
   if (o.json) fmt::print("{}\n", nlohmann::ordered_json{{"v4", rows}}.dump());

@@ -12,6 +12,7 @@
 
 #include "core/thread_pool.h"
 #include "machine.h"
+#include "model/causal_lm.h"
 
 namespace moeserve::bench {
 
@@ -23,6 +24,7 @@ struct V4BenchOptions {
   std::vector<int64_t> batches = {32};  // batched decode, at batch_context each
   int64_t batch_context = 4096;
   int repeats = 3;
+  WeightFormats formats;  // the requantizing options (--projection-dtype, ...)
 };
 
 // Returns a process exit code. The model runs on a pool of its own with as many threads as `pool`.

@@ -48,10 +48,11 @@ int main(int argc, char** argv) {
       ->required();
   v4->add_flag("--json", v4_options.json, "one JSON object");
   v4->add_option("--contexts", v4_options.contexts, "decode contexts")->delimiter(',');
-  v4->add_option("--prefill", v4_options.prefill, "prefill lengths")->delimiter(',');
-  v4->add_option("--batches", v4_options.batches, "batched decode sizes")->delimiter(',');
+  v4->add_option("--prefill", v4_options.prefill, "prefill lengths (0: none)")->delimiter(',');
+  v4->add_option("--batches", v4_options.batches, "batched decode sizes (0: none)")->delimiter(',');
   v4->add_option("--batch-context", v4_options.batch_context, "context of each batched sequence");
   v4->add_option("--repeats", v4_options.repeats, "timed decode steps per context (best)");
+  cli::add_format_flags(*v4, v4_options.formats);
   v4->add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024));
   try {
     app.parse(argc, argv);

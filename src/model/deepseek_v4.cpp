@@ -23,6 +23,8 @@
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_fp4.h"
 #include "kernels/gemm_fp8.h"
+#include "kernels/gemm_int4.h"
+#include "kernels/gemm_int8.h"
 #include "kernels/index_fp4.h"
 #include "kernels/index_score.h"
 #include "kernels/kv_token.h"
@@ -159,9 +161,16 @@ int64_t state_floats(const ModelConfig& c, int64_t ratio) {
 // The fast path's packed copies of the checkpoint's matrices (docs/deepseek-v4.md "Fast path"):
 // FP8 projections in gemm_fp8's tiles, FP4 experts in gemm_fp4's (their own 4.25 bits), BF16
 // matrices in gemm_bf16's, each found by the view it was packed from (its bytes and rows, so a
-// group's row slice of wo_a is its own entry). Activations are rounded to BF16 on the way in.
+// group's row slice of wo_a is its own entry); or, with the requantizing options
+// (docs/quantization.md), FP8 projections (--projection-dtype), FP4 experts (--expert-dtype) and
+// the head (--lm-head-dtype) in gemm_int8's or gemm_int4's formats instead. Activations are
+// rounded to BF16 on the way in.
 class PackedViews {
  public:
+  // formats: the requantizing options; head: the lm_head's bytes (the BF16 matrix
+  // --lm-head-dtype takes).
+  PackedViews(const WeightFormats& formats, const uint8_t* head) : formats_(formats), head_(head) {}
+
   // Packs every FP8, FP4 and BF16 view of `views`, and widens every view of `f32_views` to an
   // F32 copy for gemm_f32 (F32 inputs, nothing rounded); others are left to linear_ref. With a
   // cache directory the packed matrices are mapped from its file when it holds them (written at
@@ -190,9 +199,18 @@ class PackedViews {
     std::vector<CachedWeight> items(n_packed);
     for (size_t i = 0; i < n_packed; ++i) {
       Packed& p = *todo[i].second;
-      if (p.dtype == DType::kF8E4M3) items[i].fp8 = &p.fp8;
-      if (p.dtype == DType::kF4E2M1) items[i].fp4 = &p.fp4;
-      if (p.dtype == DType::kBF16) items[i].bf16 = &p.bf16;
+      p.target = target(*todo[i].first);
+      if (p.target == WeightFormat::kInt8) {
+        items[i].int8 = &p.int8;
+      } else if (p.target == WeightFormat::kInt4) {
+        items[i].int4 = &p.int4;
+      } else if (p.dtype == DType::kF8E4M3) {
+        items[i].fp8 = &p.fp8;
+      } else if (p.dtype == DType::kF4E2M1) {
+        items[i].fp4 = &p.fp4;
+      } else if (p.dtype == DType::kBF16) {
+        items[i].bf16 = &p.bf16;
+      }
     }
     std::optional<uint64_t> key;
     if (!cache.dir.empty()) key = cache_key(cache.model_key, todo, n_packed);
@@ -213,6 +231,8 @@ class PackedViews {
         if (p.dtype == DType::kF32) {
           p.f32.resize(size_t(v.rows * v.cols));
           for (int64_t r = 0; r < v.rows; ++r) v.row_to_f32(r, &p.f32[size_t(r * v.cols)]);
+        } else if (p.target != WeightFormat::kFp8) {
+          requantize(v, p);
         } else if (v.dtype == DType::kF8E4M3) {
           p.fp8 = pack_fp8_weight(v.data, v.scale_inv, v.rows, v.cols);
         } else if (v.dtype == DType::kBF16) {
@@ -246,10 +266,20 @@ class PackedViews {
   Status add(const WeightView& v) {
     Packed p;
     p.dtype = v.dtype;
+    p.target = target(v);
     if (v.dtype == DType::kF4E2M1) {
+      // Checked by gemm_fp4's packing (UE8M0's powers of two) whatever the format it runs in.
       ASSIGN_OR_RETURN(p.fp4, pack_fp4_weight(v, "a received FP4 expert"));
+      if (p.target != WeightFormat::kFp8) {
+        p.fp4 = {};
+        requantize(v, p);
+      }
     } else if (v.dtype == DType::kF8E4M3 && v.block_rows == 128 && v.block_cols == 128) {
-      p.fp8 = pack_fp8_weight(v.data, v.scale_inv, v.rows, v.cols);
+      if (p.target != WeightFormat::kFp8) {
+        requantize(v, p);
+      } else {
+        p.fp8 = pack_fp8_weight(v.data, v.scale_inv, v.rows, v.cols);
+      }
     } else {
       return Status::Ok();  // (linear_ref's, as at load)
     }
@@ -274,7 +304,11 @@ class PackedViews {
     for (int64_t i = 0; i < m; ++i)
       f32_to_bf16_row_isa(x + i * ldx, w.cols, &xb[size_t(i * w.cols)]);
     const GemmOutput out{y, DType::kF32, ldy};
-    if (p.dtype == DType::kF8E4M3) {
+    if (p.target == WeightFormat::kInt8) {
+      gemm_int8(xb.data(), m, w.cols, p.int8, out, pool);
+    } else if (p.target == WeightFormat::kInt4) {
+      gemm_int4(xb.data(), m, w.cols, p.int4, out, pool);
+    } else if (p.dtype == DType::kF8E4M3) {
       gemm_fp8(xb.data(), m, w.cols, p.fp8, out, pool);
     } else if (p.dtype == DType::kF4E2M1) {
       gemm_fp4(xb.data(), m, w.cols, p.fp4, out, pool);
@@ -288,6 +322,52 @@ class PackedViews {
   using Key = std::pair<const uint8_t*, int64_t>;
   struct Packed;
 
+  // The format v runs in: kFp8 for its own (FP8, FP4 or BF16, packed as it is), else kInt8 or
+  // kInt4, requantized. The routed experts take --expert-dtype only (they are 4.25 bits as
+  // published: --projection-dtype alone does not double them); v4_supports refuses fp8 for them.
+  WeightFormat target(const WeightView& v) const {
+    if (v.data == head_) {
+      switch (formats_.lm_head) {
+        case HeadFormat::kBf16:
+          return WeightFormat::kFp8;
+        case HeadFormat::kInt8:
+          return WeightFormat::kInt8;
+        case HeadFormat::kInt4:
+          return WeightFormat::kInt4;
+      }
+    }
+    if (v.dtype == DType::kF4E2M1) return formats_.experts.value_or(WeightFormat::kFp8);
+    if (v.dtype == DType::kF8E4M3) return formats_.projections;
+    return WeightFormat::kFp8;
+  }
+
+  // p.int8 or p.int4 (p.target) from v: FP8 through pack_linear (per 1x128 from the 128x128
+  // blocks), BF16 and FP4 from their BF16 rows (FP4 times its UE8M0 scale is exact in BF16).
+  static void requantize(const WeightView& v, Packed& p) {
+    if (v.dtype == DType::kF8E4M3) {
+      PackedLinear l = pack_linear(v.data, v.scale_inv, v.rows, v.cols, p.target);
+      p.int8 = std::move(l.int8);
+      p.int4 = std::move(l.int4);
+      return;
+    }
+    const uint16_t* rows = reinterpret_cast<const uint16_t*>(v.data);
+    std::vector<uint16_t> widened;
+    if (v.dtype != DType::kBF16) {
+      widened.resize(size_t(v.rows * v.cols));
+      std::vector<float> row(size_t(v.cols));
+      for (int64_t r = 0; r < v.rows; ++r) {
+        v.row_to_f32(r, row.data());
+        f32_to_bf16_row_isa(row.data(), v.cols, &widened[size_t(r * v.cols)]);
+      }
+      rows = widened.data();
+    }
+    if (p.target == WeightFormat::kInt8) {
+      p.int8 = pack_int8_weight_bf16(rows, v.rows, v.cols, v.cols, nullptr);
+    } else {
+      p.int4 = pack_int4_weight_bf16(rows, v.rows, v.cols, v.cols, nullptr);
+    }
+  }
+
   // The cache key of the packed matrices (the first n of todo): the model, the layout version
   // and where each lies in the checkpoint; null when one is not in a mapped file.
   static std::optional<uint64_t> cache_key(
@@ -296,7 +376,7 @@ class PackedViews {
     XXH3_state_t* st = XXH3_createState();
     XXH3_64bits_reset(st);
     auto add = [&](const auto& v) { XXH3_64bits_update(st, &v, sizeof v); };
-    const uint64_t version = 1;  // of V4's packed set (gemm_fp4's tile layout: 1)
+    const uint64_t version = 2;  // of V4's packed set (gemm_fp4's tile layout: 1; formats: 2)
     add(version);
     add(model_key);
     const char family[] = "deepseek_v4";
@@ -305,6 +385,7 @@ class PackedViews {
     for (size_t i = 0; i < n && ok; ++i) {
       ok = add_weight_place(st, *todo[i].first);
       add(todo[i].first->dtype);
+      add(todo[i].second->target);
     }
     const uint64_t key = XXH3_64bits_digest(st);
     XXH3_freeState(st);
@@ -313,25 +394,31 @@ class PackedViews {
   }
 
   struct Packed {
-    DType dtype = DType::kF32;
+    DType dtype = DType::kF32;                 // the checkpoint's
+    WeightFormat target = WeightFormat::kFp8;  // kFp8: packed as it is (target())
+    PackedInt8Weight int8;
+    PackedInt4Weight int4;
     PackedFp8Weight fp8;
     PackedFp4Weight fp4;
     PackedBf16Weight bf16;
     std::vector<float> f32;
   };
+  WeightFormats formats_;
+  const uint8_t* head_;
   std::map<Key, Packed> packed_;
 };
 
 class DeepseekV4 final : public CausalLm {
  public:
   DeepseekV4(const ModelConfig& c, const ModelWeights& weights, ThreadPool* pool, bool fast,
-             const WeightCacheOptions& cache, Dispatcher* dispatcher)
+             const WeightCacheOptions& cache, Dispatcher* dispatcher, const WeightFormats& formats)
       : c_(c),
         v_(*c.v4),
         w_(*weights.v4),
         pool_(pool),
         fast_(fast),
         dispatcher_(dispatcher && dispatcher->world_size() > 1 ? dispatcher : nullptr),
+        packed_(formats, weights.v4->head.data),
         experts_(c, weights, nullptr),
         inv_main_(v4_inv_freq(c, false)),
         inv_compressed_(v4_inv_freq(c, true)) {
@@ -1367,9 +1454,9 @@ void set_v4_choice_observer(CausalLm& model, V4ChoiceObserver observer) {
 
 std::unique_ptr<CausalLm> make_deepseek_v4(const ModelConfig& config, const ModelWeights& weights,
                                            ThreadPool* pool, bool fast,
-                                           const WeightCacheOptions& cache,
-                                           Dispatcher* dispatcher) {
-  return std::make_unique<DeepseekV4>(config, weights, pool, fast, cache, dispatcher);
+                                           const WeightCacheOptions& cache, Dispatcher* dispatcher,
+                                           const WeightFormats& formats) {
+  return std::make_unique<DeepseekV4>(config, weights, pool, fast, cache, dispatcher, formats);
 }
 
 }  // namespace moeserve

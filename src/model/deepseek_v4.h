@@ -59,10 +59,13 @@ void set_v4_choice_observer(CausalLm& model, V4ChoiceObserver observer);
 // fast: the fast path (docs/deepseek-v4.md "Fast path"); else the reference path. `cache` (the
 // fast path's, docs/memory.md): where its packed matrices are kept between starts. dispatcher:
 // an EP group's, when the routed experts are spread over its ranks (they are then loaded by
-// placement: LoadOptions::holds_layer_expert); null or one rank: all here.
+// placement: LoadOptions::holds_layer_expert); null or one rank: all here. formats: the fast
+// path's requantizing options (docs/deepseek-v4.md "Requantized weights"; v4_supports checks
+// them).
 std::unique_ptr<CausalLm> make_deepseek_v4(const ModelConfig& config, const ModelWeights& weights,
                                            ThreadPool* pool, bool fast,
                                            const WeightCacheOptions& cache = {},
-                                           Dispatcher* dispatcher = nullptr);
+                                           Dispatcher* dispatcher = nullptr,
+                                           const WeightFormats& formats = {});
 
 }  // namespace moeserve

@@ -24,14 +24,14 @@ Status v3_supports(const ModelConfig& config, const ForwardOptions& o) {
   return DeepseekModel::supports(config, o.compute);
 }
 
-// V4's experts are FP4 as published and its projections FP8; the requantizing options (built
-// for V3's FP8 experts) are not wired to its forward pass.
+// V4's experts are FP4 as published: --expert-dtype takes them to INT8 or INT4 (for the
+// integer kernels, AMX's tiles among them), never to FP8; the other options are V3's
+// (docs/deepseek-v4.md "Requantized weights").
 Status v4_supports(const ModelConfig&, const ForwardOptions& o) {
-  if (o.formats.requantized()) {
+  if (o.formats.experts == WeightFormat::kFp8) {
     return InvalidArgument(
-        "DeepSeek-V4 runs its FP8 projections and FP4 experts as published: --gemm-int8, "
-        "--lm-head-int8, --projection-dtype, --lm-head-dtype and --expert-dtype are not supported "
-        "for it yet (docs/deepseek-v4.md)");
+        "--expert-dtype fp8: DeepSeek-V4's routed experts are FP4 as published; --expert-dtype "
+        "takes int8 or int4 for them (docs/deepseek-v4.md)");
   }
   return Status::Ok();
 }
@@ -40,7 +40,7 @@ std::unique_ptr<CausalLm> make_v4(const ModelConfig& config, const ModelWeights&
                                   Dispatcher& dispatcher, ThreadPool* pool, const ForwardOptions& o,
                                   const WeightCacheOptions& weight_cache) {
   return make_deepseek_v4(config, weights, pool, o.compute == ComputePath::kFast, weight_cache,
-                          &dispatcher);
+                          &dispatcher, o.formats);
 }
 
 // The table. V2 and V3 share MLA, the MoE layer and the checkpoint's tensor names; they differ

@@ -7,7 +7,8 @@
 #     process reading the prompt's blocks, compressor state included) gives the same bits; so do
 #     a window pool of 6 pages, alone and loading from the disk tier;
 #   - the fast path: a batch gives each prompt what it gets alone, so do the starts that write
-#     and map the weight cache; --expert-dtype is refused by name;
+#     and map the weight cache, with the published formats and requantized (INT8 projections and
+#     experts, INT4 head); --expert-dtype fp8 is refused by name;
 #   - MTP speculative decoding with V4's module gives the plain runs' output on both paths;
 #   - make-model's v4-tiny (DeepSeek's format at tiny widths, the real vocabulary) runs from text;
 #   - EP: 2 and 4 ranks, each loading its share of the routed experts, give the one-process
@@ -76,7 +77,7 @@ if "$bin" generate --model "$model" --prompt-ids "$p1" --max-tokens 1 --kv-windo
 fi
 grep -q "window pool of 2 pages is too small" "$dir/w3.out" || fail "no clear refusal: $(cat "$dir/w3.out")"
 # The fast path (the default: FP8 projections through gemm_fp8, FP4 experts through gemm_fp4):
-# a batch gives each prompt what it gets alone; the requantizing options are refused by name.
+# a batch gives each prompt what it gets alone.
 compute=fast gen "$dir/fbatch.jsonl" --prompt-ids "$p1" --prompt-ids "$p2"
 compute=fast gen "$dir/falone.jsonl" --prompt-ids "$p2"
 sed -n 2p "$dir/fbatch.jsonl" | cmp -s - "$dir/falone.jsonl" || fail "fast path: batch != alone"
@@ -86,11 +87,22 @@ for i in 1 2; do  # the weight cache: written by the first start, mapped by the 
 done
 ls "$dir"/wcache/*.weights > /dev/null || fail "no weight cache file"
 cmp -s "$dir/fbatch.jsonl" "$dir/batch.jsonl" && fail "the fast path gave the reference path's bits"
-if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --expert-dtype int4 \
-  > "$dir/int4.out" 2>&1; then
-  fail "--expert-dtype int4 ran V4"
+# The requantizing options (docs/deepseek-v4.md "Requantized weights"), INT8 projections and
+# experts with an INT4 head: a batch gives each prompt what it gets alone, the weight cache keeps
+# them in a file of their own and gives the same bits; FP8 experts are refused by name.
+q=(--projection-dtype int8 --expert-dtype int8 --lm-head-dtype int4)
+compute=fast gen "$dir/qbatch.jsonl" --prompt-ids "$p1" --prompt-ids "$p2" "${q[@]}"
+compute=fast gen "$dir/qalone.jsonl" --prompt-ids "$p2" "${q[@]}" --weight-cache "$dir/wcache"
+sed -n 2p "$dir/qbatch.jsonl" | cmp -s - "$dir/qalone.jsonl" || fail "requantized: batch != alone"
+compute=fast gen "$dir/qcache.jsonl" --prompt-ids "$p2" "${q[@]}" --weight-cache "$dir/wcache"
+cmp -s "$dir/qcache.jsonl" "$dir/qalone.jsonl" || fail "requantized: the weight cache changed the output"
+[ "$(ls "$dir"/wcache/*.weights | wc -l)" -eq 2 ] || fail "the requantized weights share the published ones' cache file"
+cmp -s "$dir/qalone.jsonl" "$dir/falone.jsonl" && fail "the requantizing options changed nothing"
+if "$bin" generate --model "$model" --prompt-ids 1,2,3 --max-tokens 1 --expert-dtype fp8 \
+  > "$dir/fp8e.out" 2>&1; then
+  fail "--expert-dtype fp8 ran V4"
 fi
-grep -q -- "--expert-dtype are not supported" "$dir/int4.out" || fail "no clear refusal: $(cat "$dir/int4.out")"
+grep -q -- "--expert-dtype fp8: DeepSeek-V4's routed experts are FP4" "$dir/fp8e.out" || fail "no clear refusal: $(cat "$dir/fp8e.out")"
 # MTP speculative decoding with V4's module, three drafts a step: the tokens and top-5 logprobs
 # of the runs without it, on both paths (the fixture's random module's drafts are rejected, so
 # every verify step puts the compressors' state back; model_test covers accepted drafts).
@@ -285,4 +297,4 @@ PY
 pd_beside_one "$dir/v4t" --threads 1 --kv-cache-gb 0.2 --compute reference
 pd_equals_one "$p1" "$p2"
 echo "v4: PD (router, prefill and decode unit) = one server"
-echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path batch == alone, --expert-dtype refused by name, make-model v4-tiny runs"
+echo "v4: batch == alone, the disk tier's blocks give the same bits, the fast path batch == alone (published and requantized formats), --expert-dtype fp8 refused by name, make-model v4-tiny runs"

@@ -488,6 +488,25 @@ void open_trained_v4(json* fx, std::unique_ptr<Checkpoint>* ck) {
   *ck = std::move(*opened);
 }
 
+// A fixture prompt in one step into kv's blocks (allocated into table): every position's error
+// against the recorded top-5 appended to errs; the logits returned.
+std::vector<float> prompt_step(CausalLm& m, const ModelConfig& c, const json& p, KvCache& kv,
+                               std::vector<int32_t>& table, std::vector<float>* errs) {
+  const std::vector<int32_t> prompt = p["prompt_ids"].get<std::vector<int32_t>>();
+  const auto prompt_top = tops(p["prompt_top_logprobs"]);
+  const int64_t n = int64_t(prompt.size());
+  EXPECT_TRUE(kv.allocate(8, &table, window_holds()));
+  StepSequence s{prompt, 0, table, n};
+  StepOutput out;
+  EXPECT_TRUE(m.forward({&s, 1}, kv, &out).ok());
+  if (out.logits.size() != size_t(n * c.vocab_size)) return {};
+  for (int64_t i = 0; i < n; ++i) {
+    errs->push_back(row_error(log_softmax(&out.logits[size_t(i * c.vocab_size)], c.vocab_size),
+                              prompt_top[size_t(i)]));
+  }
+  return std::move(out.logits);
+}
+
 // The trained tiny V4 (assets/models/tiny-v4, tools/train_tiny_v4.py) against transformers'
 // deepseek_v4 on it (tools/gen_v4_trained_fixture.py): three 300-token prompts cut from held-out
 // files, the top-5 at every prompt position (one step), then 40 steps teacher-forced on
@@ -519,20 +538,14 @@ TEST(V4Trained, PathsMatchTransformers) {
     std::vector<float> errs;
     int64_t greedy_checked = 0;
     for (const json& p : fx["prompts"]) {
-      const std::vector<int32_t> prompt = p["prompt_ids"].get<std::vector<int32_t>>();
       const std::vector<int32_t> tokens = p["tokens"].get<std::vector<int32_t>>();
-      const auto prompt_top = tops(p["prompt_top_logprobs"]), decode_top = tops(p["top_logprobs"]);
-      const int64_t n = int64_t(prompt.size());
+      const auto decode_top = tops(p["top_logprobs"]);
+      const int64_t n = int64_t(p["prompt_ids"].size());
       KvCache kv(v4_kv_layout(c, k.kv, false), 8);
       std::vector<int32_t> table;
-      ASSERT_TRUE(kv.allocate(8, &table, window_holds()));
-      StepSequence s{prompt, 0, table, n};
       StepOutput out;
-      ASSERT_TRUE(m->forward({&s, 1}, kv, &out).ok());
-      for (int64_t i = 0; i < n; ++i) {
-        errs.push_back(row_error(log_softmax(&out.logits[size_t(i * c.vocab_size)], c.vocab_size),
-                                 prompt_top[size_t(i)]));
-      }
+      out.logits = prompt_step(*m, c, p, kv, table, &errs);
+      ASSERT_FALSE(out.logits.empty());
       std::vector<float> last(out.logits.end() - c.vocab_size, out.logits.end());
       for (size_t step = 0; step < tokens.size(); ++step) {
         const std::vector<float> lp = log_softmax(last.data(), c.vocab_size);
@@ -626,6 +639,64 @@ TEST(V4Trained, FastPathFromExactPrefixes) {
       long(measured), worst, long(flipped));
   EXPECT_LT(worst, 5e-2f);
   EXPECT_LE(flipped * 4, measured + flipped);
+}
+
+// The requantizing options on V4 (docs/deepseek-v4.md "Requantized weights"): the trained tiny
+// V4's three fixture prompts in one step each (F32 cache), every position's top-5 against
+// transformers', beside the fast path as published (FP8 projections, FP4 experts, BF16 head).
+// Each option changes the logits (it took effect) and keeps the median row within twice its
+// measured error. Measured (median / p99 / max, 2026-12-07): as published 3.6e-3 / 1.7e-2 /
+// 0.33; --lm-head-dtype int8 1.5e-2 / 3.8e-2 / 0.33; --projection-dtype int8 1.4e-2 / 0.12 /
+// 0.51; --expert-dtype int8 2.2e-2 / 0.14 / 0.65; all three int8 2.8e-2 / 0.16 / 0.47;
+// --expert-dtype int4 0.10 / 0.43 / 0.91; all three int4 0.22 / 0.65 / 1.0. (INT8 and INT4
+// hold one scale per 128 inputs of a row where FP4 holds one per 32: a block's small groups lose
+// their precision.)
+TEST(V4Trained, RequantizedWeightsStayNearThePublishedFormats) {
+  json fx;
+  std::unique_ptr<Checkpoint> ck;
+  ASSERT_NO_FATAL_FAILURE(open_trained_v4(&fx, &ck));
+  const ModelConfig& c = ck->config();
+  ThreadPool pool(2);
+  struct Case {
+    const char* name;
+    WeightFormats formats;
+    float median_bound;
+  };
+  WeightFormats int8_all{WeightFormat::kInt8, HeadFormat::kInt8, WeightFormat::kInt8};
+  WeightFormats int4_all{WeightFormat::kInt4, HeadFormat::kInt4, WeightFormat::kInt4};
+  const std::vector<Case> cases = {
+      {"as published", {}, 0},
+      {"--lm-head-dtype int8", {WeightFormat::kFp8, HeadFormat::kInt8, std::nullopt}, 3e-2f},
+      {"--projection-dtype int8", {WeightFormat::kInt8, HeadFormat::kBf16, std::nullopt}, 3e-2f},
+      {"--expert-dtype int8",
+       {WeightFormat::kFp8, HeadFormat::kBf16, WeightFormat::kInt8},
+       4.5e-2f},
+      {"all three int8", int8_all, 6e-2f},
+      {"--expert-dtype int4", {WeightFormat::kFp8, HeadFormat::kBf16, WeightFormat::kInt4}, 0.21f},
+      {"all three int4", int4_all, 0.45f}};
+  std::vector<float> plain;
+  for (const Case& k : cases) {
+    std::unique_ptr<CausalLm> m =
+        make_deepseek_v4(c, ck->weights(), &pool, true, {}, nullptr, k.formats);
+    std::vector<float> errs, all_logits;
+    for (const json& p : fx["prompts"]) {
+      KvCache kv(v4_kv_layout(c, DType::kF32, false), 8);
+      std::vector<int32_t> table;
+      const std::vector<float> logits = prompt_step(*m, c, p, kv, table, &errs);
+      ASSERT_FALSE(logits.empty());
+      all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+    }
+    std::sort(errs.begin(), errs.end());
+    const float median = errs[errs.size() / 2], p99 = errs[errs.size() * 99 / 100];
+    std::printf("V4 trained, fast path, %s: |dlogprob| median %.2e, p99 %.2e, max %.2e\n", k.name,
+                median, p99, errs.back());
+    if (plain.empty()) {
+      plain = all_logits;
+      continue;
+    }
+    EXPECT_NE(all_logits, plain) << k.name << " left the logits as they were";
+    EXPECT_LT(median, k.median_bound) << k.name;
+  }
 }
 
 // DeepSeek-V4-Flash's config.json as DeepSeek publishes it parses, and its KV layout stores the
@@ -816,7 +887,14 @@ namespace {
 // The fast path's packed matrices through the weight cache (docs/memory.md): the first model
 // writes the file, the next maps its FP8 projections, FP4 experts and BF16 head from it, and both
 // give the bits of a model without a cache; a damaged file is prepared again, to the same bits.
-TEST(V4WeightCache, MappedMatricesGiveTheSameBits) {
+// Each set of formats (the published ones; INT8 projections and experts with an INT4 head,
+// docs/deepseek-v4.md "Requantized weights") in a file of its own.
+class V4WeightCache : public ::testing::TestWithParam<bool> {};
+
+TEST_P(V4WeightCache, MappedMatricesGiveTheSameBits) {
+  const WeightFormats formats =
+      GetParam() ? WeightFormats{WeightFormat::kInt8, HeadFormat::kInt4, WeightFormat::kInt8}
+                 : WeightFormats{};
   auto ck = Checkpoint::open(kDir);
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
   const ModelConfig& c = (*ck)->config();
@@ -824,7 +902,8 @@ TEST(V4WeightCache, MappedMatricesGiveTheSameBits) {
   const std::vector<int32_t> prompt(f.prompt.begin(), f.prompt.begin() + 100);
   ThreadPool pool(2);
   auto logits = [&](const WeightCacheOptions& cache) {
-    std::unique_ptr<CausalLm> m = make_deepseek_v4(c, (*ck)->weights(), &pool, true, cache);
+    std::unique_ptr<CausalLm> m =
+        make_deepseek_v4(c, (*ck)->weights(), &pool, true, cache, nullptr, formats);
     KvCache kv(v4_kv_layout(c, DType::kF32, false), 4);
     std::vector<int32_t> table;
     EXPECT_TRUE(kv.allocate(2, &table, window_holds()));
@@ -833,8 +912,9 @@ TEST(V4WeightCache, MappedMatricesGiveTheSameBits) {
     EXPECT_TRUE(m->forward({&s, 1}, kv, &out).ok());
     return out.logits;
   };
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                                    ("moeserve_v4_wc_" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) /
+      ("moeserve_v4_wc_" + std::to_string(::getpid()) + (GetParam() ? "_q" : ""));
   std::filesystem::remove_all(dir);
   const WeightCacheOptions cache{dir.string(), 0x5eed};
   const std::vector<float> plain = logits({});
@@ -845,10 +925,15 @@ TEST(V4WeightCache, MappedMatricesGiveTheSameBits) {
   const auto written = std::filesystem::last_write_time(files[0]);
   EXPECT_EQ(logits(cache), plain);  // maps it
   EXPECT_EQ(std::filesystem::last_write_time(files[0]), written) << "a mapped file is kept";
-  {
+  {  // 4 KiB inverted from the middle: entries are 4 KiB aligned, so the bytes of one change
     std::fstream io(files[0], std::ios::in | std::ios::out | std::ios::binary);
-    io.seekp(std::streamoff(std::filesystem::file_size(files[0]) / 2));
-    io.put('\x5a');
+    const auto mid = std::streamoff(std::filesystem::file_size(files[0]) / 2);
+    std::vector<char> bytes(4096);
+    io.seekg(mid);
+    io.read(bytes.data(), std::streamsize(bytes.size()));
+    for (char& b : bytes) b = char(~b);
+    io.seekp(mid);
+    io.write(bytes.data(), std::streamsize(bytes.size()));
   }
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(logits(cache), plain);  // prepared again
@@ -858,19 +943,29 @@ TEST(V4WeightCache, MappedMatricesGiveTheSameBits) {
   std::filesystem::remove_all(dir);
 }
 
+INSTANTIATE_TEST_SUITE_P(Formats, V4WeightCache, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "requantized" : "published"; });
+
 // Online EPLB's migration (docs/eplb.md "Online rebalancing") on V4's FP4 experts: every expert
 // exported in the wire format, dropped and installed again (packed for gemm_fp4 on arrival)
 // gives the logits' bits back; one installed in another's place changes them (installed experts
 // are what the MoE reads); bytes whose scale is not UE8M0's power of two, or cut short, are
 // refused by name and the expert held before stays.
-TEST(V4Eplb, ReinstalledFp4ExpertsKeepTheBitsAndBadOnesAreRefused) {
+// With --expert-dtype int8 as well: a received expert is requantized as the held ones were.
+class V4Eplb : public ::testing::TestWithParam<bool> {};
+
+TEST_P(V4Eplb, ReinstalledFp4ExpertsKeepTheBitsAndBadOnesAreRefused) {
+  const WeightFormats formats =
+      GetParam() ? WeightFormats{WeightFormat::kFp8, HeadFormat::kBf16, WeightFormat::kInt8}
+                 : WeightFormats{};
   auto ck = Checkpoint::open(kDir);
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
   const ModelConfig& c = (*ck)->config();
   const Fixture f = load_fixture();
   const std::vector<int32_t> prompt(f.prompt.begin(), f.prompt.begin() + 100);
   ThreadPool pool(2);
-  std::unique_ptr<CausalLm> m = make_deepseek_v4(c, (*ck)->weights(), &pool, true);
+  std::unique_ptr<CausalLm> m =
+      make_deepseek_v4(c, (*ck)->weights(), &pool, true, {}, nullptr, formats);
   auto logits = [&] {
     KvCache kv(v4_kv_layout(c, DType::kBF16, false), 4);
     std::vector<int32_t> table, holds;
@@ -920,6 +1015,9 @@ TEST(V4Eplb, ReinstalledFp4ExpertsKeepTheBitsAndBadOnesAreRefused) {
   EXPECT_TRUE(m->experts().has_expert(l, 0));
   EXPECT_EQ(logits(), plain);
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, V4Eplb, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "int8_experts" : "fp4"; });
 
 }  // namespace
 }  // namespace moeserve
