@@ -809,7 +809,12 @@ TRAINED = {
     "tiny-py": {"prompt_lens": [12, 96, 320], "steps": 40},
     # tiny-py continued as DeepSeek-V3.2 (tools/train_tiny_v32.py): prompts past its top-k (64),
     # so that attention is sparse. docs/hf-reference.md's formulas and the MTP record are V3's.
-    "tiny-py-v32": {"prompt_lens": [96, 320], "steps": 40, "v3_formulas": False},
+    # transformers' deepseek_v32 recomputes every step in full (~24 s for a 96-token prompt's 40
+    # steps on 2 Zen 4 cores) and few prompts have no near tie in 40 steps (58 tried: none), so
+    # the best of 3 per length is kept; its tests teacher-force and skip near ties
+    # (tests/model/dsa_trained_test.cpp).
+    "tiny-py-v32": {"prompt_lens": [96, 320], "steps": 40, "v3_formulas": False, "attempts": 3,
+                    "out": os.path.join("..", "dsa")},
 }
 
 
@@ -848,7 +853,7 @@ def generate_trained(out_root, name, models_dir):
     for n in spec["prompt_lens"]:
         best = None
         for attempt, (rel, ids) in enumerate(heldout_prompts(n)):
-            if attempt >= 4 * MAX_ATTEMPTS:
+            if attempt >= spec.get("attempts", 4 * MAX_ATTEMPTS):
                 break
             if rel in sources:
                 continue
@@ -890,7 +895,8 @@ def generate_trained(out_root, name, models_dir):
         "bf16_input_proxy_max_dlogprob": [float(f"{v:.4g}") for v in devs],
         "prompts": prompts,
     }
-    out_dir = os.path.join(out_root, name)
+    # (A fixture the HF suite's strict trained-model checks do not fit lives beside its own test.)
+    out_dir = os.path.normpath(os.path.join(out_root, spec.get("out", ""), name))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
