@@ -841,10 +841,40 @@ def heldout_prompts(n):
                     yield rel, ids[-n:]
 
 
+@torch.no_grad()
+def index_boundary_ties(model, ids, topk):
+    """DeepSeek Sparse Attention's exact ties at the top-k boundary over prompt + tokens: the
+    rows (of any indexer, at or past topk) whose topk-th and next index scores are equal (in
+    practice both 0.0: positions where every head's ReLU is zero). torch.topk leaves the order of
+    ties unspecified, so such a row's picks, and everything after them, may differ from another
+    implementation's (docs/dsa.md). The scores are read where deepseek_v32's indexer hands them to
+    topk: a square [1, S, S] tensor."""
+    rows = []
+    topk_fn = torch.Tensor.topk
+
+    def capture(self, k, *args, **kwargs):
+        if self.dim() == 3 and self.shape[-1] == self.shape[-2] and self.shape[-1] > topk:
+            rows.append(self[0].detach().clone())
+        return topk_fn(self, k, *args, **kwargs)
+
+    torch.Tensor.topk = capture
+    try:
+        model(input_ids=torch.tensor([ids]), use_cache=False)
+    finally:
+        torch.Tensor.topk = topk_fn
+    ties = 0
+    for scores in rows:
+        for t in range(topk, scores.shape[0]):
+            v = topk_fn(scores[t, : t + 1], topk + 1).values
+            ties += int(v[topk - 1] == v[topk])
+    return ties
+
+
 def generate_trained(out_root, name, models_dir):
     """Fixture of a trained checkpoint (not rewritten here): prompts from held-out text whose
     greedy continuation has a clear top-2 gap at every step and that the BF16-input proxy
-    follows."""
+    follows (the best of spec["attempts"] when none does); for DeepSeek Sparse Attention, first
+    of all one without an exact tie at the index top-k boundary."""
     spec = TRAINED[name]
     ckpt = os.path.join(models_dir, name)
     model, cfg, weights = build_hf_model(ckpt)
@@ -852,19 +882,28 @@ def generate_trained(out_root, name, models_dir):
     prompts, min_gaps, devs, sources = [], [], [], []
     for n in spec["prompt_lens"]:
         best = None
+        tried = 0
         for attempt, (rel, ids) in enumerate(heldout_prompts(n)):
-            if attempt >= spec.get("attempts", 4 * MAX_ATTEMPTS):
+            if attempt >= 4 * MAX_ATTEMPTS or tried >= spec.get("attempts", 4 * MAX_ATTEMPTS):
                 break
             if rel in sources:
                 continue
+            tried += 1
             rec, gaps = greedy(model, ids, spec["steps"])
             dev, same = proxy_deviation(model, proxy, rec)
-            key = (min(gaps) >= MIN_GAP and same, -dev if same else -1e9, min(gaps))
+            if cfg.get("index_topk"):  # a prompt without exact ties at the top-k boundary first
+                rec["index_boundary_ties"] = index_boundary_ties(
+                    model, rec["prompt_ids"] + rec["tokens"], cfg["index_topk"])
+            key = (rec.get("index_boundary_ties", 0) == 0, min(gaps) >= MIN_GAP and same,
+                   -dev if same else -1e9, min(gaps))
             if best is None or key > best[0]:
                 best = (key, rec, gaps, dev, rel)
-            if key[0]:
+            if key[0] and key[1]:
                 break
         _, rec, gaps, dev, rel = best
+        if "index_boundary_ties" in rec:
+            print(f"  {name}: {rec['index_boundary_ties']} rows with an exact tie at the index "
+                  f"top-k boundary")
         prompts.append(rec)
         min_gaps.append(min(gaps))
         devs.append(dev)
