@@ -327,6 +327,12 @@ void run_mla_benches(const MlaBenchOptions& opt, const Ceilings& ceil, ThreadPoo
       }
     }
   }
+  // Decode as the model runs it (F32 queries, KV cut every 4 blocks), one sequence at short
+  // contexts: under 4 blocks it is one piece, so its 128 heads are what spreads over the threads.
+  for (int64_t ctx : {192, 1024}) {
+    const CacheSet c = make_cache(1, ctx, 1, /*rotate=*/true, rng, /*fp8=*/false);
+    run_case(opt, ceil, pool, c, "mla_decode", 128, rng, /*q_f32=*/true, /*split_blocks=*/4);
+  }
   // Prefill as the model runs it (F32 queries, KV cut every 4 blocks), 16 heads: a 128-query
   // chunk at the end of a 2k context, and (not --quick) a whole 2k prompt as one chunk.
   {

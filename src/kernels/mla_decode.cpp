@@ -112,11 +112,15 @@ float* partial_scratch(size_t floats) {
 
 struct Group {
   const MlaSequence* seq;
-  int64_t q_row;      // global index of the group's first query
-  int64_t n_q;        // queries in the group
-  int64_t first_pos;  // position of its first query
-  int64_t n_blocks;   // cache blocks it sees
-  int64_t weight;     // cost of one block: row vectors + 1 for the memory traffic
+  int64_t q_row;           // global index of the group's first query
+  int64_t n_q;             // queries in the group
+  int64_t first_pos;       // position of its first query
+  int64_t n_blocks;        // cache blocks it sees
+  int64_t weight;          // cost of one block: row vectors + 1 for the memory traffic
+  int64_t h0 = 0, nh = 0;  // its heads: all (n_q x heads rows), or, for one query, a range
+
+  int64_t rows() const { return n_q * nh; }
+  int64_t row0(int64_t heads) const { return q_row * heads + h0; }  // first global row
 };
 
 struct PieceRef {
@@ -125,7 +129,10 @@ struct PieceRef {
   int64_t slot = -1;  // partial-output slot when the group is split
 };
 
-std::vector<Group> make_groups(const MlaBatch& b) {
+// head_rows: the heads a one-query group holds at most (a multiple of 16, the kernels' row
+// tile); H for none split. A row's bits do not depend on the other rows of its piece (each row's
+// scores, softmax and output are its own), so this may follow the thread count.
+std::vector<Group> make_groups(const MlaBatch& b, int64_t head_rows) {
   const int64_t H = b.shape.heads;
   const int64_t per_group = std::max<int64_t>(1, kGroupRows / H);
   std::vector<Group> groups;
@@ -138,12 +145,33 @@ std::vector<Group> make_groups(const MlaBatch& b) {
       g.n_q = std::min(per_group, s.n_queries - q0);
       g.first_pos = s.context_len - s.n_queries + q0;
       g.n_blocks = (g.first_pos + g.n_q + kMlaBlockTokens - 1) / kMlaBlockTokens;
-      g.weight = (g.n_q * H + 15) / 16 + 1;
-      groups.push_back(g);
+      const int64_t step = g.n_q == 1 ? head_rows : H;
+      for (g.h0 = 0; g.h0 < H; g.h0 += step) {
+        g.nh = std::min(step, H - g.h0);
+        g.weight = (g.rows() + 15) / 16 + 1;
+        groups.push_back(g);
+      }
     }
     q_row += s.n_queries;
   }
   return groups;
+}
+
+// The heads per one-query group for `parts` shares: all of them when the blocks already give
+// every part a piece (split_blocks > 0: a piece per split_blocks blocks; else one per group),
+// otherwise fewer, in 16-row tiles, so that a decode step of few sequences at short contexts
+// (one piece each) still spreads over the threads (a 128-head sequence under 256 tokens is
+// one piece of 128 rows, one thread's work, without it).
+int64_t decode_head_rows(const MlaBatch& b, int64_t parts, int64_t split_blocks) {
+  const int64_t H = b.shape.heads;
+  if (parts <= 1 || H < 32) return H;
+  int64_t pieces = 0;
+  for (const Group& g : make_groups(b, H)) {
+    pieces += split_blocks > 0 ? (g.n_blocks + split_blocks - 1) / split_blocks : 1;
+  }
+  if (pieces >= parts) return H;
+  const int64_t chunks = std::min(H / 16, (parts + pieces - 1) / pieces);
+  return (H / chunks + 15) / 16 * 16;
 }
 
 // Lays the groups' costs end to end and cuts them into `parts` shares of equal cost.
@@ -235,7 +263,7 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
     if (n_pieces[size_t(p.group)] > 1) {
       p.slot = int64_t(slot_row.size());
       slot_row.push_back(scratch_rows);
-      scratch_rows += groups[size_t(p.group)].n_q * H;
+      scratch_rows += groups[size_t(p.group)].rows();
     }
   }
   float* const part_o = partial_scratch(size_t(scratch_rows * (R + 1)));  // [scratch rows, R]
@@ -244,7 +272,7 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
   const size_t q_esize = b.q_dtype == DType::kBF16 ? 2 : 4;
   auto run_piece = [&](const PieceRef& p, const PieceRef* next) {
     const Group& g = groups[size_t(p.group)];
-    const int64_t row = g.q_row * H;  // first query x head row
+    const int64_t row = g.row0(H);  // first query x head row
     mla_detail::Piece pc;
     pc.q = static_cast<const char*>(b.q) + size_t(row * ctx.dim) * q_esize;
     pc.q_bf16 = b.q_dtype == DType::kBF16;
@@ -271,7 +299,13 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
       pc.o = part_o + slot_row[size_t(p.slot)] * R;
       pc.lse = part_lse + slot_row[size_t(p.slot)];
     }
-    piece_fn(ctx, pc);
+    if (g.nh == H) {
+      piece_fn(ctx, pc);
+    } else {  // a one-query group's head range: its rows as the kernel's "heads"
+      mla_detail::Ctx c = ctx;
+      c.heads = g.nh;
+      piece_fn(c, pc);
+    }
   };
   // Pieces come out of partition() ordered by part.
   std::vector<size_t> part_begin(size_t(parts + 1), pieces.size());
@@ -317,7 +351,7 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
       const std::vector<int64_t>& slots = slots_of[size_t(gi)];
       wts.resize(slots.size());
       srcs.resize(slots.size());
-      for (int64_t r = 0; r < g.n_q * H; ++r) {
+      for (int64_t r = 0; r < g.rows(); ++r) {
         float mx = -INFINITY;
         for (int64_t s : slots) mx = std::max(mx, part_lse[slot_row[size_t(s)] + r]);
         // Every row sees token 0, which lies in the group's first piece: mx is finite.
@@ -331,7 +365,7 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
           wts[k] *= inv;
           srcs[k] = part_o + (slot_row[size_t(slots[k])] + r) * R;  // [R]
         }
-        float* out = b.o + (g.q_row * H + r) * R;  // [R]
+        float* out = b.o + (g.row0(H) + r) * R;  // [R]
         // Accumulated in registers, 64 values at a time; the sums are those of
         // out = 0, out += w_0 o_0, out += w_1 o_1, ... in this order.
         constexpr int64_t kChunk = 64;
@@ -350,7 +384,7 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
           for (size_t k = 0; k < slots.size(); ++k) acc += wts[k] * srcs[k][j0];
           out[j0] = acc;
         }
-        if (b.lse) b.lse[g.q_row * H + r] = mx + float(std::log(sum));
+        if (b.lse) b.lse[g.row0(H) + r] = mx + float(std::log(sum));
       }
     }
   };
@@ -364,10 +398,10 @@ void run_groups(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, Piec
 
 void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceFn piece_fn) {
   const int64_t H = b.shape.heads, R = b.shape.kv_lora_rank;
-  const std::vector<Group> groups = make_groups(b);
-  if (groups.empty()) return;
   const int64_t threads = pool ? pool->size() : 1;
   const int64_t parts = opt.parts > 0 ? opt.parts : threads;
+  const std::vector<Group> groups = make_groups(b, decode_head_rows(b, parts, opt.split_blocks));
+  if (groups.empty()) return;
   const KvTokenFormat& tok = b.cache.token;
   const mla_detail::Ctx ctx{static_cast<const uint8_t*>(b.cache.blocks),
                             b.cache.stride(),
@@ -392,7 +426,7 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceF
     while (g1 < groups.size()) {
       const Group& g = groups[g1];
       const int64_t n_split = (g.n_blocks + opt.split_blocks - 1) / opt.split_blocks;
-      const int64_t gb = n_split > 1 ? n_split * g.n_q * H * (R + 1) * 4 : 0;
+      const int64_t gb = n_split > 1 ? n_split * g.rows() * (R + 1) * 4 : 0;
       if (g1 > g0 && bytes + gb > kWaveBytes) break;
       bytes += gb;
       ++g1;

@@ -136,6 +136,28 @@ TEST(MlaDecode, FixedSplitsMakeEachSequenceIndependentOfTheBatch) {
   }
 }
 
+// A decode step of few sequences at short contexts (one fixed-split piece each) is spread over
+// the parts by heads as well (16-row tiles of a query's 128 heads): every row keeps the bits it
+// has in one piece, at any part count, and the attention is the naive one.
+TEST(MlaDecode, HeadSplitDecodeKeepsEveryRowsBits) {
+  ThreadPool pool1(1), pool2(2);
+  Problem p = make_problem(128, 512, 64, 0.15f, {{200, 1}, {100, 1}, {1, 1}}, 78);
+  MlaOptions fixed;
+  fixed.split_blocks = 4;
+  fixed.parts = 1;  // one part: no head split
+  const Output base = run(p, &pool1, fixed, cpu_isa());
+  expect_close(base.o, base.lse, naive_bf16_q(p), kFastTol, "one part");
+  for (int64_t parts : {2, 4, 8, 16, 24}) {  // 3 pieces: head ranges of 128, 128, 64, 32, 16
+    for (ThreadPool* pool : {&pool1, &pool2}) {
+      MlaOptions o = fixed;
+      o.parts = parts;
+      const Output got = run(p, pool, o, cpu_isa());
+      EXPECT_EQ(got.o, base.o) << "parts " << parts << " threads " << pool->size();
+      EXPECT_EQ(got.lse, base.lse) << "parts " << parts << " threads " << pool->size();
+    }
+  }
+}
+
 // F32 queries are not rounded to BF16: the kernel carries them as hi + lo, so its answer is
 // attention on the exact F32 queries, within the error of P's BF16 rounding (kFastTol).
 TEST(MlaDecode, F32QueriesAreNotRoundedToBf16) {
