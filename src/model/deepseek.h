@@ -262,8 +262,6 @@ class DeepseekModel final : public CausalLm {
   // Scratch of attention() and attend_absorbed_fast(), reused by every layer and step.
   struct AttentionScratch {
     std::vector<float> q, q_lora, kv, o, q_lat, o_lat;
-    std::vector<uint16_t> bf16;          // absorbed_fp8: the input's two BF16 terms
-    std::vector<float> residual, terms;  // absorbed_fp8: x - hi of a row; the terms' products
   } attn_scratch_;
   // Fast absorbed attention: kv_b_proj split per head and dequantized to F32 (BF16 rounding
   // of these small matrices moved logprobs by up to 0.3 on the test models: the scores

@@ -167,42 +167,38 @@ void DeepseekModel::project_values(int64_t layer, const float* o_lat, int64_t n,
 // cost half of gemm_fp8_f32x's FP32 FMAs per row, so at decode, where these slices are 6% of a
 // token's bytes and were 10% of its time, they stream near memory speed; at prefill the two
 // terms are as much work as the FMAs were. (One BF16 term moved logprobs past the naive form's
-// by 0.02-0.04 on the test models: the scores q_lat . c amplify it.)
+// by 0.02-0.04 on the test models: the scores q_lat . c amplify it.) Each thread splits its own
+// heads' slices, kChunk tokens at a time, into scratch it keeps: no serial pass over the step.
 void DeepseekModel::absorbed_fp8(const float* x, int64_t n, int64_t dx,
                                  std::span<const PackedFp8Weight> w, float* y, int64_t dy) {
-  const int64_t nh = int64_t(w.size()), out = w[0].n;
-  const int64_t row = nh * dx;                     // x's row stride
-  constexpr int64_t kChunk = 64;                   // tokens per GEMM: 2 kChunk rows
-  std::vector<uint16_t>& xs = attn_scratch_.bf16;  // per chunk [hi: c rows][lo: c rows] of row
-  xs.resize(size_t(2 * n * row));
-  std::vector<float>& res = attn_scratch_.residual;
-  res.resize(size_t(row));
-  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const int64_t cn = std::min(kChunk, n - i0);
-    uint16_t* hi = xs.data() + 2 * i0 * row;
-    uint16_t* lo = hi + cn * row;
-    f32_to_bf16_row(x + i0 * row, cn * row, hi);
-    for (int64_t i = 0; i < cn; ++i) {
-      bf16_to_f32_row(hi + i * row, row, res.data());
-      const float* xi = x + (i0 + i) * row;
-      for (int64_t j = 0; j < row; ++j) res[size_t(j)] = xi[j] - res[size_t(j)];
-      f32_to_bf16_row(res.data(), row, lo + i * row);
-    }
-  }
-  const int64_t chunk_rows = 2 * std::min(kChunk, n);
-  std::vector<float>& tmp = attn_scratch_.terms;  // [nh][chunk_rows][out]
-  tmp.resize(size_t(nh * chunk_rows * out));
+  const int64_t nh = int64_t(w.size()), k = w[0].k, out = w[0].n;
+  constexpr int64_t kChunk = 64;  // tokens per GEMM: 2 kChunk rows
+  // Heads in parallel, each thread splitting its own heads' slices (scratch kept between calls:
+  // [hi: c rows][lo: c rows] of k, x - hi of a row, the two terms' products).
   auto heads = [&](int64_t h0, int64_t h1) {
+    thread_local std::vector<uint16_t> xs;
+    thread_local std::vector<float> res, t;
+    xs.resize(size_t(2 * kChunk * k));
+    res.resize(size_t(k));
+    t.resize(size_t(2 * kChunk * out));
     for (int64_t h = h0; h < h1; ++h) {
-      float* t = tmp.data() + h * chunk_rows * out;
       for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
         const int64_t cn = std::min(kChunk, n - i0);
-        gemm_fp8(xs.data() + 2 * i0 * row + h * dx, 2 * cn, row, w[size_t(h)],
-                 GemmOutput{t, DType::kF32, out}, nullptr);
+        uint16_t* hi = xs.data();
+        uint16_t* lo = hi + cn * k;
+        for (int64_t i = 0; i < cn; ++i) {
+          const float* xi = x + ((i0 + i) * nh + h) * dx;
+          f32_to_bf16_row(xi, k, hi + i * k);
+          bf16_to_f32_row(hi + i * k, k, res.data());
+          for (int64_t j = 0; j < k; ++j) res[size_t(j)] = xi[j] - res[size_t(j)];
+          f32_to_bf16_row(res.data(), k, lo + i * k);
+        }
+        gemm_fp8(xs.data(), 2 * cn, k, w[size_t(h)], GemmOutput{t.data(), DType::kF32, out},
+                 nullptr);
         for (int64_t i = 0; i < cn; ++i) {
           float* yi = y + ((i0 + i) * nh + h) * dy;
-          const float* a = t + i * out;
-          const float* b = t + (cn + i) * out;
+          const float* a = t.data() + i * out;
+          const float* b = t.data() + (cn + i) * out;
           for (int64_t j = 0; j < out; ++j) yi[j] = a[j] + b[j];
         }
       }
