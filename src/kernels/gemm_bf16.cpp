@@ -12,22 +12,43 @@ namespace moeserve {
 void gemm_bf16_avx512_rows(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n0,
                            int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy);
 
-// Implemented in gemm_bf16_avx512.cpp (AVX-512F only).
+// Implemented in gemm_bf16_avx512.cpp (AVX-512F with BW and VL).
 void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n0,
                           int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy);
+void gemm_f32_bf16w_avx512_rows(const float* x, int64_t m, int64_t ldx, const uint16_t* w,
+                                int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y,
+                                int64_t ldy);
 
-void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n, int64_t k,
-              int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
+namespace {
+
+float weight_f32(float w) {
+  return w;
+}
+float weight_f32(uint16_t w) {
+  return bf16_to_f32(w);
+}
+void avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n0, int64_t n1,
+                 int64_t k, int64_t ldw, float* y, int64_t ldy) {
+  gemm_f32_avx512_rows(x, m, ldx, w, n0, n1, k, ldw, y, ldy);
+}
+void avx512_rows(const float* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n0, int64_t n1,
+                 int64_t k, int64_t ldw, float* y, int64_t ldy) {
+  gemm_f32_bf16w_avx512_rows(x, m, ldx, w, n0, n1, k, ldw, y, ldy);
+}
+
+template <typename W>
+void f32_gemm(const float* x, int64_t m, int64_t ldx, const W* w, int64_t n, int64_t k, int64_t ldw,
+              float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
   if (m <= 0 || n <= 0) return;
   auto rows = [&](int64_t n0, int64_t n1) {
     if (isa_at_most(Isa::kAvx512, isa)) {
-      gemm_f32_avx512_rows(x, m, ldx, w, n0, n1, k, ldw, y, ldy);
+      avx512_rows(x, m, ldx, w, n0, n1, k, ldw, y, ldy);
       return;
     }
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = n0; j < n1; ++j) {
         float acc = 0.0f;
-        for (int64_t c = 0; c < k; ++c) acc += x[i * ldx + c] * w[j * ldw + c];
+        for (int64_t c = 0; c < k; ++c) acc += x[i * ldx + c] * weight_f32(w[j * ldw + c]);
         y[i * ldy + j] = acc;
       }
     }
@@ -36,8 +57,7 @@ void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n,
     rows(0, n);
   } else if (n >= 64 * int64_t(pool->size()) || m < 8) {
     // Outputs in shares of at least 16: a decode step's router (64-256 experts of one row, a
-    // 7168-wide F32 row each on V3: 7.3 MB a layer) is spread over up to 16 threads, not one
-    // per 64 experts.
+    // 7168-wide row each on V3) is spread over up to 16 threads, not one per 64 experts.
     pool->parallel_for(n, rows, 16);
   } else {
     // Few outputs per row and many rows (the MoE router: [tokens, 64..256 experts]): the
@@ -45,10 +65,22 @@ void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n,
     pool->parallel_for(
         m,
         [&](int64_t i0, int64_t i1) {
-          gemm_f32(x + i0 * ldx, i1 - i0, ldx, w, n, k, ldw, y + i0 * ldy, ldy, nullptr, isa);
+          f32_gemm(x + i0 * ldx, i1 - i0, ldx, w, n, k, ldw, y + i0 * ldy, ldy, nullptr, isa);
         },
         4);
   }
+}
+
+}  // namespace
+
+void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n, int64_t k,
+              int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
+  f32_gemm(x, m, ldx, w, n, k, ldw, y, ldy, pool, isa);
+}
+
+void gemm_f32_bf16w(const float* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n, int64_t k,
+                    int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa) {
+  f32_gemm(x, m, ldx, w, n, k, ldw, y, ldy, pool, isa);
 }
 
 // Implemented in gemm_bf16_avx512.cpp (AVX-512F only): output columns [j0, j1).

@@ -27,6 +27,12 @@ void gemm_bf16_ref(const uint16_t* x, int64_t m, int64_t ldx, const uint16_t* w,
 void gemm_f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n, int64_t k,
               int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa = active_isa());
 
+// gemm_f32 reading W as BF16 (widened exactly in registers): the bits of gemm_f32 on W's F32
+// copy, at half its bytes (BF16 checkpoint matrices whose products are F32: the MoE router,
+// DeepSeek-V4's compressors and indexer head weights).
+void gemm_f32_bf16w(const float* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n, int64_t k,
+                    int64_t ldw, float* y, int64_t ldy, ThreadPool* pool, Isa isa = active_isa());
+
 // FP32 with the weight stored K-major: Y[m, n] = sum_k X[m, k] * Wt[k, n] (wt row stride ldwt).
 // Broadcast-and-FMA over output columns, no horizontal sums: the fast form for small K.
 void gemm_f32_kn(const float* x, int64_t m, int64_t ldx, const float* wt, int64_t n, int64_t k,

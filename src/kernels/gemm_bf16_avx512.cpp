@@ -23,19 +23,28 @@ float hsum(__m512 v) {
   return _mm512_cvtss_f32(v);
 }
 
-template <int R>
-void dot_rows_f32(const float* x, int64_t ldx, const float* wr, int64_t k, float* out) {
+// 16 weights as F32: loaded, or BF16 widened (exact); `mask` for a tail.
+inline __m512 load_w(const float* w, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, w);
+}
+inline __m512 load_w(const uint16_t* w, __mmask16 mask) {
+  const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, w));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+template <int R, typename W>
+void dot_rows_f32(const float* x, int64_t ldx, const W* wr, int64_t k, float* out) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   int64_t c = 0;
   for (; c + 16 <= k; c += 16) {
-    __m512 wv = _mm512_loadu_ps(wr + c);
+    __m512 wv = load_w(wr + c, 0xffff);
     for (int r = 0; r < R; ++r)
       acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * ldx + c), wv, acc[r]);
   }
   if (c < k) {
     __mmask16 mask = (__mmask16)((1u << (k - c)) - 1);
-    __m512 wv = _mm512_maskz_loadu_ps(mask, wr + c);
+    __m512 wv = load_w(wr + c, mask);
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + r * ldx + c), wv, acc[r]);
     }
@@ -43,10 +52,9 @@ void dot_rows_f32(const float* x, int64_t ldx, const float* wr, int64_t k, float
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
-}  // namespace
-
-void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n0,
-                          int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy) {
+template <typename W>
+void f32_rows(const float* x, int64_t m, int64_t ldx, const W* w, int64_t n0, int64_t n1, int64_t k,
+              int64_t ldw, float* y, int64_t ldy) {
   // Blocks of X's rows of ~256 KB (stay in L2 while every W row passes over them; a multiple of
   // 4 rows). Each output is one row's dot product whatever the blocking: the same bits.
   const int64_t mb =
@@ -55,7 +63,7 @@ void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w
   for (int64_t i0 = 0; i0 < m; i0 += mb) {
     const int64_t i1 = std::min(m, i0 + mb);
     for (int64_t j = n0; j < n1; ++j) {
-      const float* wr = w + j * ldw;
+      const W* wr = w + j * ldw;
       int64_t i = i0;
       for (; i + 4 <= i1; i += 4) {
         dot_rows_f32<4>(x + i * ldx, ldx, wr, k, out);
@@ -67,6 +75,19 @@ void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w
       }
     }
   }
+}
+
+}  // namespace
+
+void gemm_f32_avx512_rows(const float* x, int64_t m, int64_t ldx, const float* w, int64_t n0,
+                          int64_t n1, int64_t k, int64_t ldw, float* y, int64_t ldy) {
+  f32_rows(x, m, ldx, w, n0, n1, k, ldw, y, ldy);
+}
+
+void gemm_f32_bf16w_avx512_rows(const float* x, int64_t m, int64_t ldx, const uint16_t* w,
+                                int64_t n0, int64_t n1, int64_t k, int64_t ldw, float* y,
+                                int64_t ldy) {
+  f32_rows(x, m, ldx, w, n0, n1, k, ldw, y, ldy);
 }
 
 namespace {

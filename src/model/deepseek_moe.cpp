@@ -71,6 +71,9 @@ void DeepseekModel::gate_stage(int64_t layer, int mb, const float* x, int64_t n,
   // flip a near-tied expert choice (Hugging Face computes it in FP32 too).
   if (auto it = gate_f32_.find(w.gate.data); it != gate_f32_.end()) {
     gemm_f32(x, n, H, it->second.data(), E, H, H, router.data(), E, pool_);
+  } else if (path_ == ComputePath::kFast && w.gate.dtype == DType::kBF16) {
+    gemm_f32_bf16w(x, n, H, reinterpret_cast<const uint16_t*>(w.gate.data), E, H, H, router.data(),
+                   E, pool_);
   } else {
     linear_ref(x, n, H, w.gate, router.data(), E, pool_);
   }

@@ -171,8 +171,9 @@ class PackedViews {
   // --lm-head-dtype takes).
   PackedViews(const WeightFormats& formats, const uint8_t* head) : formats_(formats), head_(head) {}
 
-  // Packs every FP8, FP4 and BF16 view of `views`, and widens every view of `f32_views` to an
-  // F32 copy for gemm_f32 (F32 inputs, nothing rounded); others are left to linear_ref. With a
+  // Packs every FP8, FP4 and BF16 view of `views`, and takes every view of `f32_views` for F32
+  // products (F32 inputs, nothing rounded: BF16 ones in place through gemm_f32_bf16w, others
+  // widened to an F32 copy for gemm_f32); others are left to linear_ref. With a
   // cache directory the packed matrices are mapped from its file when it holds them (written at
   // the first start, docs/memory.md); the F32 copies are made at every start (a pass over a few
   // BF16 matrices). The checkpoint's pages of what was packed are released.
@@ -228,7 +229,9 @@ class PackedViews {
       for (int64_t i = b; i < e; ++i) {
         const WeightView& v = *todo[size_t(i)].first;
         Packed& p = *todo[size_t(i)].second;
-        if (p.dtype == DType::kF32) {
+        if (p.dtype == DType::kF32 && v.dtype == DType::kBF16) {
+          p.bf16_rows = reinterpret_cast<const uint16_t*>(v.data);  // read in place
+        } else if (p.dtype == DType::kF32) {
           p.f32.resize(size_t(v.rows * v.cols));
           for (int64_t r = 0; r < v.rows; ++r) v.row_to_f32(r, &p.f32[size_t(r * v.cols)]);
         } else if (p.target != WeightFormat::kFp8) {
@@ -295,6 +298,10 @@ class PackedViews {
     auto it = packed_.find(Key{w.data, w.rows});
     if (it == packed_.end()) return false;
     const Packed& p = it->second;
+    if (p.dtype == DType::kF32 && p.bf16_rows) {
+      gemm_f32_bf16w(x, m, ldx, p.bf16_rows, w.rows, w.cols, w.cols, y, ldy, pool);
+      return true;
+    }
     if (p.dtype == DType::kF32) {
       gemm_f32(x, m, ldx, p.f32.data(), w.rows, w.cols, w.cols, y, ldy, pool);
       return true;
@@ -401,7 +408,10 @@ class PackedViews {
     PackedFp8Weight fp8;
     PackedFp4Weight fp4;
     PackedBf16Weight bf16;
+    // F32 products (dtype kF32): an F32 copy, or a BF16 matrix's own rows, read in place
+    // through gemm_f32_bf16w (the copy's bits at half its bytes).
     std::vector<float> f32;
+    const uint16_t* bf16_rows = nullptr;
   };
   WeightFormats formats_;
   const uint8_t* head_;
@@ -526,8 +536,8 @@ class DeepseekV4 final : public CausalLm {
   bool wo_a_sliceable() const { return v_.o_lora_rank % 128 == 0; }
 
   // The matrices whose products model.py takes in F32 (the router, the compressors, the indexer's
-  // head weights, mHC's mixes): widened to F32 copies for gemm_f32 (docs/deepseek-v4.md "Fast
-  // path").
+  // head weights, mHC's mixes): BF16 ones read in place by gemm_f32_bf16w, F32 ones through
+  // copies for gemm_f32 (docs/deepseek-v4.md "Fast path").
   std::vector<WeightView> f32_views() const {
     std::vector<WeightView> v;
     for (const V4LayerWeights& L : w_.layers) {

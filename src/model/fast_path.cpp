@@ -103,7 +103,10 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
       if (e) pack_mlp(*e, routed);
     }
     if (moe.shared) pack_mlp(*moe.shared, dense);
-    const WeightView& g = moe.gate;  // [E, H] router weights, exact in F32
+    // [E, H] router weights, exact in F32: read as they are when BF16 (gemm_f32_bf16w, the bits
+    // of an F32 copy at half the bytes), else an F32 copy.
+    const WeightView& g = moe.gate;
+    if (g.dtype == DType::kBF16) return;
     std::vector<float>& gf = gate_f32_[g.data];
     gf.resize(size_t(g.rows * g.cols));
     for (int64_t r = 0; r < g.rows; ++r) g.row_to_f32(r, &gf[size_t(r * g.cols)]);

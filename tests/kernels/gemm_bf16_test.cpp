@@ -140,6 +140,37 @@ TEST(GemmF32, EveryIsaMatchesScalar) {
 namespace moeserve {
 namespace {
 
+// gemm_f32_bf16w reads BF16 weights where gemm_f32 reads their F32 copy: the same bits at every
+// level, thread count and row count (a decode router's one row, a prefill's many), tails of K
+// included.
+TEST(GemmF32Bf16w, GivesGemmF32sBitsOnTheWidenedWeights) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  ThreadPool pool(2);
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 64, 2048},
+                         {1, 5, 3},
+                         {3, 256, 2053},
+                         {40, 7, 512},
+                         {9, 33, 17}}) {
+    std::vector<float> x(size_t(m * k)), wf(size_t(n * k));
+    std::vector<uint16_t> wb(size_t(n * k));
+    for (auto& v : x) v = d(rng);
+    for (size_t i = 0; i < wb.size(); ++i) {
+      wb[i] = f32_to_bf16(d(rng));
+      wf[i] = bf16_to_f32(wb[i]);
+    }
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
+      if (!isa_at_most(isa, cpu_isa())) continue;
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        std::vector<float> want(size_t(m * n)), got(size_t(m * n));
+        gemm_f32(x.data(), m, k, wf.data(), n, k, k, want.data(), n, p, isa);
+        gemm_f32_bf16w(x.data(), m, k, wb.data(), n, k, k, got.data(), n, p, isa);
+        EXPECT_EQ(got, want) << isa_name(isa) << " m=" << m << " n=" << n << " k=" << k;
+      }
+    }
+  }
+}
+
 TEST(GemmF32Kn, EveryIsaMatchesScalar) {
   std::mt19937 rng(6);
   std::normal_distribution<float> d(0.0f, 1.0f);
