@@ -231,6 +231,8 @@ class PackedViews {
         Packed& p = *todo[size_t(i)].second;
         if (p.dtype == DType::kF32 && v.dtype == DType::kBF16) {
           p.bf16_rows = reinterpret_cast<const uint16_t*>(v.data);  // read in place
+        } else if (p.dtype == DType::kF32 && v.dtype == DType::kF32) {
+          p.f32_rows = reinterpret_cast<const float*>(v.data);  // read in place
         } else if (p.dtype == DType::kF32) {
           p.f32.resize(size_t(v.rows * v.cols));
           for (int64_t r = 0; r < v.rows; ++r) v.row_to_f32(r, &p.f32[size_t(r * v.cols)]);
@@ -303,7 +305,8 @@ class PackedViews {
       return true;
     }
     if (p.dtype == DType::kF32) {
-      gemm_f32(x, m, ldx, p.f32.data(), w.rows, w.cols, w.cols, y, ldy, pool);
+      gemm_f32(x, m, ldx, p.f32_rows ? p.f32_rows : p.f32.data(), w.rows, w.cols, w.cols, y, ldy,
+               pool);
       return true;
     }
     thread_local std::vector<uint16_t> xb;
@@ -408,9 +411,10 @@ class PackedViews {
     PackedFp8Weight fp8;
     PackedFp4Weight fp4;
     PackedBf16Weight bf16;
-    // F32 products (dtype kF32): an F32 copy, or a BF16 matrix's own rows, read in place
-    // through gemm_f32_bf16w (the copy's bits at half its bytes).
+    // F32 products (dtype kF32): an F32 or BF16 matrix's own rows, read in place (BF16 through
+    // gemm_f32_bf16w: an F32 copy's bits at half its bytes), else an F32 copy.
     std::vector<float> f32;
+    const float* f32_rows = nullptr;
     const uint16_t* bf16_rows = nullptr;
   };
   WeightFormats formats_;
@@ -536,8 +540,8 @@ class DeepseekV4 final : public CausalLm {
   bool wo_a_sliceable() const { return v_.o_lora_rank % 128 == 0; }
 
   // The matrices whose products model.py takes in F32 (the router, the compressors, the indexer's
-  // head weights, mHC's mixes): BF16 ones read in place by gemm_f32_bf16w, F32 ones through
-  // copies for gemm_f32 (docs/deepseek-v4.md "Fast path").
+  // head weights, mHC's mixes), read in place: BF16 ones by gemm_f32_bf16w, F32 ones by
+  // gemm_f32 (docs/deepseek-v4.md "Fast path").
   std::vector<WeightView> f32_views() const {
     std::vector<WeightView> v;
     for (const V4LayerWeights& L : w_.layers) {
