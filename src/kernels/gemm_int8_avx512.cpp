@@ -18,7 +18,7 @@ namespace moeserve::gemm_detail {
 namespace {
 
 constexpr int kRows = 6;        // register block: 6 rows x 4 zmm (64 columns) of INT32 sums
-constexpr int64_t kChunk = 16;  // K blocks a row block runs in turn (128 KB of tiles, in L2)
+constexpr int64_t kChunk = 16;  // K blocks a row block runs in turn, at most (128 KB of tiles)
 constexpr int64_t kAhead = 4;   // tiles prefetched ahead by the first row block (into L2)
 
 // The INT32 accumulators are kept as 16 x int32 vectors, the type vpdpbusd works on: GCC 12 keeps
@@ -233,7 +233,11 @@ void panels_vnni(const GemmJob& job, int64_t p0, int64_t p1) {
   int64_t mb_cap = (job.m + m_blocks - 1) / m_blocks;
   if (m_blocks > 1) mb_cap = (mb_cap + kRows - 1) / kRows * kRows;
   const int64_t kbn = job.k_blocks;
-  const int64_t chunk = kbn < kChunk ? kbn : kChunk;
+  // K blocks a row block runs in turn: their tiles (up to kChunk x 8 KB) and the whole block's X
+  // over them (mb x 128 bytes a K block) stay in L2 while every row block passes.
+  int64_t chunk = (512 << 10) / (mb_cap * kBlockK);
+  chunk = chunk < 2 ? 2 : chunk > kChunk ? kChunk : chunk;
+  if (chunk > kbn) chunk = kbn;
   auto* xq = static_cast<int8_t*>(kept_scratch(kScratchX, size_t(mb_cap * kbn * kBlockK)));
   auto* xs = static_cast<float*>(kept_scratch(kScratchXScale, size_t(mb_cap * kbn * 8)));
   auto* sums = reinterpret_cast<int32_t*>(xs + mb_cap * kbn);
