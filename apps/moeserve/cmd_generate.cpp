@@ -218,7 +218,9 @@ ModelOptions model_options(const GenerateOptions& o, const std::vector<GenerateR
   mo.model_dir = o.model;
   mo.threads = o.threads;
   mo.compute = o.compute == "reference" ? ComputePath::kReference : ComputePath::kFast;
-  mo.attention = o.attention == "naive" ? AttentionMode::kNaive : AttentionMode::kAbsorbed;
+  mo.attention = o.attention == "naive"         ? AttentionMode::kNaive
+                 : o.attention == "mha-prefill" ? AttentionMode::kMhaPrefill
+                                                : AttentionMode::kAbsorbed;
   mo.formats = o.formats;
   mo.weight_cache_dir = o.weight_cache;
   mo.kv_dtype = o.kv_dtype;
@@ -408,8 +410,10 @@ Subcommand add_generate_command(CLI::App& parent) {
   app->add_flag("--json", o->json, "One JSON line per prompt");
   app->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
   app->add_option("--threads", o->threads, "Threads (default: all cores)");
-  app->add_option("--attention", o->attention, "absorbed | naive")
-      ->check(CLI::IsMember({"absorbed", "naive"}))
+  app->add_option("--attention", o->attention,
+                  "absorbed | naive | mha-prefill (fast path: absorbed, and long prefill steps in "
+                  "MHA form, DeepSeek's prefill form: docs/kernels-mla.md)")
+      ->check(CLI::IsMember({"absorbed", "naive", "mha-prefill"}))
       ->capture_default_str();
   app->add_option("--kv-disk", o->kv_disk,
                   "Directory of the KV cache's disk tier: prompts whose 64-token blocks are there "

@@ -30,8 +30,11 @@ class Tracer;
 
 // How attention reads the latent cache (DeepSeek's model.py keeps both):
 //   naive: expand each cached latent into per-head K and V with kv_b_proj, then attend;
-//   absorbed: fold kv_b_proj into the query and the output, attend in the latent space.
-enum class AttentionMode { kNaive, kAbsorbed };
+//   absorbed: fold kv_b_proj into the query and the output, attend in the latent space;
+//   mha_prefill (fast path): absorbed, except that a sequence's step long enough to gain by it
+//     attends as naive does, in MHA form (DeepSeek's prefill form; docs/kernels-mla.md "MHA
+//     prefill"): the step's rows then differ from the absorbed form's by rounding.
+enum class AttentionMode { kNaive, kAbsorbed, kMhaPrefill };
 
 // How projections are computed:
 //   reference: FP32 activations times weights dequantized on the fly (linear_ref), the path the

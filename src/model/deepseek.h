@@ -103,6 +103,9 @@ class DeepseekModel final : public CausalLm {
   static constexpr int64_t kOverlapRidgeRows = 9;  // docs/kernels-gemm.md: FP8 ridge M ~ 9
   void set_overlap_min_tokens(int64_t n) override { overlap_min_tokens_ = n; }
   int64_t overlap_min_tokens() const;
+  // AttentionMode::kMhaPrefill: a sequence's step of at least this many new tokens attends in
+  // MHA form; 0 (the default) = where the form's estimated work is lower (mha_step).
+  void set_mha_min_tokens(int64_t n) { mha_min_tokens_ = n; }
 
   // Runs the step; `out` gets the logits and final hidden rows of the requested positions.
   Status forward(std::span<const StepSequence> batch, KvCache& cache, StepOutput* out) override;
@@ -145,6 +148,12 @@ class DeepseekModel final : public CausalLm {
                                                  KvCache& cache);
   void attend_absorbed_fast(int64_t layer, std::span<const StepSequence> batch, const float* q,
                             int64_t n, const KvCache& cache, float* o);
+  // AttentionMode::kMhaPrefill: whether a sequence's step of n_new tokens ending at context
+  // length T attends in MHA form, and that form for it: q [n_new, heads, dn + dr] F32 ->
+  // o [n_new, heads, dv] (deepseek_attention.cpp).
+  bool mha_step(int64_t n_new, int64_t T) const;
+  void attend_mha_fast(int64_t layer, const StepSequence& s, const float* q, const KvCache& cache,
+                       float* o);
   // The fast path's absorbed form: qa [n, heads, kv_lora_rank + rope] = W_UK^T q_nope | q_pe;
   // o [n, heads, v_head_dim] = W_UV o_lat.
   void absorb_queries(int64_t layer, const float* q, int64_t n, float* qa);
@@ -226,6 +235,7 @@ class DeepseekModel final : public CausalLm {
   RouteObserver route_observer_;
   bool overlap_ = true;
   int64_t overlap_min_tokens_ = -1;
+  int64_t mha_min_tokens_ = 0;
   RopeTable rope_;
   WeightFormats formats_;
   // Fast path: FP8 weights repacked for gemm_fp8 (or requantized for gemm_int8), keyed by the
@@ -262,6 +272,9 @@ class DeepseekModel final : public CausalLm {
   // Scratch of attention() and attend_absorbed_fast(), reused by every layer and step.
   struct AttentionScratch {
     std::vector<float> q, q_lora, kv, o, q_lat, o_lat;
+    std::vector<float> mha_lat, mha_kv, mha_q, mha_o;  // attend_mha_fast's
+    std::vector<uint16_t> mha_blocks;
+    std::vector<int32_t> mha_tables;
   } attn_scratch_;
   // Fast absorbed attention: kv_b_proj split per head and dequantized to F32 (BF16 rounding
   // of these small matrices moved logprobs by up to 0.3 on the test models: the scores

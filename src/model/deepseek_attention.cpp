@@ -97,7 +97,7 @@ void DeepseekModel::attention(int64_t layer, std::span<const StepSequence> batch
 
   std::vector<float>& o = attn_scratch_.o;  // [n, nh, dv]
   o.resize(size_t(n * nh * dv));
-  if (path_ == ComputePath::kFast && mode_ == AttentionMode::kAbsorbed) {
+  if (path_ == ComputePath::kFast && mode_ != AttentionMode::kNaive) {
     if (selected.empty()) {
       attend_absorbed_fast(layer, batch, q.data(), n, cache, o.data());
     } else {
@@ -233,17 +233,140 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
                           .block_stride = cache.block_stride_bytes()};
   // The whole step in one kernel call (one pass over the pool, not one per sequence), with
   // every sequence's KV cut at fixed 4-block (256-token) boundaries: a sequence's split, and so
-  // its rounding, never depends on what else is in the batch.
-  std::vector<MlaSequence> seqs;
-  for (const StepSequence& s : batch) {
-    const int64_t len = int64_t(s.tokens.size());
-    if (len > 0) seqs.push_back(MlaSequence{s.block_table, s.start_pos + len, len});
-  }
+  // its rounding, never depends on what else is in the batch. With kMhaPrefill, the sequences
+  // whose step attends in MHA form leave the call (one call per run of the others) and get
+  // their rows after the value projection.
   MlaOptions mla_options;
   mla_options.split_blocks = 4;
-  MlaBatch mb{mla_shape(), view, seqs, qa.data(), DType::kF32, o_lat.data(), nullptr};
-  mla_decode(mb, pool_, mla_options);
+  const int64_t nh_R = nh * R;
+  std::vector<MlaSequence> run;
+  int64_t run_row = 0, row = 0;
+  auto flush = [&] {
+    if (run.empty()) return;
+    mla_decode(MlaBatch{mla_shape(), view, run, qa.data() + run_row * nh * D, DType::kF32,
+                        o_lat.data() + run_row * nh_R, nullptr},
+               pool_, mla_options);
+    run.clear();
+  };
+  std::vector<std::pair<size_t, int64_t>> mha;  // (sequence, first row)
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const StepSequence& s = batch[i];
+    const int64_t len = int64_t(s.tokens.size());
+    if (len == 0) continue;
+    if (mode_ == AttentionMode::kMhaPrefill && mha_step(len, s.start_pos + len)) {
+      flush();
+      mha.emplace_back(i, row);
+      std::fill_n(o_lat.data() + row * nh_R, len * nh_R, 0.0f);
+    } else {
+      if (run.empty()) run_row = row;
+      run.push_back(MlaSequence{s.block_table, s.start_pos + len, len});
+    }
+    row += len;
+  }
+  flush();
   project_values(layer, o_lat.data(), n, o);
+  const int64_t dq = c.qk_head_dim(), dv = c.v_head_dim;
+  for (const auto& [i, r] : mha)
+    attend_mha_fast(layer, batch[i], q + r * nh * dq, cache, o + r * nh * dv);
+}
+
+// Multiply-adds per (query, key) pair and head: the absorbed form's scores over R + dr with F32
+// queries as two BF16 terms, then P V over R; the MHA form's scores over dv + dn + dr (the
+// kernel's V columns beside zero queries, below) likewise, then P V over dv. The MHA form also
+// expands every cached token per head (R x (dn + dv)), counted twice for the copies into
+// per-head rows. V3's widths: 1,664 against 768 a pair; a whole prompt of more than ~590 tokens,
+// or a chunk of more than ~300 at a long context.
+bool DeepseekModel::mha_step(int64_t n_new, int64_t T) const {
+  if (n_new < 2) return false;
+  if (mha_min_tokens_ > 0) return n_new >= mha_min_tokens_;
+  const ModelConfig& c = config_;
+  const double R = double(c.kv_lora_rank), dr = double(c.qk_rope_head_dim);
+  const double dn = double(c.qk_nope_head_dim), dv = double(c.v_head_dim);
+  const double absorbed = 2 * (R + dr) + R, mha = 2 * (dv + dn + dr) + dv;
+  const double n = double(n_new);
+  const double pairs = n * double(T - n_new) + n * (n + 1) / 2;
+  return pairs * (absorbed - mha) > 2 * double(T) * R * (dn + dv);
+}
+
+// Attention of one sequence's step in MHA form on the fast path (DeepSeek's prefill form):
+// every cached latent of the sequence expanded by kv_b_proj into per-head keys and values (the
+// fast path's GEMMs, 512 tokens at a time), stored per head as BF16 rows [V (dv) | K_nope (dn) |
+// K_rope (dr)] in 64-token blocks, and the paged MLA kernel run over them with one head per
+// "sequence": its latent is V and its rope part the whole key, and each query row is
+// [0 (dv) | q_nope | q_pe], so its scores are q_nope . k_nope + q_pe . k_pe exactly (zeros times
+// V add nothing) and its output is the V-weighted sum. Each head's K and V are rounded to BF16
+// once (the absorbed form's cache is BF16 anyway); queries stay F32 (hi + lo), as there.
+void DeepseekModel::attend_mha_fast(int64_t layer, const StepSequence& s, const float* q,
+                                    const KvCache& cache, float* o) {
+  const ModelConfig& c = config_;
+  const AttentionWeights& A = weights_.layers[size_t(layer)].attn;
+  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, dq = c.qk_head_dim(), R = c.kv_lora_rank, D = c.kv_cache_dim();
+  const int64_t n = int64_t(s.tokens.size()), T = s.start_pos + n;
+  const int64_t Dm = dv + dn + dr, W = nh * (dn + dv);
+  const int64_t nblk = (T + kMlaBlockTokens - 1) / kMlaBlockTokens;
+  AttentionScratch& S = attn_scratch_;
+  S.mha_blocks.resize(size_t(nh * nblk * kMlaBlockTokens * Dm));
+  uint16_t* blocks = S.mha_blocks.data();
+
+  constexpr int64_t kChunk = 512;
+  const int64_t chunk = std::min(T, kChunk);
+  S.mha_lat.resize(size_t(chunk * D));
+  S.mha_kv.resize(size_t(chunk * W));
+  float* lat = S.mha_lat.data();
+  const float* kv = S.mha_kv.data();
+  for (int64_t t0 = 0; t0 < T; t0 += kChunk) {
+    const int64_t m = std::min(kChunk, T - t0);
+    auto read = [&](int64_t a, int64_t b) {
+      for (int64_t t = a; t < b; ++t) cache.read(layer, s.block_table, t0 + t, lat + t * D);
+    };
+    pool_ ? pool_->parallel_for(m, read, 16) : read(0, m);
+    linear(lat, m, D, A.kv_b, S.mha_kv.data(), W);  // [m, nh, dn + dv]
+    auto place = [&](int64_t a, int64_t b) {
+      for (int64_t t = a; t < b; ++t) {
+        const int64_t tok = t0 + t;
+        for (int64_t h = 0; h < nh; ++h) {
+          const float* kvh = kv + t * W + h * (dn + dv);  // K_nope, then V
+          uint16_t* dst =
+              blocks +
+              ((h * nblk + tok / kMlaBlockTokens) * kMlaBlockTokens + tok % kMlaBlockTokens) * Dm;
+          f32_to_bf16_row(kvh + dn, dv, dst);
+          f32_to_bf16_row(kvh, dn, dst + dv);
+          f32_to_bf16_row(lat + t * D + R, dr, dst + dv + dn);  // the cached rope key (exact)
+        }
+      }
+    };
+    pool_ ? pool_->parallel_for(m, place, 16) : place(0, m);
+  }
+
+  S.mha_q.resize(size_t(nh * n * Dm));  // [heads][n][Dm]
+  for (int64_t h = 0; h < nh; ++h) {
+    for (int64_t i = 0; i < n; ++i) {
+      float* d = &S.mha_q[size_t((h * n + i) * Dm)];
+      std::fill_n(d, dv, 0.0f);
+      std::copy_n(q + (i * nh + h) * dq, dq, d + dv);
+    }
+  }
+  S.mha_tables.resize(size_t(nh * nblk));
+  std::vector<MlaSequence> seqs;
+  for (int64_t h = 0; h < nh; ++h) {
+    int32_t* table = &S.mha_tables[size_t(h * nblk)];
+    for (int64_t b = 0; b < nblk; ++b) table[b] = int32_t(h * nblk + b);
+    seqs.push_back(MlaSequence{std::span<const int32_t>(table, size_t(nblk)), T, n});
+  }
+  const MlaShape shape{1, dv, dn + dr, mla_shape().softmax_scale};
+  const MlaCacheView view{
+      .blocks = blocks, .token = KvTokenFormat{DType::kBF16, dv, dn + dr}, .num_blocks = nh * nblk};
+  S.mha_o.resize(size_t(nh * n * dv));
+  MlaOptions options;
+  options.split_blocks = 4;
+  mla_decode(MlaBatch{shape, view, seqs, S.mha_q.data(), DType::kF32, S.mha_o.data(), nullptr},
+             pool_, options);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < nh; ++h) {
+      std::copy_n(&S.mha_o[size_t((h * n + i) * dv)], dv, o + (i * nh + h) * dv);
+    }
+  }
 }
 
 void DeepseekModel::attend_sequence(int64_t layer, const StepSequence& s, const float* q,

@@ -136,6 +136,7 @@ void DeepseekModel::prepare_fast_path(bool progress, const WeightCacheOptions& c
     }
     release_file_pages(A.kv_b.data, A.kv_b.bytes());
     absorbed_.push_back(std::move(W));
+    if (mode_ == AttentionMode::kMhaPrefill) pack(A.kv_b, dense);  // attend_mha_fast's expansion
     if (A.q_a) pack(*A.q_a, dense);
     for (const WeightView* w : {&A.q_b, &A.kv_a, &A.o}) pack(*w, dense);
     if (A.indexer) {  // DSA: the indexer's FP8 projections (weights_proj is BF16)

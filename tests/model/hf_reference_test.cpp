@@ -114,7 +114,14 @@ std::vector<std::string> fixture_names() {
   return names;
 }
 
-// Parameters: fixture name, attention form, compute path.
+const char* mode_name(AttentionMode mode) {
+  return mode == AttentionMode::kNaive        ? "naive"
+         : mode == AttentionMode::kMhaPrefill ? "mha_prefill"
+                                              : "absorbed";
+}
+
+// Parameters: fixture name, attention form, compute path. kMhaPrefill runs every prompt's
+// prefill in MHA form (set_mha_min_tokens(2)) and the decode steps absorbed.
 class HfReference
     : public ::testing::TestWithParam<std::tuple<std::string, AttentionMode, ComputePath>> {
  protected:
@@ -135,6 +142,7 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
   ThreadPool pool(2);
   LocalDispatcher dispatcher(cfg.n_routed_experts);
   DeepseekModel model(cfg, (*ck)->weights(), dispatcher, &pool, mode, path);
+  model.set_mha_min_tokens(2);  // (kMhaPrefill only)
   // The fast path runs beside the reference path (which matches HF to ~4e-5) and both report
   // their routing: a step where the fast path sent the measured token (the step's last row) to
   // other experts than the reference path did, in any layer (a near-tied expert choice its
@@ -210,8 +218,7 @@ TEST_P(HfReference, LogprobsAlongReferencePath) {
     EXPECT_LE(steps_flipped * 4, steps_total) << name << ": the measured token's routing differs"
                                               << " from the reference path in many steps";
   }
-  std::printf("[ fixture %s, %s, %s ] max |dlogprob| = %.2e", name.c_str(),
-              mode == AttentionMode::kNaive ? "naive" : "absorbed",
+  std::printf("[ fixture %s, %s, %s ] max |dlogprob| = %.2e", name.c_str(), mode_name(mode),
               path == ComputePath::kFast ? "fast" : "reference", worst);
   if (fast()) {
     std::printf(" (%lld of %lld steps with the token's routing flipped, left out)",
@@ -233,6 +240,7 @@ TEST_P(HfReference, BatchedGreedyTokens) {
   ThreadPool pool(2);
   LocalDispatcher dispatcher(cfg.n_routed_experts);
   DeepseekModel model(cfg, (*ck)->weights(), dispatcher, &pool, mode, path);
+  model.set_mha_min_tokens(2);  // (kMhaPrefill only)
   KvCache cache(kv_cache_layout(cfg, kv_dtype()), 64);
   Generator gen(model, cache);
 
@@ -269,9 +277,19 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) {
       std::string name = std::get<0>(info.param);  // test names allow [A-Za-z0-9_]
       std::replace(name.begin(), name.end(), '-', '_');
-      return name + (std::get<1>(info.param) == AttentionMode::kNaive ? "_naive" : "_absorbed") +
+      return name + "_" + mode_name(std::get<1>(info.param)) +
              (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
     });
+// The MHA form of prefill exists on the fast path only.
+INSTANTIATE_TEST_SUITE_P(MhaPrefill, HfReference,
+                         ::testing::Combine(::testing::ValuesIn(fixture_names()),
+                                            ::testing::Values(AttentionMode::kMhaPrefill),
+                                            ::testing::Values(ComputePath::kFast)),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name + "_mha_prefill_fast";
+                         });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(HfReference);
 
 // The opt-in INT8 GEMMs (--gemm-int8 --lm-head-int8: every projection and the lm_head as
