@@ -307,6 +307,17 @@ Subcommand add_serve_command(CLI::App& parent) {
   add_kv_cache_dtype_option(*app, e.kv_dtype);
   add_format_flags(*app, e.formats);
   add_weight_cache_flag(*app, e.weight_cache_dir);
+  app->add_option_function<std::string>(
+         "--attention",
+         [&e](const std::string& v) {
+           e.attention = v == "mha-prefill" ? AttentionMode::kMhaPrefill : AttentionMode::kAbsorbed;
+         },
+         "absorbed | mha-prefill (absorbed, and a sequence's prefill chunks long enough to gain by "
+         "it in MHA form, DeepSeek's prefill form: chunks of ~300+ tokens at V3's widths, so with "
+         "a --max-batch-tokens above that; a prompt's result then depends on its chunking by "
+         "rounding: docs/kernels-mla.md)")
+      ->check(CLI::IsMember({"absorbed", "mha-prefill"}))
+      ->default_str("absorbed");
   app->add_option("--max-num-seqs", e.max_num_seqs, "Sequences running at once")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

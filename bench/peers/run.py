@@ -339,7 +339,9 @@ def llama_round(args, llama_bin, gguf, seed, ik=False, load_rate=None):
 
 
 def moeserve_round(args, flags, seed, load_rate=None):
-    cache = ["--weight-cache", args.weight_cache]
+    # The prefill attention form (docs/kernels-mla.md): generate and serve take it, the decode
+    # bench has no prefill.
+    cache = ["--weight-cache", args.weight_cache, "--attention", args.moeserve_attention]
     common = ["--model", args.model, "--threads", str(args.threads)]
     e2e = json.loads(run([MOESERVE_BENCH, "e2e", "--model", args.model, "--decode-tokens", "64",
                           "--threads", str(args.threads), "--json"] + flags).stdout)
@@ -428,6 +430,8 @@ def main():
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "peers"))
     ap.add_argument("--skip-serve", action="store_true")
     ap.add_argument("--skip-8k", action="store_true", help="no 8k-token prefill figure")
+    ap.add_argument("--moeserve-attention", choices=["absorbed", "mha-prefill"],
+                    default="absorbed", help="moeserve's --attention for its prefill and serving")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--ik-git", help="git mirror of ik_llama.cpp (build_ik_llama_cpp.sh builds it)")
     ap.add_argument("--ik-bin", help="a built ik_llama.cpp bin directory instead")
@@ -470,6 +474,7 @@ def main():
     else:
         result["vllm"] = {"skipped": "not asked for (--vllm-venv)"}
     result["llama_cpp_no_repack"] = NO_REPACK  # filled in as the files are first run
+    result["moeserve_attention"] = args.moeserve_attention
     if args.check:
         result["conversion_check"] = check_conversion(args, llama_bin, files["F32"])
         log("conversion check:", json.dumps(result["conversion_check"]))
@@ -478,7 +483,8 @@ def main():
         for w in widths:  # fill the weight cache (not timed)
             for _, _, flags in CONFIGS[w]:
                 run([MOESERVE, "generate", "--model", args.model, "--prompt-ids", "1",
-                     "--max-tokens", "1", "--weight-cache", cache, *flags])
+                     "--max-tokens", "1", "--weight-cache", cache,
+                     "--attention", args.moeserve_attention, *flags])
         rows = {}
         load_rate = args.load_rate
         for r in range(args.rounds):
