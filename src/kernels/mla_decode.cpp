@@ -29,6 +29,8 @@ namespace mla_detail {
 void validate(const MlaBatch& b) {
   const MlaShape& s = b.shape;
   CHECK(s.heads > 0 && s.kv_lora_rank > 0 && s.rope_dim >= 0, "mla: bad shape");
+  CHECK(s.q_zero_dims >= 0 && s.q_zero_dims % 2 == 0 && s.q_zero_dims <= s.kv_lora_rank,
+        "mla: q_zero_dims is even and at most kv_lora_rank");
   CHECK(b.cache.token.kv_lora_rank == s.kv_lora_rank && b.cache.token.rope_dim == s.rope_dim,
         "mla: cache tokens of another shape");
   CHECK(kv_token_format_status(b.cache.token).ok(), "mla: cache is BF16, FP8 or F32");
@@ -414,6 +416,7 @@ void run_fast(const MlaBatch& b, ThreadPool* pool, const MlaOptions& opt, PieceF
                             b.shape.softmax_scale,
                             b.q_dtype == DType::kF32,
                             opt.split_p,
+                            b.shape.q_zero_dims / 2,
                             g_next_call_id.fetch_add(1, std::memory_order_relaxed)};
   if (opt.split_blocks <= 0) {  // equal shares of the whole batch: one wave
     run_groups(b, pool, opt, piece_fn, ctx, groups, 0, groups.size(), parts);

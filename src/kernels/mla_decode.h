@@ -88,6 +88,11 @@ struct MlaShape {
   int64_t kv_lora_rank = 0;
   int64_t rope_dim = 0;
   float softmax_scale = 0;
+  // Leading query dims that are zero in every row (even, at most kv_lora_rank): the BF16 and AMX
+  // levels skip their score products (whole 32-dim steps on AMX), which adds nothing to a score
+  // (0 x a finite value), so the bits are those of the full products. The MHA form of prefill
+  // (its queries are [0 (V's width) | q_nope | q_pe]) sets it.
+  int64_t q_zero_dims = 0;
   int64_t dim() const { return kv_lora_rank + rope_dim; }
 };
 

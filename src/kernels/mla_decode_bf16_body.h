@@ -31,6 +31,7 @@ inline __m512 exp2_ps(__m512 x) {
 // Pointers into the calling thread's scratch (thread_scratch_parts), carved per piece.
 struct Work {
   int64_t M, Mz, R, D, Dp;
+  int64_t dp0;      // the first pair of Q that is not zero in every row (Ctx::q_zero_pairs)
   int64_t ldv;      // row stride of vp: R + 16, so its 32 rows do not crowd a few L1 sets
   uint32_t* qp;     // [Dp][M] BF16 pairs of Q (its BF16 rounding: the hi part)
   uint32_t* qlo;    // [Dp][M] BF16 pairs of Q - hi (q_split only)
@@ -244,7 +245,7 @@ void qk(const Work& w, const uint16_t* kblk, int64_t nt16, int64_t z0) {
     const uint32_t* krow = kp + t * Dp;
     const uint32_t* q = w.qp + z0 * 16;
     const uint32_t* ql = w.qlo + z0 * 16;
-    for (int64_t dp = 0; dp < Dp; ++dp) {
+    for (int64_t dp = w.dp0; dp < Dp; ++dp) {
       __m512bh qv[MB], qlv[MB];
       for (int j = 0; j < MB; ++j) qv[j] = as_bh(_mm512_load_si512(q + dp * M + 16 * j));
       if (SPLIT) {
@@ -496,7 +497,7 @@ void qk_amx(Work& w, const uint16_t* kblk, int64_t nt16, int64_t pf_per_step) {
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int64_t q = 0; q < steps; ++q) {
+    for (int64_t q = w.dp0 / 16; q < steps; ++q) {
       prefetch_next(w, pf_per_step);
       _tile_loadd(5, w.qp + 16 * q * M + 16 * z, M * 4);
       if (SPLIT) _tile_loadd(6, w.qlo + 16 * q * M + 16 * z, M * 4);
@@ -599,6 +600,7 @@ void piece_bf16(const Ctx& c, const Piece& pc) {
   const int64_t rows = pc.n_q * c.heads;
   const int64_t M = round_up(rows, 16);
   Work w = carve(M, c.kv_lora_rank, c.dim, c.fp8, kAmx);
+  w.dp0 = c.q_zero_pairs;
   const bool q_split = c.q_split && !pc.q_bf16;
   PackedQ& pq = t_packed;
   if (!(pq.call_id == c.call_id && pq.q == pc.q && pq.rows == rows && pq.qp == w.qp &&

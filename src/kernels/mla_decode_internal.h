@@ -20,8 +20,9 @@ struct Ctx {
   int64_t fp8_rope_offset;
   int64_t heads, kv_lora_rank, dim;
   float softmax_scale;
-  bool q_split;  // BF16 level: F32 queries as BF16 hi + lo (two score dot products)
-  bool p_split;  // BF16 level: softmax weights as BF16 hi + lo (two P V products)
+  bool q_split;          // BF16 level: F32 queries as BF16 hi + lo (two score dot products)
+  bool p_split;          // BF16 level: softmax weights as BF16 hi + lo (two P V products)
+  int64_t q_zero_pairs;  // MlaShape::q_zero_dims / 2: leading BF16 pairs of Q that are zero
   // Distinct for every mla_decode call: a thread that runs several pieces of one group in a
   // call may keep the group's packed queries between them (BF16 level).
   uint64_t call_id;

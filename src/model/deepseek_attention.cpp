@@ -271,18 +271,18 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
 }
 
 // Multiply-adds per (query, key) pair and head: the absorbed form's scores over R + dr with F32
-// queries as two BF16 terms, then P V over R; the MHA form's scores over dv + dn + dr (the
-// kernel's V columns beside zero queries, below) likewise, then P V over dv. The MHA form also
-// expands every cached token per head (R x (dn + dv)), counted twice for the copies into
-// per-head rows. V3's widths: 1,664 against 768 a pair; a whole prompt of more than ~590 tokens,
-// or a chunk of more than ~300 at a long context.
+// queries as two BF16 terms, then P V over R; the MHA form's scores over dn + dr (the kernel
+// skips the queries' zero V columns, MlaShape::q_zero_dims) likewise, then P V over dv. The MHA
+// form also expands every cached token per head (R x (dn + dv)), counted twice for the copies
+// into per-head rows. V3's widths: 1,664 against 512 a pair; a whole prompt of more than ~460
+// tokens, or a chunk of more than ~230 at a long context.
 bool DeepseekModel::mha_step(int64_t n_new, int64_t T) const {
   if (n_new < 2) return false;
   if (mha_min_tokens_ > 0) return n_new >= mha_min_tokens_;
   const ModelConfig& c = config_;
   const double R = double(c.kv_lora_rank), dr = double(c.qk_rope_head_dim);
   const double dn = double(c.qk_nope_head_dim), dv = double(c.v_head_dim);
-  const double absorbed = 2 * (R + dr) + R, mha = 2 * (dv + dn + dr) + dv;
+  const double absorbed = 2 * (R + dr) + R, mha = 2 * (dn + dr) + dv;
   const double n = double(n_new);
   const double pairs = n * double(T - n_new) + n * (n + 1) / 2;
   return pairs * (absorbed - mha) > 2 * double(T) * R * (dn + dv);
@@ -354,7 +354,8 @@ void DeepseekModel::attend_mha_fast(int64_t layer, const StepSequence& s, const 
     for (int64_t b = 0; b < nblk; ++b) table[b] = int32_t(h * nblk + b);
     seqs.push_back(MlaSequence{std::span<const int32_t>(table, size_t(nblk)), T, n});
   }
-  const MlaShape shape{1, dv, dn + dr, mla_shape().softmax_scale};
+  // (The kernel skips the queries' zero V columns in the scores: q_zero_dims.)
+  const MlaShape shape{1, dv, dn + dr, mla_shape().softmax_scale, dv};
   const MlaCacheView view{
       .blocks = blocks, .token = KvTokenFormat{DType::kBF16, dv, dn + dr}, .num_blocks = nh * nblk};
   S.mha_o.resize(size_t(nh * n * dv));

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -429,6 +430,39 @@ TEST(MlaPrefill, FixedSplitsMakeEachRowIndependentOfItsChunk) {
         }
         EXPECT_EQ(o, whole.o) << "heads " << heads << " chunk " << chunk << " f32 q " << q_f32;
         EXPECT_EQ(lse, whole.lse) << "heads " << heads << " chunk " << chunk << " f32 q " << q_f32;
+      }
+    }
+  }
+}
+
+// MlaShape::q_zero_dims (the MHA form of prefill: queries [0 | q_nope | q_pe] over per-head
+// rows [V | K]): skipping the score products of the queries' zero leading dims gives the bits of
+// the full products, at every level (the ones that do not skip compute the same), for BF16 and
+// F32 queries, decode and prefill rows, 1 and 16 heads, with V's width 128 (whole AMX steps)
+// and 32. A kernel that skipped more than the zero dims, or skipped nonzero ones, fails.
+TEST(MlaDecode, ZeroLeadingQueryDimsSkippedGiveTheSameBits) {
+  ThreadPool pool(2);
+  for (const auto& [heads, rank, rope] :
+       {std::tuple<int64_t, int64_t, int64_t>{16, 128, 192}, {1, 128, 192}, {4, 32, 48}}) {
+    Problem p = make_problem(heads, rank, rope, 0.1f, {{300, 300}, {130, 1}, {70, 5}},
+                             700 + uint32_t(heads + rank));
+    const int64_t D = p.shape.dim();
+    for (int64_t r = 0; r < p.rows * heads; ++r) {
+      std::fill_n(&p.q32[size_t(r * D)], rank, 0.0f);
+      std::fill_n(&p.q16[size_t(r * D)], rank, uint16_t(0));
+    }
+    for (const Isa isa : {cpu_isa(), Isa::kAvx512, Isa::kScalar}) {
+      if (!isa_at_most(isa, cpu_isa())) continue;
+      for (const bool q_f32 : {true, false}) {
+        MlaOptions fixed;
+        fixed.split_blocks = 2;
+        const Output full = run(p, &pool, fixed, isa, q_f32);
+        Problem skip = p;
+        skip.shape.q_zero_dims = rank;
+        const Output got = run(skip, &pool, fixed, isa, q_f32);
+        EXPECT_EQ(got.o, full.o) << heads << " heads, rank " << rank << ", isa " << int(isa);
+        EXPECT_EQ(got.lse, full.lse) << heads << " heads, rank " << rank << ", isa " << int(isa);
+        if (q_f32) expect_close(got.o, got.lse, naive(p, p.q32), kFastTol, "zero dims skipped");
       }
     }
   }
