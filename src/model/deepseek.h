@@ -272,8 +272,8 @@ class DeepseekModel final : public CausalLm {
   // Scratch of attention() and attend_absorbed_fast(), reused by every layer and step.
   struct AttentionScratch {
     std::vector<float> q, q_lora, kv, o, q_lat, o_lat;
-    std::vector<float> mha_lat, mha_kv, mha_q, mha_o;  // attend_mha_fast's
-    std::vector<uint16_t> mha_blocks;
+    std::vector<float> mha_lat, mha_kv, mha_o;  // attend_mha_fast's
+    std::vector<uint16_t> mha_blocks, mha_q;
     std::vector<int32_t> mha_tables;
   } attn_scratch_;
   // Fast absorbed attention: kv_b_proj split per head and dequantized to F32 (BF16 rounding

@@ -271,18 +271,18 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
 }
 
 // Multiply-adds per (query, key) pair and head: the absorbed form's scores over R + dr with F32
-// queries as two BF16 terms, then P V over R; the MHA form's scores over dn + dr (the kernel
-// skips the queries' zero V columns, MlaShape::q_zero_dims) likewise, then P V over dv. The MHA
-// form also expands every cached token per head (R x (dn + dv)), counted twice for the copies
-// into per-head rows. V3's widths: 1,664 against 512 a pair; a whole prompt of more than ~460
-// tokens, or a chunk of more than ~230 at a long context.
+// queries as two BF16 terms, then P V over R; the MHA form's scores over dn + dr (BF16 queries;
+// the kernel skips their zero V columns, MlaShape::q_zero_dims), then P V over dv. The MHA form
+// also expands every cached token per head (R x (dn + dv)), counted twice for the copies into
+// per-head rows. V3's widths: 1,664 against 320 a pair; a whole prompt of more than ~390
+// tokens, or a chunk of more than ~200 at a long context.
 bool DeepseekModel::mha_step(int64_t n_new, int64_t T) const {
   if (n_new < 2) return false;
   if (mha_min_tokens_ > 0) return n_new >= mha_min_tokens_;
   const ModelConfig& c = config_;
   const double R = double(c.kv_lora_rank), dr = double(c.qk_rope_head_dim);
   const double dn = double(c.qk_nope_head_dim), dv = double(c.v_head_dim);
-  const double absorbed = 2 * (R + dr) + R, mha = 2 * (dn + dr) + dv;
+  const double absorbed = 2 * (R + dr) + R, mha = dn + dr + dv;
   const double n = double(n_new);
   const double pairs = n * double(T - n_new) + n * (n + 1) / 2;
   return pairs * (absorbed - mha) > 2 * double(T) * R * (dn + dv);
@@ -294,8 +294,8 @@ bool DeepseekModel::mha_step(int64_t n_new, int64_t T) const {
 // K_rope (dr)] in 64-token blocks, and the paged MLA kernel run over them with one head per
 // "sequence": its latent is V and its rope part the whole key, and each query row is
 // [0 (dv) | q_nope | q_pe], so its scores are q_nope . k_nope + q_pe . k_pe exactly (zeros times
-// V add nothing) and its output is the V-weighted sum. Each head's K and V are rounded to BF16
-// once (the absorbed form's cache is BF16 anyway); queries stay F32 (hi + lo), as there.
+// V add nothing; the kernel skips them) and its output is the V-weighted sum. Each head's K, V
+// and queries are rounded to BF16 once (the absorbed form's cache is BF16 anyway).
 void DeepseekModel::attend_mha_fast(int64_t layer, const StepSequence& s, const float* q,
                                     const KvCache& cache, float* o) {
   const ModelConfig& c = config_;
@@ -339,12 +339,16 @@ void DeepseekModel::attend_mha_fast(int64_t layer, const StepSequence& s, const 
     pool_ ? pool_->parallel_for(m, place, 16) : place(0, m);
   }
 
-  S.mha_q.resize(size_t(nh * n * Dm));  // [heads][n][Dm]
+  // The queries [heads][n][Dm] in BF16, as prefill attention kernels take them (FlashAttention's,
+  // DeepSeek's), not F32 as hi + lo (the absorbed form's latent queries need that:
+  // docs/kernels-mla.md, "Numerics"): against transformers every fixture stayed within its bound
+  // (MhaPrefill suite: max |dlogprob| 0.029-0.136, against 0.055-0.168 with F32 queries).
+  S.mha_q.resize(size_t(nh * n * Dm));
   for (int64_t h = 0; h < nh; ++h) {
     for (int64_t i = 0; i < n; ++i) {
-      float* d = &S.mha_q[size_t((h * n + i) * Dm)];
-      std::fill_n(d, dv, 0.0f);
-      std::copy_n(q + (i * nh + h) * dq, dq, d + dv);
+      uint16_t* d = &S.mha_q[size_t((h * n + i) * Dm)];
+      std::fill_n(d, dv, uint16_t(0));
+      f32_to_bf16_row(q + (i * nh + h) * dq, dq, d + dv);
     }
   }
   S.mha_tables.resize(size_t(nh * nblk));
@@ -361,7 +365,7 @@ void DeepseekModel::attend_mha_fast(int64_t layer, const StepSequence& s, const 
   S.mha_o.resize(size_t(nh * n * dv));
   MlaOptions options;
   options.split_blocks = 4;
-  mla_decode(MlaBatch{shape, view, seqs, S.mha_q.data(), DType::kF32, S.mha_o.data(), nullptr},
+  mla_decode(MlaBatch{shape, view, seqs, S.mha_q.data(), DType::kBF16, S.mha_o.data(), nullptr},
              pool_, options);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < nh; ++h) {
