@@ -358,8 +358,8 @@ void DeepseekModel::attend_mha_fast(int64_t layer, const StepSequence& s, const 
     for (int64_t b = 0; b < nblk; ++b) table[b] = int32_t(h * nblk + b);
     seqs.push_back(MlaSequence{std::span<const int32_t>(table, size_t(nblk)), T, n});
   }
-  // (The kernel skips the queries' zero V columns in the scores: q_zero_dims.)
-  const MlaShape shape{1, dv, dn + dr, mla_shape().softmax_scale, dv};
+  // (The kernel skips the queries' zero V columns in the scores: q_zero_dims, an even count.)
+  const MlaShape shape{1, dv, dn + dr, mla_shape().softmax_scale, dv % 2 == 0 ? dv : 0};
   const MlaCacheView view{
       .blocks = blocks, .token = KvTokenFormat{DType::kBF16, dv, dn + dr}, .num_blocks = nh * nblk};
   S.mha_o.resize(size_t(nh * n * dv));
