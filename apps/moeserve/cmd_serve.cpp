@@ -313,9 +313,9 @@ Subcommand add_serve_command(CLI::App& parent) {
            e.attention = v == "mha-prefill" ? AttentionMode::kMhaPrefill : AttentionMode::kAbsorbed;
          },
          "absorbed | mha-prefill (absorbed, and a sequence's prefill chunks long enough to gain by "
-         "it in MHA form, DeepSeek's prefill form: chunks of ~300+ tokens at V3's widths, so with "
-         "a --max-batch-tokens above that; a prompt's result then depends on its chunking by "
-         "rounding: docs/kernels-mla.md)")
+         "it in MHA form, DeepSeek's prefill form: at V3's widths whole prompts of ~390+ tokens, "
+         "256-token chunks past ~540 tokens of context; a prompt's result then depends on its "
+         "chunking by rounding: docs/kernels-mla.md)")
       ->check(CLI::IsMember({"absorbed", "mha-prefill"}))
       ->default_str("absorbed");
   app->add_option("--max-num-seqs", e.max_num_seqs, "Sequences running at once")
