@@ -221,10 +221,9 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
                                          float* o) {
   const ModelConfig& c = config_;
   const int64_t nh = c.num_attention_heads, R = c.kv_lora_rank, D = c.kv_cache_dim();
+  const int64_t dq = c.qk_head_dim(), dv = c.v_head_dim;
   std::vector<float>& qa = attn_scratch_.q_lat;  // [n, nh, R + dr] absorbed queries
   qa.resize(size_t(n * nh * D));
-  absorb_queries(layer, q, n, qa.data());
-
   std::vector<float>& o_lat = attn_scratch_.o_lat;  // [n, nh, R]
   o_lat.resize(size_t(n * nh * R));
   const MlaCacheView view{.blocks = cache.layer_base(layer),
@@ -234,8 +233,8 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   // The whole step in one kernel call (one pass over the pool, not one per sequence), with
   // every sequence's KV cut at fixed 4-block (256-token) boundaries: a sequence's split, and so
   // its rounding, never depends on what else is in the batch. With kMhaPrefill, the sequences
-  // whose step attends in MHA form leave the call (one call per run of the others) and get
-  // their rows after the value projection.
+  // whose step attends in MHA form leave it: each run of the others is absorbed, attended and
+  // projected on its own (its rows are contiguous), and the MHA ones write their rows after.
   MlaOptions mla_options;
   mla_options.split_blocks = 4;
   const int64_t nh_R = nh * R;
@@ -243,9 +242,12 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
   int64_t run_row = 0, row = 0;
   auto flush = [&] {
     if (run.empty()) return;
+    const int64_t rows = row - run_row;
+    absorb_queries(layer, q + run_row * nh * dq, rows, qa.data() + run_row * nh * D);
     mla_decode(MlaBatch{mla_shape(), view, run, qa.data() + run_row * nh * D, DType::kF32,
                         o_lat.data() + run_row * nh_R, nullptr},
                pool_, mla_options);
+    project_values(layer, o_lat.data() + run_row * nh_R, rows, o + run_row * nh * dv);
     run.clear();
   };
   std::vector<std::pair<size_t, int64_t>> mha;  // (sequence, first row)
@@ -256,7 +258,6 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
     if (mode_ == AttentionMode::kMhaPrefill && mha_step(len, s.start_pos + len)) {
       flush();
       mha.emplace_back(i, row);
-      std::fill_n(o_lat.data() + row * nh_R, len * nh_R, 0.0f);
     } else {
       if (run.empty()) run_row = row;
       run.push_back(MlaSequence{s.block_table, s.start_pos + len, len});
@@ -264,8 +265,6 @@ void DeepseekModel::attend_absorbed_fast(int64_t layer, std::span<const StepSequ
     row += len;
   }
   flush();
-  project_values(layer, o_lat.data(), n, o);
-  const int64_t dq = c.qk_head_dim(), dv = c.v_head_dim;
   for (const auto& [i, r] : mha)
     attend_mha_fast(layer, batch[i], q + r * nh * dq, cache, o + r * nh * dv);
 }

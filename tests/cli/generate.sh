@@ -99,6 +99,21 @@ for sa, sb in zip(a["top_logprobs"], b["top_logprobs"]):
             moved = max(moved, abs(x["logprob"] - lb[x["id"]]))
 assert len(b["tokens"]) == 4 and 0 < moved <= 0.05, moved
 PY
+# In one step with a short prompt (absorbed, rows after the MHA one's), each prompt gets the
+# tokens and logprobs it gets alone.
+"$bin" generate --model "$dir/m" --prompt-ids 5,6,7 --max-tokens 4 --logprobs 3 --json \
+  --ignore-eos --attention mha-prefill > "$dir/short.json" 2>/dev/null || fail "short prompt"
+"$bin" generate --model "$dir/m" --prompt-ids 5,6,7 --prompt-ids "$long" --prompt-ids 9,10 \
+  --max-tokens 4 --logprobs 3 --json --ignore-eos --attention mha-prefill \
+  > "$dir/mixed.jsonl" 2>/dev/null || fail "mixed batch"
+python3 - "$dir" <<'PY' || fail "--attention mha-prefill in a mixed batch"
+import json, sys
+d = sys.argv[1]
+mixed = [json.loads(l) for l in open(d + "/mixed.jsonl")]
+alone = [json.load(open(f"{d}/{m}.json")) for m in ("short", "mha-prefill")]
+for got, want in zip(mixed, alone):
+    assert got["tokens"] == want["tokens"] and got["top_logprobs"] == want["top_logprobs"], got
+PY
 
 # Bad input: clear message, non-zero exit, no crash.
 set +e
