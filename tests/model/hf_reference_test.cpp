@@ -269,27 +269,25 @@ TEST_P(HfReference, BatchedGreedyTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, HfReference,
-    ::testing::Combine(::testing::ValuesIn(fixture_names()),
-                       ::testing::Values(AttentionMode::kAbsorbed, AttentionMode::kNaive),
-                       ::testing::ValuesIn(compute_paths())),
-    [](const auto& info) {
-      std::string name = std::get<0>(info.param);  // test names allow [A-Za-z0-9_]
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name + "_" + mode_name(std::get<1>(info.param)) +
-             (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
-    });
+std::string param_name(
+    const ::testing::TestParamInfo<std::tuple<std::string, AttentionMode, ComputePath>>& info) {
+  std::string name = std::get<0>(info.param);  // test names allow [A-Za-z0-9_]
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name + "_" + mode_name(std::get<1>(info.param)) +
+         (std::get<2>(info.param) == ComputePath::kFast ? "_fast" : "_reference");
+}
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfReference,
+                         ::testing::Combine(::testing::ValuesIn(fixture_names()),
+                                            ::testing::Values(AttentionMode::kAbsorbed,
+                                                              AttentionMode::kNaive),
+                                            ::testing::ValuesIn(compute_paths())),
+                         param_name);
 // The MHA form of prefill exists on the fast path only.
 INSTANTIATE_TEST_SUITE_P(MhaPrefill, HfReference,
                          ::testing::Combine(::testing::ValuesIn(fixture_names()),
                                             ::testing::Values(AttentionMode::kMhaPrefill),
                                             ::testing::Values(ComputePath::kFast)),
-                         [](const auto& info) {
-                           std::string name = std::get<0>(info.param);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name + "_mha_prefill_fast";
-                         });
+                         param_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(HfReference);
 
 // The opt-in INT8 GEMMs (--gemm-int8 --lm-head-int8: every projection and the lm_head as
